@@ -1,0 +1,1 @@
+"""Launchers that host owners in local processes or Ray (later issues)."""

@@ -1,0 +1,1 @@
+"""Coordinator side: samplers (pure kernels), the oracle interface and transports, the run driver."""

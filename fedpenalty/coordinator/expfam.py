@@ -1,0 +1,73 @@
+"""Penalty MH for exponential-family models from noisy sufficient statistics (DESIGN 2.2).
+
+Each owner releases fresh noisy copies ŝ_k = Σ_{x∈D_k} S(x) + N(0, σ_k² I); the coordinator
+forms λ̂ = (η(θ') − η(θ))ᵀ Σ_k ŝ_k − n (A(θ') − A(θ)) with noise variance
+v = Σ_k σ_k² ‖η(θ') − η(θ)‖² and accepts with min{1, exp(log p(θ')/p(θ) + λ̂ − v/2)}.
+
+Copy t of chain c serves iteration t of that chain. With ``block`` B > 1 the owners release
+the copies for iterations t..t+B−1 of every chain in one reply (charged for all of them), so
+the chain runs at local speed; with B = 1 only chains whose proposal lies inside Θ are asked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..models import ExpFamModel
+from . import mh
+from .oracle import Oracle
+
+#: (chains (m,), start, block) -> (Σ_k ŝ_k per chain and copy (m, block, s), Σ_k σ_k²)
+StatsFn = Callable[[np.ndarray, int, int], tuple[np.ndarray, float]]
+
+
+@dataclass(frozen=True)
+class ExpFamState:
+    """MH state plus the unused statistic copies: ``stats`` ``(C, B, s)`` serve iterations
+    ``stats_start .. stats_start + B − 1`` (none when ``stats_start`` is −1)."""
+
+    mh: mh.MHState
+    stats: np.ndarray
+    stats_start: int = -1
+    stats_var: float = 0.0
+
+
+def init(theta: np.ndarray, model: ExpFamModel) -> ExpFamState:
+    state = mh.init(theta, model)
+    return ExpFamState(state, np.zeros((len(state.theta), 0, model.stat_dim)))
+
+
+def step(rng: np.random.Generator, state: ExpFamState, model: ExpFamModel, radius: float, stats: StatsFn,
+         block: int, n_total: int) -> tuple[ExpFamState, mh.MHInfo]:
+    """One iteration for all chains; fetches a new block of statistics when needed."""
+    t = state.mh.iteration
+    buffer, start, var = state.stats, state.stats_start, state.stats_var
+
+    def ratio(iteration: int, chains: np.ndarray, theta: np.ndarray, theta_prop: np.ndarray):
+        nonlocal buffer, start, var
+        if block == 1:
+            s_hat, var = stats(chains, t, 1)
+            s_hat = s_hat[:, 0]
+        else:
+            if not start <= t < start + block:
+                buffer, var = stats(np.arange(len(state.mh.theta)), t, block)
+                start = t
+            s_hat = buffer[chains, t - start]
+        d_eta = model.natural_param(theta_prop) - model.natural_param(theta)
+        lam = np.sum(d_eta * s_hat, axis=1) - n_total * (model.log_partition(theta_prop) - model.log_partition(theta))
+        return lam, var * np.sum(d_eta**2, axis=1)
+
+    new_mh, info = mh.step(rng, state.mh, model, radius, ratio)
+    return ExpFamState(new_mh, buffer, start, var), info
+
+
+def oracle_stats(oracle: Oracle) -> StatsFn:
+    """Σ_k of the owners' noisy statistic copies, and Σ_k σ_k²."""
+
+    def stats(chains: np.ndarray, start: int, block: int):
+        return oracle.suff_stats(chains, start, block).total()
+
+    return stats

@@ -1,0 +1,132 @@
+"""Gaussian mean with known noise: x ~ N(θ, noise_sd² I_d), records in an L2 ball."""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import numpy as np
+from scipy import stats
+
+from ._util import (Configured, Param, as_point, as_prepared, as_theta, check_neighbour,
+                    project_to_ball, validate_raw)
+from .base import ExpFamModel, Neighbour, Reference
+
+
+class GaussianMean(Configured, ExpFamModel):
+    """x ~ N(θ, σ² I_d) with σ = ``noise_sd`` known; θ ∈ [-theta_bound, theta_bound]^d.
+
+    * Records: ``(n, d)``, columns ``x`` when d = 1, else ``x0 .. x{d-1}``; the data domain is
+      the ball ‖x‖₂ ≤ ``data_bound`` (``prepare_records`` rescales longer rows onto it).
+    * Prior: independent N(prior_mean, prior_sd²) on each coordinate of θ.
+    * ℓ(x, θ) = θᵀx/σ² − ‖θ‖²/(2σ²) − ‖x‖²/(2σ²) − (d/2) log(2πσ²);
+      S(x) = x, η = θ/σ², A = ‖θ‖²/(2σ²).
+    * ∇ℓ = (x − θ)/σ², so L = (data_bound + theta_bound·√d)/σ² (attained at opposite corners).
+    * Reference: the conjugate normal posterior, independent across coordinates, truncated to
+      the box coordinate-wise (exact truncated-normal moments).
+    """
+
+    name: ClassVar[str] = "gaussian_mean"
+    PARAMS: ClassVar[dict[str, Param]] = {
+        "dim": Param(1, "dim", "dimension d of θ and of each record"),
+        "noise_sd": Param(1.0, "positive", "known observation sd σ"),
+        "data_bound": Param(4.0, "positive", "records satisfy ‖x‖₂ ≤ data_bound"),
+        "theta_bound": Param(4.0, "positive", "Θ = [-theta_bound, theta_bound]^d"),
+        "prior_mean": Param(0.0, "real", "prior mean of every coordinate of θ"),
+        "prior_sd": Param(10.0, "positive", "prior sd of every coordinate of θ"),
+    }
+
+    def _setup(self) -> None:
+        p = self._params
+        self.dim = p["dim"]
+        self.theta_bound = p["theta_bound"]
+        self.noise_sd = p["noise_sd"]
+        self.data_bound = p["data_bound"]
+        self.prior_mean = p["prior_mean"]
+        self.prior_sd = p["prior_sd"]
+        self._var = self.noise_sd**2
+        self._lipschitz = (self.data_bound + self.theta_bound * math.sqrt(self.dim)) / self._var
+
+    @property
+    def column_names(self) -> list[str]:
+        return ["x"] if self.dim == 1 else [f"x{i}" for i in range(self.dim)]
+
+    # --- data ------------------------------------------------------------------------------
+    def prepare_records(self, raw: np.ndarray) -> np.ndarray:
+        """Validate ``(n, d)`` (1-D accepted for d = 1) and rescale rows with ‖x‖₂ > data_bound
+        onto the sphere of radius data_bound."""
+        arr = validate_raw(raw, self.column_names, self.name)
+        return project_to_ball(arr, self.data_bound)
+
+    def simulate_records(self, rng: np.random.Generator, theta: np.ndarray, n: int) -> np.ndarray:
+        """``(n, d)`` draws of N(θ, σ² I), rows projected onto the data ball."""
+        mu = as_point(theta, self.dim)
+        x = mu[None, :] + self.noise_sd * rng.standard_normal((int(n), self.dim))
+        return project_to_ball(x, self.data_bound)
+
+    # --- exponential family ----------------------------------------------------------------
+    @property
+    def stat_dim(self) -> int:
+        return self.dim
+
+    def suff_stat(self, records: np.ndarray) -> np.ndarray:
+        """S(x) = x: ``(n, d)`` → ``(n, d)``."""
+        return as_prepared(records, self.dim).copy()
+
+    def natural_param(self, theta: np.ndarray) -> np.ndarray:
+        """η = θ/σ²: ``(C, d)`` → ``(C, d)``."""
+        return as_theta(theta, self.dim) / self._var
+
+    def log_partition(self, theta: np.ndarray) -> np.ndarray:
+        """A = ‖θ‖²/(2σ²): ``(C, d)`` → ``(C,)``."""
+        th = as_theta(theta, self.dim)
+        return np.sum(th * th, axis=1) / (2.0 * self._var)
+
+    def log_base_measure(self, records: np.ndarray) -> np.ndarray:
+        """log h = −‖x‖²/(2σ²) − (d/2) log(2πσ²): ``(n, d)`` → ``(n,)``."""
+        x = as_prepared(records, self.dim)
+        return -np.sum(x * x, axis=1) / (2.0 * self._var) - 0.5 * self.dim * math.log(2.0 * math.pi * self._var)
+
+    def stat_sensitivity(self, neighbour: Neighbour) -> float:
+        """2·data_bound (replace-one) or data_bound (add/remove)."""
+        check_neighbour(neighbour)
+        return (2.0 if neighbour == "replace_one" else 1.0) * self.data_bound
+
+    def stat_l1_sensitivity(self, neighbour: Neighbour) -> float:
+        """2·data_bound·√d (replace-one) or data_bound·√d (add/remove), as ‖x‖₁ ≤ √d‖x‖₂."""
+        return self.stat_sensitivity(neighbour) * math.sqrt(self.dim)
+
+    # --- likelihood ------------------------------------------------------------------------
+    @property
+    def lipschitz(self) -> float:
+        return self._lipschitz
+
+    def grad_log_lik(self, records: np.ndarray, theta: np.ndarray) -> np.ndarray:
+        """(x − θ)/σ²: ``(C, n, d)``."""
+        x = as_prepared(records, self.dim)
+        th = as_theta(theta, self.dim)
+        return (x[None, :, :] - th[:, None, :]) / self._var
+
+    # --- prior -----------------------------------------------------------------------------
+    def log_prior(self, theta: np.ndarray) -> np.ndarray:
+        """−Σ (θ_j − m)²/(2 s²): ``(C, d)`` → ``(C,)``."""
+        z = (as_theta(theta, self.dim) - self.prior_mean) / self.prior_sd
+        return -0.5 * np.sum(z * z, axis=1)
+
+    def grad_log_prior(self, theta: np.ndarray) -> np.ndarray:
+        """−(θ − m)/s²: ``(C, d)``."""
+        return -(as_theta(theta, self.dim) - self.prior_mean) / self.prior_sd**2
+
+    # --- reference -------------------------------------------------------------------------
+    def reference_from_stats(self, n: int, stat_sum: np.ndarray) -> Reference:
+        """Coordinate-wise truncated normal: precision 1/s² + n/σ², mean (m/s² + Σx/σ²)/precision,
+        truncated to [−theta_bound, theta_bound]."""
+        total = np.asarray(stat_sum, dtype=float).reshape(self.dim)
+        prec = 1.0 / self.prior_sd**2 + n / self._var
+        mu = (self.prior_mean / self.prior_sd**2 + total / self._var) / prec
+        tau = 1.0 / math.sqrt(prec)
+        b = self.theta_bound
+        dist = stats.truncnorm((-b - mu) / tau, (b - mu) / tau, loc=mu, scale=tau)
+        mean = np.clip(np.asarray(dist.mean(), dtype=float).reshape(self.dim), -b, b)
+        sd = np.asarray(dist.std(), dtype=float).reshape(self.dim)
+        return Reference(mean=mean, sd=sd, source="closed_form")
