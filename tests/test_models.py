@@ -245,6 +245,16 @@ def test_in_theta_space(model: Model) -> None:
     assert model.in_theta_space(theta).tolist() == [True, False, False]
 
 
+def test_logistic_log_lik_is_stable_for_large_margins() -> None:
+    m = Logistic(dim=1, data_bound=10.0, theta_bound=100.0)
+    rec = np.array([[10.0, 1.0], [10.0, 0.0], [-10.0, 1.0], [-10.0, 0.0], [0.4, 1.0], [0.4, 0.0]])
+    ll = m.log_lik(rec, np.array([[100.0]]))
+    expected = [-0.0, -1000.0, -1000.0, -0.0, -math.log1p(math.exp(-40.0)), -40.0 - math.log1p(math.exp(-40.0))]
+    np.testing.assert_allclose(ll[0], expected, rtol=1e-14, atol=0)
+    g = m.grad_log_lik(rec, np.array([[100.0]]))
+    assert np.all(np.isfinite(g)) and np.all(np.abs(g) <= m.lipschitz)
+
+
 # --- exponential families -----------------------------------------------------------------------
 
 def test_expfam_identity(expfam: ExpFamModel) -> None:
@@ -392,9 +402,13 @@ def test_bernoulli_reference_against_grid(params: dict, n: int, ones: int) -> No
     assert ref.sd[0] == pytest.approx(sd, rel=1e-7)
 
 
-@pytest.mark.parametrize("a, b, n, ones", [(1.0, 1.0, 40, 13), (0.5, 2.0, 7, 0), (2.0, 3.0, 10**6, 312345)])
-def test_bernoulli_reference_wide_box_is_logit_beta(a: float, b: float, n: int, ones: int) -> None:
-    m = Bernoulli(theta_bound=100.0, prior_a=a, prior_b=b)  # tail mass beyond ±B < e^-50
+@pytest.mark.parametrize("a, b, n, ones, bound", [  # bound: tail mass beyond ±bound < e^-50
+    (1.0, 1.0, 40, 13, 100.0), (0.5, 2.0, 7, 0, 100.0), (2.0, 3.0, 10**6, 312345, 100.0),
+    (0.01, 1.0, 0, 0, 1e4),          # very heavy left tail (sd 100): long range, no overflow
+    (1.0, 1.0, 10**7, 3, 1e4),       # narrow peak far from 0
+])
+def test_bernoulli_reference_wide_box_is_logit_beta(a: float, b: float, n: int, ones: int, bound: float) -> None:
+    m = Bernoulli(theta_bound=bound, prior_a=a, prior_b=b)
     ref = _check_ref(m.reference_from_stats(n, np.array([float(ones)])), 1)
     a2, b2 = a + ones, b + n - ones
     assert ref.mean[0] == pytest.approx(special.digamma(a2) - special.digamma(b2), rel=1e-8, abs=1e-9)
@@ -423,9 +437,12 @@ def test_poisson_reference_against_grid(params: dict, counts: list[int]) -> None
     assert ref.sd[0] == pytest.approx(sd, rel=1e-7)
 
 
-@pytest.mark.parametrize("shape, rate, n, total", [(1.0, 1.0, 12, 40.0), (0.7, 3.0, 5, 0.0), (2.0, 0.5, 10**6, 3.1e6)])
-def test_poisson_reference_wide_box_is_log_gamma(shape: float, rate: float, n: int, total: float) -> None:
-    m = Poisson(theta_bound=70.0, prior_shape=shape, prior_rate=rate)  # tail mass beyond -B < e^-49
+@pytest.mark.parametrize("shape, rate, n, total, bound", [  # bound: tail mass beyond -bound < e^-49
+    (1.0, 1.0, 12, 40.0, 70.0), (0.7, 3.0, 5, 0.0, 70.0), (2.0, 0.5, 10**6, 3.1e6, 70.0),
+    (1.0, 1e-5, 0, 0.0, 700.0),      # near the largest allowed bound
+])
+def test_poisson_reference_wide_box_is_log_gamma(shape: float, rate: float, n: int, total: float, bound: float) -> None:
+    m = Poisson(theta_bound=bound, prior_shape=shape, prior_rate=rate)
     ref = _check_ref(m.reference_from_stats(n, np.array([total])), 1)
     a2, b2 = shape + total, rate + n
     assert ref.mean[0] == pytest.approx(special.digamma(a2) - math.log(b2), rel=1e-8, abs=1e-9)

@@ -32,7 +32,7 @@ def query(rng, chains=3, step=0.05):
 
 
 def spent(node: OwnerNode) -> GaussianSpend:
-    return node._ledger.total(node.name)
+    return node.ledger.total(node.name)
 
 
 def test_answer_is_charged_with_owner_computed_sensitivity(tmp_path):
@@ -72,6 +72,21 @@ def test_answer_is_clipped_log_ratio_plus_noise_of_declared_sd(tmp_path):
     assert 0.85 < values.var(ddof=1) / sigma**2 < 1.15  # σ/2 or 2σ noise fails by a factor 4
 
 
+@pytest.mark.parametrize("name", ["gaussian_mean", "bernoulli", "poisson"])
+def test_sufficient_statistic_path_equals_per_record_clipped_sum(name):
+    model = build_model({"name": name})
+    rng = np.random.default_rng(5)
+    records = model.simulate_records(rng, np.full(model.dim, 0.3), 2000)
+    fast = OwnerNode("f", model, records, Policy(), Ledger(":memory:"))
+    slow = OwnerNode("s", model, records, Policy(), Ledger(":memory:"), simulation=True, per_record=True)
+    theta = rng.uniform(-1, 1, (6, model.dim))
+    prop = theta + rng.uniform(-0.03, 0.03, (6, model.dim))
+    step = np.linalg.norm(prop - theta, axis=1)
+    np.testing.assert_allclose(fast._clipped_log_ratio_sum(theta, prop, step),
+                               slow._clipped_log_ratio_sum(theta, prop, step), rtol=1e-9, atol=1e-8)
+    assert slow.simulation_diagnostics().clip_binds == 0
+
+
 def test_clip_binds_when_lipschitz_bound_is_wrong(tmp_path):
     class WrongL(type(MODEL)):
         @property
@@ -80,7 +95,7 @@ def test_clip_binds_when_lipschitz_bound_is_wrong(tmp_path):
 
     model = WrongL(**MODEL.params())
     node = OwnerNode("a", model, RECORDS, Policy(sigma=1e-6, max_step=0.1, budget_epsilon=1e7), Ledger(":memory:"),
-                     np.random.default_rng(0), simulation=True)
+                     np.random.default_rng(0), simulation=True, per_record=True)
     node.open_session("s", "penalty", 1)
     theta, prop = np.array([[0.0, 0.0]]), np.array([[0.05, 0.0]])
     value = node.log_ratio("s", 0, np.array([0]), theta, prop)[0]
@@ -204,7 +219,7 @@ def test_ledger_survives_restart_and_replays(tmp_path):
     req = query(np.random.default_rng(0))
     first = node.log_ratio("s", 0, *req)
     before = spent(node)
-    node._ledger.close()
+    node.ledger.close()
     restarted = make_node(tmp_path)  # new process state, same ledger file, fresh noise source
     assert spent(restarted) == before
     restarted.open_session("s", "penalty", 100)  # the coordinator resumes the session

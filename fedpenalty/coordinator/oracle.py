@@ -14,6 +14,7 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from ..owner import OwnerDescription, OwnerNode, PrivacyReport
+from ..owner.host import OwnerHost
 
 
 @dataclass(frozen=True)
@@ -53,22 +54,19 @@ class Oracle(Protocol):
 
 
 class InProcessOracle:
-    """Owners living in this process: a direct call per owner, no serialisation."""
+    """Owners living in this process, served by one ``OwnerHost`` (no serialisation)."""
 
     def __init__(self, nodes: Sequence[OwnerNode]):
-        if not nodes:
-            raise ValueError("at least one owner is needed")
-        self.nodes = list(nodes)
-        self._sigma = np.array([node.policy.sigma for node in self.nodes])
+        self.host = OwnerHost(nodes)
+        self._sigma = np.array([node.policy.sigma for node in self.host.nodes])
         self.session: str | None = None
 
     def describe(self) -> list[OwnerDescription]:
-        return [node.describe() for node in self.nodes]
+        return self.host.describe()
 
     def open_session(self, algorithm: str, planned_answers: int, session: str | None = None) -> str:
         session = session or uuid.uuid4().hex
-        for node in self.nodes:
-            node.open_session(session, algorithm, planned_answers)
+        self.host.open_session(session, algorithm, planned_answers)
         self.session = session
         return session
 
@@ -78,20 +76,15 @@ class InProcessOracle:
         return self.session
 
     def log_ratio(self, iteration: int, chains: np.ndarray, theta: np.ndarray, theta_prop: np.ndarray) -> Answers:
-        session = self._require_session()
-        values = np.stack([node.log_ratio(session, iteration, chains, theta, theta_prop) for node in self.nodes])
-        return Answers(values, self._sigma)
+        return Answers(self.host.log_ratio(self._require_session(), iteration, chains, theta, theta_prop), self._sigma)
 
     def suff_stats(self, chains: np.ndarray, start: int, block: int) -> Answers:
-        session = self._require_session()
-        values = np.stack([node.suff_stats(session, chains, start, block) for node in self.nodes])
-        return Answers(values, self._sigma)
+        return Answers(self.host.suff_stats(self._require_session(), chains, start, block), self._sigma)
 
     def privacy_reports(self) -> list[PrivacyReport]:
-        return [node.privacy_report(self.session) for node in self.nodes]
+        return self.host.privacy_reports(self.session)
 
     def close(self) -> None:
         if self.session is not None:
-            for node in self.nodes:
-                node.close_session(self.session)
+            self.host.close_session(self.session)
             self.session = None

@@ -18,6 +18,14 @@ def _softplus(t: np.ndarray | float) -> np.ndarray:
     return np.logaddexp(0.0, t)
 
 
+def _log_mix(v: float, log_a: float, log_b: float, b: float) -> float:
+    """log(a + b·e^v) for weights with a + b = 1: log1p(b·expm1(v)) near v = 0 (no cancellation),
+    logaddexp(log a, log b + v) elsewhere (no overflow)."""
+    if abs(v) <= 1.0:
+        return math.log1p(b * math.expm1(v))
+    return float(np.logaddexp(log_a, log_b + v))
+
+
 class Bernoulli(Configured, ExpFamModel):
     """x ~ Bernoulli(σ(θ)), θ ∈ [-theta_bound, theta_bound] (d = 1).
 
@@ -118,21 +126,21 @@ class Bernoulli(Configured, ExpFamModel):
         s = float(np.asarray(stat_sum, dtype=float).reshape(-1)[0])
         if not (0.0 <= s <= n):
             raise ValueError(f"bernoulli: the number of ones must lie in [0, n={n}], got {s}")
-        alpha, beta = self.prior_a + s - 1, self.prior_b + (n - s)
+        alpha, beta = self.prior_a + s, self.prior_b + (n - s)
         b = self.theta_bound
         mode = min(max(math.log(alpha) - math.log(beta), -b), b)
 
-        p_mode = float(expit(mode))
-        q_mode = float(expit(-mode))
+        # log of σ(−m) + σ(m)e^u  (= log(1+e^t) − log(1+e^m), u = t − m) and of
+        # σ(m) + σ(−m)e^{−u}  (= log(1+e^−t) − log(1+e^−m)), free of cancellation and overflow.
+        log_p, log_q = -float(_softplus(-mode)), -float(_softplus(mode))  # log σ(m), log σ(−m)
+        p_mode, q_mode = math.exp(log_p), math.exp(log_q)
 
         def logf(t: float) -> float:
-            # log density minus its value at the mode, cancellation-free: with u = t − m,
-            # log(1+e^t) − log(1+e^m) = log1p(σ(m)·expm1(u)), and likewise for −t.
+            # log density minus its value at the mode
             u = t - mode
-            with np.errstate(over="ignore"):
-                up = np.log1p(p_mode * np.expm1(u))
-                down = np.log1p(q_mode * np.expm1(-u))
-            return float(-alpha * down - beta * up)
+            up = _log_mix(u, log_q, log_p, p_mode)
+            down = _log_mix(-u, log_p, log_q, q_mode)
+            return -alpha * down - beta * up
 
         mean, sd = log_concave_moments(logf, mode, -b, b)
         return Reference(mean=np.array([mean]), sd=np.array([sd]), source="closed_form")

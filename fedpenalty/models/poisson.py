@@ -136,11 +136,12 @@ class Poisson(Configured, ExpFamModel):
         scale = beta * math.exp(mode)
 
         def logf(t: float) -> float:
-            # log density minus its value at the mode, cancellation-free:
-            # α(t − m) − β(e^t − e^m) = αu − βe^m·expm1(u), u = t − m
+            # log density minus its value at the mode: α(t − m) − β(e^t − e^m), with
+            # β(e^t − e^m) = βe^m·expm1(t − m) near the mode (no cancellation)
             u = t - mode
-            with np.errstate(over="ignore"):
-                return float(alpha * u - scale * np.expm1(u))
+            if abs(u) <= 1.0:
+                return alpha * u - scale * math.expm1(u)
+            return alpha * u - (beta * math.exp(t) - scale)
 
         mean, sd = log_concave_moments(logf, mode, -b, b)
         return Reference(mean=np.array([mean]), sd=np.array([sd]), source="closed_form")

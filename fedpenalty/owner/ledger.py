@@ -33,7 +33,7 @@ CREATE TABLE IF NOT EXISTS totals (
 CREATE TABLE IF NOT EXISTS answers (
     owner TEXT NOT NULL, session TEXT NOT NULL, chain INTEGER NOT NULL, iteration INTEGER NOT NULL,
     digest BLOB NOT NULL, payload BLOB NOT NULL,
-    PRIMARY KEY (owner, session, chain, iteration));
+    PRIMARY KEY (owner, session, iteration, chain));
 """
 
 
@@ -57,6 +57,18 @@ class NewAnswer:
     digest: bytes
     payload: np.ndarray
     mu: float
+
+
+@dataclass(frozen=True)
+class Charge:
+    """One owner's new answers in one request, with the limit its policy sets."""
+
+    owner: str
+    session: str
+    answers: list[NewAnswer]
+    max_mu_squared: float
+    budget_epsilon: float
+    delta: float
 
 
 class Ledger:
@@ -126,59 +138,60 @@ class Ledger:
         return GaussianSpend() if row is None else GaussianSpend(row[0], row[1], row[2])
 
     # --- answers ---------------------------------------------------------------------------
-    def stored(self, owner: str, session: str, keys: list[tuple[int, int]]) -> dict[tuple[int, int], tuple[bytes, bytes]]:
-        """Stored (digest, payload) for those (chain, iteration) keys that were answered."""
-        found: dict[tuple[int, int], tuple[bytes, bytes]] = {}
+    def stored(self, owners: list[str], session: str, first: int, last: int) -> dict[tuple[str, int, int], tuple[bytes, bytes]]:
+        """Stored answers of ``owners`` in ``session`` with iteration in [first, last]:
+        (owner, chain, iteration) → (digest, payload). One query for a whole host."""
+        marks = ",".join("?" * len(owners))
         with self._lock:
-            for chain, iteration in keys:
-                row = self._db.execute(
-                    "SELECT digest, payload FROM answers WHERE owner=? AND session=? AND chain=? AND iteration=?",
-                    (owner, session, chain, iteration),
-                ).fetchone()
-                if row is not None:
-                    found[(chain, iteration)] = (row[0], row[1])
-        return found
+            rows = self._db.execute(
+                f"SELECT owner, chain, iteration, digest, payload FROM answers WHERE owner IN ({marks}) "
+                "AND session=? AND iteration BETWEEN ? AND ?",
+                (*owners, session, first, last),
+            ).fetchall()
+        return {(r[0], r[1], r[2]): (r[3], r[4]) for r in rows}
 
-    def charge(self, owner: str, session: str, new: list[NewAnswer], max_mu_squared: float, budget_epsilon: float,
-               delta: float) -> GaussianSpend:
-        """Charge and store ``new`` answers in one transaction; return the owner's new total.
+    def charge(self, charges: list[Charge]) -> None:
+        """Charge and store every owner's new answers in one transaction.
 
-        Refuses (``BudgetExhausted``, nothing written) when the total μ² would exceed
-        ``max_mu_squared`` (the μ² at which ε(δ) reaches the budget).
+        Refuses (``BudgetExhausted``, nothing written for anyone) when some owner's total μ²
+        would exceed its ``max_mu_squared`` (the μ² at which ε(δ) reaches its budget).
         """
-        mus = np.array([a.mu for a in new], dtype=float)
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                before = self._total(owner)
-                after = before.add(mus)
-                if after.mu_squared > max_mu_squared:
-                    left = max(budget_epsilon - before.epsilon(delta), 0.0)
-                    raise BudgetExhausted(
-                        f"privacy budget exhausted: {len(new)} more answers would take ε from "
-                        f"{before.epsilon(delta):.4g} to {after.epsilon(delta):.4g} at δ={delta:g}, "
-                        f"past the budget ε={budget_epsilon:g} ({left:.4g} left)",
-                        owner,
-                        epsilon_left=left,
-                    )
-                self._db.executemany(
-                    "INSERT INTO answers(owner, session, chain, iteration, digest, payload) VALUES (?,?,?,?,?,?)",
-                    [(owner, session, a.chain, a.iteration, a.digest, np.asarray(a.payload, "<f8").tobytes()) for a in new],
-                )
-                session_max = float(mus.max()) if len(mus) else 0.0
-                self._db.execute(
-                    "UPDATE sessions SET answers=answers+?, mu_squared=mu_squared+?, max_mu=MAX(max_mu, ?) "
-                    "WHERE owner=? AND session=?",
-                    (len(new), float(np.sum(mus**2)), session_max, owner, session),
-                )
-                self._db.execute(
-                    "INSERT INTO totals(owner, answers, mu_squared, max_mu) VALUES (?,?,?,?) "
-                    "ON CONFLICT(owner) DO UPDATE SET answers=excluded.answers, mu_squared=excluded.mu_squared, "
-                    "max_mu=excluded.max_mu",
-                    (owner, after.answers, after.mu_squared, after.max_mu),
-                )
+                for c in charges:
+                    self._charge_one(c)
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
-        return after
+
+    def _charge_one(self, c: Charge) -> None:
+        mus = np.array([a.mu for a in c.answers], dtype=float)
+        before = self._total(c.owner)
+        after = before.add(mus)
+        if after.mu_squared > c.max_mu_squared:
+            eps_before = before.epsilon(c.delta)
+            left = max(c.budget_epsilon - eps_before, 0.0)
+            raise BudgetExhausted(
+                f"privacy budget exhausted: {len(mus)} more answers would take ε from {eps_before:.4g} to "
+                f"{after.epsilon(c.delta):.4g} at δ={c.delta:g}, past the budget ε={c.budget_epsilon:g} "
+                f"({left:.4g} left)",
+                c.owner,
+                epsilon_left=left,
+            )
+        self._db.executemany(
+            "INSERT INTO answers(owner, session, chain, iteration, digest, payload) VALUES (?,?,?,?,?,?)",
+            [(c.owner, c.session, a.chain, a.iteration, a.digest, np.asarray(a.payload, "<f8").tobytes())
+             for a in c.answers],
+        )
+        self._db.execute(
+            "UPDATE sessions SET answers=answers+?, mu_squared=mu_squared+?, max_mu=MAX(max_mu, ?) "
+            "WHERE owner=? AND session=?",
+            (len(mus), float(np.sum(mus**2)), float(mus.max(initial=0.0)), c.owner, c.session),
+        )
+        self._db.execute(
+            "INSERT INTO totals(owner, answers, mu_squared, max_mu) VALUES (?,?,?,?) ON CONFLICT(owner) DO UPDATE "
+            "SET answers=excluded.answers, mu_squared=excluded.mu_squared, max_mu=excluded.max_mu",
+            (c.owner, after.answers, after.mu_squared, after.max_mu),
+        )

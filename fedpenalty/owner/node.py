@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import BudgetExhausted, InvalidRequest, ReplayConflict, UnknownSession
 from ..models import ExpFamModel, Model
 from ..privacy import GaussianSpend, mu_for_epsilon
-from .ledger import Ledger, NewAnswer
+from .ledger import Charge, Ledger, NewAnswer
 from .policy import Policy
 
 LOG_RATIO = "penalty"
@@ -78,6 +78,23 @@ class SimulationDiagnostics:
     log_ratio_terms: int = 0
 
 
+@dataclass(frozen=True)
+class Pending:
+    """A computed but not yet released reply: ``out`` is returned only after ``charge`` (if
+    any) commits."""
+
+    out: np.ndarray
+    charge: Charge | None
+
+
+def release(ledger: Ledger, pending: list[Pending]) -> list[np.ndarray]:
+    """Charge every pending reply in one ledger transaction, then hand out the answers."""
+    charges = [p.charge for p in pending if p.charge is not None]
+    if charges:
+        ledger.charge(charges)
+    return [p.out for p in pending]
+
+
 def _digest(kind: str, *arrays: np.ndarray) -> bytes:
     h = hashlib.sha256(kind.encode())
     for a in arrays:
@@ -91,19 +108,25 @@ class OwnerNode:
     records: ``(n, p)`` raw records; they are validated and clipped into the model's domain.
     rng: the owner's private noise source (default: fresh OS entropy).
     simulation: keep data-dependent diagnostics (clip counts). Off for deployed owners.
+    per_record: evaluate log-ratios record by record with the per-record clip. By default
+    exponential-family models use the identity Σ_x ℓ(x,θ') − ℓ(x,θ) = Δηᵀ Σ S(x) − n ΔA, which is
+    O(1) per answer and equal to the clipped sum: records are clipped into the data domain
+    when loaded and L bounds the gradient there, so the per-record clip cannot bind.
     """
 
     def __init__(self, name: str, model: Model, records: np.ndarray, policy: Policy, ledger: Ledger,
-                 rng: np.random.Generator | None = None, simulation: bool = False):
+                 rng: np.random.Generator | None = None, simulation: bool = False, per_record: bool | None = None):
         self.name = name
         self.model = model
         self.policy = policy
         self.records = model.prepare_records(records)
-        self._ledger = ledger
+        self.ledger = ledger
         self._rng = rng if rng is not None else np.random.default_rng()
         self._max_mu_squared = mu_for_epsilon(policy.budget_epsilon, policy.delta) ** 2
         self._stat_sum = model.suff_stat(self.records).sum(axis=0) if isinstance(model, ExpFamModel) else None
         self.diagnostics = SimulationDiagnostics() if simulation else None
+        self.per_record = per_record if per_record is not None else not isinstance(model, ExpFamModel)
+        self.ledger = ledger
 
     # --- public facts ------------------------------------------------------------------------
     def describe(self) -> OwnerDescription:
@@ -128,10 +151,10 @@ class OwnerNode:
             raise InvalidRequest(f"model {self.model.name!r} has no sufficient statistics", self.name)
         if isinstance(planned_answers, bool) or not isinstance(planned_answers, (int, np.integer)) or planned_answers < 0:
             raise InvalidRequest(f"planned_answers must be a non-negative integer, got {planned_answers!r}", self.name)
-        existing = self._ledger.session(self.name, session)
+        existing = self.ledger.session(self.name, session)
         already = existing.spend.answers if existing is not None else 0
         remaining_plan = max(int(planned_answers) - already, 0)
-        total = self._ledger.total(self.name)
+        total = self.ledger.total(self.name)
         worst = total.add(np.full(remaining_plan, self.worst_case_mu(algorithm)))
         if worst.mu_squared > self._max_mu_squared:
             eps_now = total.epsilon(self.policy.delta)
@@ -142,14 +165,14 @@ class OwnerNode:
                 self.name,
                 epsilon_left=max(self.policy.budget_epsilon - eps_now, 0.0),
             )
-        self._ledger.open_session(self.name, session, algorithm, int(planned_answers))
+        self.ledger.open_session(self.name, session, algorithm, int(planned_answers))
 
     def close_session(self, session: str) -> None:
         self._session(session, None)
-        self._ledger.close_session(self.name, session)
+        self.ledger.close_session(self.name, session)
 
     def _session(self, session: str, algorithm: str | None) -> None:
-        record = self._ledger.session(self.name, session) if isinstance(session, str) else None
+        record = self.ledger.session(self.name, session) if isinstance(session, str) else None
         if record is None or record.closed:
             raise UnknownSession(f"unknown or closed session {session!r}", self.name)
         if algorithm is not None and record.algorithm != algorithm:
@@ -158,6 +181,15 @@ class OwnerNode:
     # --- queries -------------------------------------------------------------------------------
     def log_ratio(self, session: str, iteration: int, chains: np.ndarray, theta: np.ndarray,
                   theta_prop: np.ndarray) -> np.ndarray:
+        """Noisy clipped log-likelihood ratios ``(C,)``; see ``prepare_log_ratio``."""
+        return release(self.ledger, [self.prepare_log_ratio(session, iteration, chains, theta, theta_prop)])[0]
+
+    def suff_stats(self, session: str, chains: np.ndarray, start: int, block: int) -> np.ndarray:
+        """Noisy statistic copies ``(C, block, s)``; see ``prepare_suff_stats``."""
+        return release(self.ledger, [self.prepare_suff_stats(session, chains, start, block)])[0]
+
+    def prepare_log_ratio(self, session: str, iteration: int, chains: np.ndarray, theta: np.ndarray,
+                          theta_prop: np.ndarray) -> Pending:
         """Noisy clipped log-likelihood ratios, one per chain: ``(C,)``.
 
         chains ``(C,)`` distinct non-negative ints; theta, theta_prop ``(C, d)`` inside Θ with
@@ -177,21 +209,32 @@ class OwnerNode:
         digests = [_digest(LOG_RATIO, theta[i], theta_prop[i]) for i in range(len(chains))]
 
         def compute(todo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            bound = self.model.lipschitz * step[todo]
-            diffs = self.model.log_lik_diff(self.records, theta[todo], theta_prop[todo])
-            clipped = np.clip(diffs, -bound[:, None], bound[:, None])
-            if self.diagnostics is not None:
-                binds = diffs != clipped
-                self.diagnostics.clip_binds += int(binds.sum())
-                self.diagnostics.clipped_terms += int(np.any(binds, axis=1).sum())
-                self.diagnostics.log_ratio_terms += diffs.size
-            values = clipped.sum(axis=1) + self.policy.sigma * self._rng.standard_normal(len(todo))
+            exact = self._clipped_log_ratio_sum(theta[todo], theta_prop[todo], step[todo])
+            values = exact + self.policy.sigma * self._rng.standard_normal(len(todo))
             mus = self.model.log_ratio_sensitivity(step[todo], self.policy.neighbour) / self.policy.sigma
             return values[:, None], mus
 
-        return self._answer(session, keys, digests, compute, width=1)[:, 0]
+        pending = self._prepare(session, keys, digests, compute, width=1)
+        return Pending(pending.out[:, 0], pending.charge)
 
-    def suff_stats(self, session: str, chains: np.ndarray, start: int, block: int) -> np.ndarray:
+    def _clipped_log_ratio_sum(self, theta: np.ndarray, theta_prop: np.ndarray, step: np.ndarray) -> np.ndarray:
+        """Σ_x clip(ℓ(x,θ') − ℓ(x,θ), ±L‖θ'−θ‖) per chain ``(m,)`` (no noise)."""
+        bound = self.model.lipschitz * step
+        if not self.per_record:
+            m = self.model
+            d_eta = m.natural_param(theta_prop) - m.natural_param(theta)
+            total = d_eta @ self._stat_sum - len(self.records) * (m.log_partition(theta_prop) - m.log_partition(theta))
+            return np.clip(total, -len(self.records) * bound, len(self.records) * bound)
+        diffs = self.model.log_lik_diff(self.records, theta, theta_prop)
+        clipped = np.clip(diffs, -bound[:, None], bound[:, None])
+        if self.diagnostics is not None:
+            binds = diffs != clipped
+            self.diagnostics.clip_binds += int(binds.sum())
+            self.diagnostics.clipped_terms += int(np.any(binds, axis=1).sum())
+            self.diagnostics.log_ratio_terms += diffs.size
+        return clipped.sum(axis=1)
+
+    def prepare_suff_stats(self, session: str, chains: np.ndarray, start: int, block: int) -> Pending:
         """``block`` fresh noisy copies of Σ S(x) for each chain: ``(C, block, s)``.
 
         Copy j of chain c is keyed (c, start + j); each copy is N(Σ S(x), σ² I) and is charged
@@ -213,42 +256,47 @@ class OwnerNode:
             noise = self.policy.sigma * self._rng.standard_normal((len(todo), s))
             return self._stat_sum[None, :] + noise, np.full(len(todo), mu)
 
-        return self._answer(session, keys, digests, compute, width=s).reshape(len(chains), block, s)
+        pending = self._prepare(session, keys, digests, compute, width=s)
+        return Pending(pending.out.reshape(len(chains), block, s), pending.charge)
 
-    def _answer(self, session: str, keys: list[tuple[int, int]], digests: list[bytes], compute, width: int) -> np.ndarray:
-        """Replay what was answered, compute and charge the rest, return all ``(len(keys), width)``."""
-        stored = self._ledger.stored(self.name, session, keys)
+    def _prepare(self, session: str, keys: list[tuple[int, int]], digests: list[bytes], compute,
+                 width: int) -> Pending:
+        """Replay what was answered and compute the rest: all ``(len(keys), width)`` values and
+        the charge for the new ones (not yet committed)."""
+        iterations = [k[1] for k in keys]
+        stored = self.ledger.stored([self.name], session, min(iterations), max(iterations))
         out = np.empty((len(keys), width))
         todo = []
         for i, (key, digest) in enumerate(zip(keys, digests)):
-            if key in stored:
-                if stored[key][0] != digest:
+            row = stored.get((self.name, *key))
+            if row is not None:
+                if row[0] != digest:
                     raise ReplayConflict(
                         f"(session {session!r}, chain {key[0]}, iteration {key[1]}) was already answered for a "
                         "different query; an owner never gives two independent noisy answers to one query", self.name)
-                out[i] = np.frombuffer(stored[key][1], dtype="<f8")
+                out[i] = np.frombuffer(row[1], dtype="<f8")
             else:
                 todo.append(i)
-        if todo:
-            todo_idx = np.asarray(todo)
-            values, mus = compute(todo_idx)
-            new = [NewAnswer(keys[i][0], keys[i][1], digests[i], values[j], float(mus[j])) for j, i in enumerate(todo)]
-            self._ledger.charge(self.name, session, new, self._max_mu_squared, self.policy.budget_epsilon,
-                                self.policy.delta)
-            out[todo_idx] = values
-        return out
+        if not todo:
+            return Pending(out, None)
+        todo_idx = np.asarray(todo)
+        values, mus = compute(todo_idx)
+        out[todo_idx] = values
+        new = [NewAnswer(keys[i][0], keys[i][1], digests[i], values[j], float(mus[j])) for j, i in enumerate(todo)]
+        return Pending(out, Charge(self.name, session, new, self._max_mu_squared, self.policy.budget_epsilon,
+                                   self.policy.delta))
 
     # --- privacy -------------------------------------------------------------------------------
     def privacy_report(self, session: str | None = None) -> PrivacyReport:
         delta = self.policy.delta
         session_report = None
         if session is not None:
-            record = self._ledger.session(self.name, session)
+            record = self.ledger.session(self.name, session)
             if record is None:
                 raise UnknownSession(f"unknown session {session!r}", self.name)
             session_report = SpendReport.of(record.spend, delta)
         return PrivacyReport(self.name, len(self.records), delta, self.policy.budget_epsilon, self.policy.neighbour,
-                             SpendReport.of(self._ledger.total(self.name), delta), session_report)
+                             SpendReport.of(self.ledger.total(self.name), delta), session_report)
 
     # --- validation ------------------------------------------------------------------------------
     def _check_index(self, what: str, value: Any) -> int:
