@@ -52,7 +52,7 @@ def step(rng: np.random.Generator, state: ExpFamState, model: ExpFamModel, radiu
             s_hat, var = stats(chains, t, 1)
             s_hat = s_hat[:, 0]
         else:
-            if not start <= t < start + block:
+            if not start <= t < start + buffer.shape[1]:
                 buffer, var = stats(np.arange(len(state.mh.theta)), t, block)
                 start = t
             s_hat = buffer[chains, t - start]
