@@ -80,9 +80,12 @@ def cmd_account(args: argparse.Namespace) -> int:
 
     if (args.sigma is None) == (args.epsilon is None):
         raise FedPenaltyError("give exactly one of --sigma (to get ε) or --epsilon (to get the calibrated σ)")
-    for name in ("sensitivity", "delta"):
-        if not math.isfinite(getattr(args, name)) or getattr(args, name) <= 0:
-            raise FedPenaltyError(f"--{name} must be a positive finite number")
+    for name in ("sigma", "epsilon", "sensitivity", "delta"):
+        value = getattr(args, name)
+        if value is not None and (not math.isfinite(value) or value <= 0):
+            raise FedPenaltyError(f"--{name} must be a positive finite number, got {value:g}")
+    if args.delta >= 1:
+        raise FedPenaltyError(f"--delta must be below 1, got {args.delta:g}")
     if args.queries < 1:
         raise FedPenaltyError("--queries must be a positive integer")
     if args.sigma is not None:
