@@ -1,0 +1,197 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Policy(_message.Message):
+    __slots__ = ("sigma", "max_step", "budget_epsilon", "delta", "neighbour", "max_answers_per_request")
+    SIGMA_FIELD_NUMBER: _ClassVar[int]
+    MAX_STEP_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_EPSILON_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    NEIGHBOUR_FIELD_NUMBER: _ClassVar[int]
+    MAX_ANSWERS_PER_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    sigma: float
+    max_step: float
+    budget_epsilon: float
+    delta: float
+    neighbour: str
+    max_answers_per_request: int
+    def __init__(self, sigma: _Optional[float] = ..., max_step: _Optional[float] = ..., budget_epsilon: _Optional[float] = ..., delta: _Optional[float] = ..., neighbour: _Optional[str] = ..., max_answers_per_request: _Optional[int] = ...) -> None: ...
+
+class OwnerInfo(_message.Message):
+    __slots__ = ("name", "model", "model_params_json", "dim", "n", "policy")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_PARAMS_JSON_FIELD_NUMBER: _ClassVar[int]
+    DIM_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    model: str
+    model_params_json: str
+    dim: int
+    n: int
+    policy: Policy
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., model_params_json: _Optional[str] = ..., dim: _Optional[int] = ..., n: _Optional[int] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ...) -> None: ...
+
+class DescribeRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DescribeReply(_message.Message):
+    __slots__ = ("owners",)
+    OWNERS_FIELD_NUMBER: _ClassVar[int]
+    owners: _containers.RepeatedCompositeFieldContainer[OwnerInfo]
+    def __init__(self, owners: _Optional[_Iterable[_Union[OwnerInfo, _Mapping]]] = ...) -> None: ...
+
+class OpenSessionRequest(_message.Message):
+    __slots__ = ("session", "algorithm", "planned_answers")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    ALGORITHM_FIELD_NUMBER: _ClassVar[int]
+    PLANNED_ANSWERS_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    algorithm: str
+    planned_answers: int
+    def __init__(self, session: _Optional[str] = ..., algorithm: _Optional[str] = ..., planned_answers: _Optional[int] = ...) -> None: ...
+
+class OpenSessionReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CloseSessionRequest(_message.Message):
+    __slots__ = ("session",)
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    def __init__(self, session: _Optional[str] = ...) -> None: ...
+
+class CloseSessionReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class LogRatioRequest(_message.Message):
+    __slots__ = ("session", "iteration", "chains", "theta", "theta_prop")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    CHAINS_FIELD_NUMBER: _ClassVar[int]
+    THETA_FIELD_NUMBER: _ClassVar[int]
+    THETA_PROP_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    iteration: int
+    chains: _containers.RepeatedScalarFieldContainer[int]
+    theta: _containers.RepeatedScalarFieldContainer[float]
+    theta_prop: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, session: _Optional[str] = ..., iteration: _Optional[int] = ..., chains: _Optional[_Iterable[int]] = ..., theta: _Optional[_Iterable[float]] = ..., theta_prop: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class SuffStatsRequest(_message.Message):
+    __slots__ = ("session", "chains", "start", "block")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    CHAINS_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    chains: _containers.RepeatedScalarFieldContainer[int]
+    start: int
+    block: int
+    def __init__(self, session: _Optional[str] = ..., chains: _Optional[_Iterable[int]] = ..., start: _Optional[int] = ..., block: _Optional[int] = ...) -> None: ...
+
+class GradientRequest(_message.Message):
+    __slots__ = ("session", "iteration", "chains", "theta")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    CHAINS_FIELD_NUMBER: _ClassVar[int]
+    THETA_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    iteration: int
+    chains: _containers.RepeatedScalarFieldContainer[int]
+    theta: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, session: _Optional[str] = ..., iteration: _Optional[int] = ..., chains: _Optional[_Iterable[int]] = ..., theta: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class Answers(_message.Message):
+    __slots__ = ("values", "shape", "noise_sd")
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    NOISE_SD_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.RepeatedScalarFieldContainer[float]
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    noise_sd: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, values: _Optional[_Iterable[float]] = ..., shape: _Optional[_Iterable[int]] = ..., noise_sd: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class Refusal(_message.Message):
+    __slots__ = ("code", "error", "message", "owner", "epsilon_left")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_LEFT_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    error: str
+    message: str
+    owner: str
+    epsilon_left: float
+    def __init__(self, code: _Optional[str] = ..., error: _Optional[str] = ..., message: _Optional[str] = ..., owner: _Optional[str] = ..., epsilon_left: _Optional[float] = ...) -> None: ...
+
+class QueryRequest(_message.Message):
+    __slots__ = ("id", "log_ratio", "suff_stats")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    LOG_RATIO_FIELD_NUMBER: _ClassVar[int]
+    SUFF_STATS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    log_ratio: LogRatioRequest
+    suff_stats: SuffStatsRequest
+    def __init__(self, id: _Optional[int] = ..., log_ratio: _Optional[_Union[LogRatioRequest, _Mapping]] = ..., suff_stats: _Optional[_Union[SuffStatsRequest, _Mapping]] = ...) -> None: ...
+
+class QueryReply(_message.Message):
+    __slots__ = ("id", "answers", "refusal")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ANSWERS_FIELD_NUMBER: _ClassVar[int]
+    REFUSAL_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    answers: Answers
+    refusal: Refusal
+    def __init__(self, id: _Optional[int] = ..., answers: _Optional[_Union[Answers, _Mapping]] = ..., refusal: _Optional[_Union[Refusal, _Mapping]] = ...) -> None: ...
+
+class PrivacyReportRequest(_message.Message):
+    __slots__ = ("session",)
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    def __init__(self, session: _Optional[str] = ...) -> None: ...
+
+class Spend(_message.Message):
+    __slots__ = ("answers", "mu", "epsilon", "epsilon_paper_bound")
+    ANSWERS_FIELD_NUMBER: _ClassVar[int]
+    MU_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_PAPER_BOUND_FIELD_NUMBER: _ClassVar[int]
+    answers: int
+    mu: float
+    epsilon: float
+    epsilon_paper_bound: float
+    def __init__(self, answers: _Optional[int] = ..., mu: _Optional[float] = ..., epsilon: _Optional[float] = ..., epsilon_paper_bound: _Optional[float] = ...) -> None: ...
+
+class OwnerPrivacy(_message.Message):
+    __slots__ = ("owner", "n", "delta", "budget_epsilon", "neighbour", "total", "session")
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_EPSILON_FIELD_NUMBER: _ClassVar[int]
+    NEIGHBOUR_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    owner: str
+    n: int
+    delta: float
+    budget_epsilon: float
+    neighbour: str
+    total: Spend
+    session: Spend
+    def __init__(self, owner: _Optional[str] = ..., n: _Optional[int] = ..., delta: _Optional[float] = ..., budget_epsilon: _Optional[float] = ..., neighbour: _Optional[str] = ..., total: _Optional[_Union[Spend, _Mapping]] = ..., session: _Optional[_Union[Spend, _Mapping]] = ...) -> None: ...
+
+class PrivacyReportReply(_message.Message):
+    __slots__ = ("owners",)
+    OWNERS_FIELD_NUMBER: _ClassVar[int]
+    owners: _containers.RepeatedCompositeFieldContainer[OwnerPrivacy]
+    def __init__(self, owners: _Optional[_Iterable[_Union[OwnerPrivacy, _Mapping]]] = ...) -> None: ...
