@@ -1,24 +1,37 @@
-"""Many owners served by one process: one request answers for all of them.
+"""The answer path of every owner: one or many owners served by one process.
 
-Each owner keeps its own data, noise source and policy; owners that share a ledger file are
-charged in one transaction per request, so a host of hundreds of owners pays one commit per
-iteration instead of one per owner. A refusal by any owner (budget, validation) fails the whole
-request and, within one ledger, charges nobody.
+A request (session, iteration, every chain's (θ, θ')) is answered for all hosted owners at once:
+validate → replay check → compute → charge → reply. Each owner keeps its own data, noise
+source, policy and ledger rows; owners that share a ledger file are charged in one
+transaction, so a host of hundreds of owners pays one commit per request instead of one per
+owner. A refusal by any owner (validation, budget, replay conflict) fails the whole request
+and, within one ledger, charges nobody. A lone ``OwnerNode`` answers through a host of one.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections import defaultdict
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from ..errors import InvalidRequest
-from .node import OwnerDescription, OwnerNode, Pending, PrivacyReport, release
+from ..errors import InvalidRequest, ReplayConflict
+from ..models import ExpFamModel
+from .ledger import Charge
+from .policy import LOG_RATIO, SUFF_STATS
+
+if TYPE_CHECKING:
+    from .node import OwnerDescription, OwnerNode, PrivacyReport
+
+_STATS_DIGEST = hashlib.sha256(SUFF_STATS.encode()).digest()
 
 
 class OwnerHost:
-    """A list of owner nodes answering batched requests: values are stacked in node order."""
+    """Owner nodes answering batched requests; values are stacked in node order ``(K, ...)``.
+
+    All hosted owners share one model (the coordinator runs one model anyway).
+    """
 
     def __init__(self, nodes: Sequence[OwnerNode]):
         if not nodes:
@@ -27,7 +40,27 @@ class OwnerHost:
         if len(set(names)) != len(names):
             raise ValueError(f"owner names must be unique within a host: {names}")
         self.nodes = list(nodes)
+        self.model = nodes[0].model
+        if any(n.model != self.model for n in nodes):
+            raise ValueError("all owners of a host must use the same model")
+        self.names = names
+        self.label = names[0] if len(names) == 1 else f"host of {len(names)} owners"
+        sigma = np.array([n.policy.sigma for n in nodes])
+        self._max_step = np.array([n.policy.max_step for n in nodes])
+        self._max_answers = min(n.policy.max_answers_per_request for n in nodes)
+        # μ per unit step of a log-ratio answer: (2 or 1)·L/σ_k
+        self._mu_per_step = np.array([float(self.model.log_ratio_sensitivity(1.0, n.policy.neighbour))
+                                      for n in nodes]) / sigma
+        self._by_ledger: dict[int, list[int]] = defaultdict(list)
+        for i, node in enumerate(nodes):
+            self._by_ledger[id(node.ledger)].append(i)
+        if isinstance(self.model, ExpFamModel):
+            self._stat_sum = np.stack([n.stat_sum for n in nodes])
+            self._stat_mu = np.array([self.model.stat_sensitivity(n.policy.neighbour) for n in nodes]) / sigma
+        self._n = np.array([len(n.records) for n in nodes], dtype=float)
+        self._fast = not any(n.per_record for n in nodes)
 
+    # --- sessions and reports ---------------------------------------------------------------
     def describe(self) -> list[OwnerDescription]:
         return [node.describe() for node in self.nodes]
 
@@ -39,31 +72,142 @@ class OwnerHost:
         for node in self.nodes:
             node.close_session(session)
 
-    def log_ratio(self, session: str, iteration: int, chains: np.ndarray, theta: np.ndarray,
-                  theta_prop: np.ndarray) -> np.ndarray:
-        """``(K, C)`` noisy log-ratios, one row per hosted owner."""
-        return np.stack(self._release([n.prepare_log_ratio(session, iteration, chains, theta, theta_prop)
-                                       for n in self.nodes]))
-
-    def suff_stats(self, session: str, chains: np.ndarray, start: int, block: int) -> np.ndarray:
-        """``(K, C, block, s)`` noisy statistic copies, one slab per hosted owner."""
-        return np.stack(self._release([n.prepare_suff_stats(session, chains, start, block) for n in self.nodes]))
-
     def privacy_reports(self, session: str | None = None) -> list[PrivacyReport]:
         return [node.privacy_report(session) for node in self.nodes]
-
-    def _release(self, pending: list[Pending]) -> list[np.ndarray]:
-        by_ledger: dict[int, list[int]] = defaultdict(list)
-        for i, node in enumerate(self.nodes):
-            by_ledger[id(node.ledger)].append(i)
-        out: list[np.ndarray | None] = [None] * len(pending)
-        for idx in by_ledger.values():
-            for i, values in zip(idx, release(self.nodes[idx[0]].ledger, [pending[i] for i in idx])):
-                out[i] = values
-        return out  # type: ignore[return-value]
 
     def node(self, name: str) -> OwnerNode:
         for node in self.nodes:
             if node.name == name:
                 return node
         raise InvalidRequest(f"this host serves no owner named {name!r}")
+
+    # --- queries ------------------------------------------------------------------------------
+    def log_ratio(self, session: str, iteration: int, chains: np.ndarray, theta: np.ndarray,
+                  theta_prop: np.ndarray) -> np.ndarray:
+        """Noisy clipped log-likelihood ratios ``(K, C)``.
+
+        chains ``(C,)`` distinct non-negative ints; theta, theta_prop ``(C, d)`` inside Θ with
+        ‖θ' − θ‖ ≤ each owner's ``max_step``. Owner k's answer for chain c is
+        Σ_x clip(ℓ(x,θ'_c) − ℓ(x,θ_c), ±L‖θ'_c − θ_c‖) + N(0, σ_k²), keyed (session, c, iteration)
+        and charged μ = Δ/σ_k with Δ = 2L‖θ'_c − θ_c‖ (replace-one) or L‖θ'_c − θ_c‖ (add/remove).
+        """
+        for node in self.nodes:
+            node.require_session(session, LOG_RATIO)
+        iteration = self._check_index("iteration", iteration)
+        chains = self._check_chains(chains)
+        theta = self._check_theta("theta", theta, len(chains))
+        theta_prop = self._check_theta("theta_prop", theta_prop, len(chains))
+        step = np.linalg.norm(theta_prop - theta, axis=1)
+        too_far = step[None, :] > self._max_step[:, None] * (1 + 1e-12)
+        if too_far.any():
+            k = int(np.argmax(too_far.any(axis=1)))
+            raise InvalidRequest(f"step ‖θ'−θ‖ = {step.max():.6g} exceeds this owner's max_step "
+                                 f"{self._max_step[k]:g}", self.names[k])
+        digests = [hashlib.sha256(LOG_RATIO.encode() + theta[c].astype("<f8").tobytes()
+                                  + theta_prop[c].astype("<f8").tobytes()).digest() for c in range(len(chains))]
+
+        exact = self._clipped_log_ratio_sums(theta, theta_prop, step)
+        values = exact + np.stack([node.noise((len(chains),)) for node in self.nodes])
+        mus = self._mu_per_step[:, None] * step[None, :]
+        return self._answer(session, chains, np.full(len(chains), iteration), digests, values[:, :, None], mus)[:, :, 0]
+
+    def suff_stats(self, session: str, chains: np.ndarray, start: int, block: int) -> np.ndarray:
+        """``block`` fresh noisy copies of each owner's Σ S(x) per chain: ``(K, C, block, s)``.
+
+        Copy j of chain c is keyed (session, c, start + j); each copy is N(Σ S(x), σ_k² I),
+        charged μ = Δ_S/σ_k.
+        """
+        for node in self.nodes:
+            node.require_session(session, SUFF_STATS)
+        start = self._check_index("start", start)
+        block = self._check_index("block", block)
+        if block < 1:
+            raise InvalidRequest("block must be at least 1", self.label)
+        chains = self._check_chains(chains, per_chain=block)
+        s = self._stat_sum.shape[1]
+        key_chains = np.repeat(chains, block)
+        key_iterations = np.tile(start + np.arange(block), len(chains))
+
+        values = self._stat_sum[:, None, :] + np.stack([node.noise((len(key_chains), s)) for node in self.nodes])
+        mus = np.broadcast_to(self._stat_mu[:, None], (len(self.nodes), len(key_chains)))
+        out = self._answer(session, key_chains, key_iterations, [_STATS_DIGEST] * len(key_chains), values, mus)
+        return out.reshape(len(self.nodes), len(chains), block, s)
+
+    # --- the shared answer path ---------------------------------------------------------------
+    def _clipped_log_ratio_sums(self, theta: np.ndarray, theta_prop: np.ndarray, step: np.ndarray) -> np.ndarray:
+        """``(K, C)`` exact clipped sums; all owners at once when they use sufficient statistics."""
+        if not self._fast:
+            return np.stack([node.clipped_log_ratio_sum(theta, theta_prop, step) for node in self.nodes])
+        m = self.model
+        d_eta = m.natural_param(theta_prop) - m.natural_param(theta)
+        d_a = m.log_partition(theta_prop) - m.log_partition(theta)
+        total = self._stat_sum @ d_eta.T - self._n[:, None] * d_a[None, :]
+        bound = self._n[:, None] * (m.lipschitz * step)[None, :]
+        return np.clip(total, -bound, bound)
+
+    def _answer(self, session: str, chains: np.ndarray, iterations: np.ndarray, digests: list[bytes],
+                out: np.ndarray, mus: np.ndarray) -> np.ndarray:
+        """Replace ``out`` ``(K, M, width)`` by the stored answer wherever a key was answered
+        before, charge the new ones (one transaction per ledger), and only then return ``out``.
+        Keys are (chains[j], iterations[j]); ``mus`` ``(K, M)`` the μ of each new answer."""
+        new = np.ones(out.shape[:2], dtype=bool)
+        for idx in self._by_ledger.values():
+            ledger = self.nodes[idx[0]].ledger
+            stored = ledger.stored([self.names[k] for k in idx], session, int(iterations.min()), int(iterations.max()))
+            if stored:
+                self._replay(stored, idx, chains, iterations, digests, out, new)
+        for idx in self._by_ledger.values():
+            charges = [Charge(self.names[k], session, chains[new[k]], iterations[new[k]],
+                              [d for d, fresh in zip(digests, new[k]) if fresh], out[k][new[k]], mus[k][new[k]],
+                              self.nodes[k].max_mu_squared, self.nodes[k].policy.budget_epsilon,
+                              self.nodes[k].policy.delta)
+                       for k in idx if new[k].any()]
+            if charges:
+                self.nodes[idx[0]].ledger.charge(charges)
+        return out
+
+    def _replay(self, stored: dict, idx: list[int], chains: np.ndarray, iterations: np.ndarray, digests: list[bytes],
+                out: np.ndarray, new: np.ndarray) -> None:
+        for k in idx:
+            for j, key in enumerate(zip(chains.tolist(), iterations.tolist())):
+                row = stored.get((self.names[k], *key))
+                if row is None:
+                    continue
+                if row[0] != digests[j]:
+                    raise ReplayConflict(
+                        f"(session, chain {key[0]}, iteration {key[1]}) was already answered for a different query; "
+                        "an owner never gives two independent noisy answers to one query", self.names[k])
+                out[k, j] = np.frombuffer(row[1], dtype="<f8")
+                new[k, j] = False
+
+    # --- validation ---------------------------------------------------------------------------
+    def _check_index(self, what: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < 2**62:
+            raise InvalidRequest(f"{what} must be a non-negative integer, got {value!r}", self.label)
+        return int(value)
+
+    def _check_chains(self, chains: Any, per_chain: int = 1) -> np.ndarray:
+        arr = np.asarray(chains)
+        if arr.ndim != 1 or arr.size == 0 or not np.issubdtype(arr.dtype, np.integer):
+            raise InvalidRequest("chains must be a non-empty 1-D array of integers", self.label)
+        if np.any(arr < 0) or len(np.unique(arr)) != len(arr):
+            raise InvalidRequest("chains must be distinct non-negative integers", self.label)
+        if arr.size * per_chain > self._max_answers:
+            raise InvalidRequest(f"request asks for {arr.size * per_chain} answers; this owner answers at most "
+                                 f"{self._max_answers} per request", self.label)
+        return arr.astype(np.int64)
+
+    def _check_theta(self, what: str, theta: Any, chains: int) -> np.ndarray:
+        try:
+            arr = np.asarray(theta, dtype=float)
+        except (TypeError, ValueError):
+            arr = None
+        if arr is None or arr.shape != (chains, self.model.dim):
+            raise InvalidRequest(f"{what} must have shape ({chains}, {self.model.dim}), got "
+                                 f"{None if arr is None else arr.shape}", self.label)
+        if not np.all(np.isfinite(arr)):
+            raise InvalidRequest(f"{what} contains NaN or inf", self.label)
+        if not np.all(self.model.in_theta_space(arr)):
+            raise InvalidRequest(f"{what} lies outside Θ = [-{self.model.theta_bound:g}, {self.model.theta_bound:g}]^"
+                                 f"{self.model.dim}", self.label)
+        return arr

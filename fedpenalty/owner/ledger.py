@@ -6,7 +6,8 @@ leave an answer released but not charged, and a restarted owner replays stored a
 instead of drawing new noise (DESIGN §3, invariants 2 and 3).
 
 Rows are keyed by owner name, so one file can hold the ledgers of several owners hosted by
-one process.
+one process. Stored answers are keyed by small integer ids (table ``names``) in iteration-major
+order, so each commit appends to the end of the index.
 """
 
 from __future__ import annotations
@@ -30,10 +31,11 @@ CREATE TABLE IF NOT EXISTS sessions (
     PRIMARY KEY (owner, session));
 CREATE TABLE IF NOT EXISTS totals (
     owner TEXT PRIMARY KEY, answers INTEGER NOT NULL, mu_squared REAL NOT NULL, max_mu REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS names (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
 CREATE TABLE IF NOT EXISTS answers (
-    owner TEXT NOT NULL, session TEXT NOT NULL, chain INTEGER NOT NULL, iteration INTEGER NOT NULL,
+    session_id INTEGER NOT NULL, iteration INTEGER NOT NULL, chain INTEGER NOT NULL, owner_id INTEGER NOT NULL,
     digest BLOB NOT NULL, payload BLOB NOT NULL,
-    PRIMARY KEY (owner, session, iteration, chain));
+    PRIMARY KEY (session_id, iteration, chain, owner_id)) WITHOUT ROWID;
 """
 
 
@@ -49,23 +51,17 @@ class Session:
 
 
 @dataclass(frozen=True)
-class NewAnswer:
-    """One answer to be released: its key, the query digest and the payload (float64 values)."""
-
-    chain: int
-    iteration: int
-    digest: bytes
-    payload: np.ndarray
-    mu: float
-
-
-@dataclass(frozen=True)
 class Charge:
-    """One owner's new answers in one request, with the limit its policy sets."""
+    """One owner's new answers in one request: keys (``chains``, ``iterations``) ``(m,)``, query
+    ``digests``, ``payloads`` ``(m, width)`` float64, ``mus`` ``(m,)``; and its policy's limit."""
 
     owner: str
     session: str
-    answers: list[NewAnswer]
+    chains: np.ndarray
+    iterations: np.ndarray
+    digests: list[bytes]
+    payloads: np.ndarray
+    mus: np.ndarray
     max_mu_squared: float
     budget_epsilon: float
     delta: float
@@ -86,6 +82,7 @@ class Ledger:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(f"PRAGMA synchronous={synchronous}")
         self._db.executescript(_SCHEMA)
+        self._ids: dict[str, int] = {}
 
     def close(self) -> None:
         with self._lock:
@@ -138,60 +135,72 @@ class Ledger:
         return GaussianSpend() if row is None else GaussianSpend(row[0], row[1], row[2])
 
     # --- answers ---------------------------------------------------------------------------
+    def _id(self, name: str) -> int:
+        """Integer id of an owner or session name (created on first use; call under the lock)."""
+        if name not in self._ids:
+            self._db.execute("INSERT OR IGNORE INTO names(name) VALUES (?)", (name,))
+            self._ids[name] = self._db.execute("SELECT id FROM names WHERE name=?", (name,)).fetchone()[0]
+        return self._ids[name]
+
     def stored(self, owners: list[str], session: str, first: int, last: int) -> dict[tuple[str, int, int], tuple[bytes, bytes]]:
         """Stored answers of ``owners`` in ``session`` with iteration in [first, last]:
         (owner, chain, iteration) → (digest, payload). One query for a whole host."""
-        marks = ",".join("?" * len(owners))
         with self._lock:
+            by_id = {self._id(o): o for o in owners}
             rows = self._db.execute(
-                f"SELECT owner, chain, iteration, digest, payload FROM answers WHERE owner IN ({marks}) "
-                "AND session=? AND iteration BETWEEN ? AND ?",
-                (*owners, session, first, last),
-            ).fetchall()
-        return {(r[0], r[1], r[2]): (r[3], r[4]) for r in rows}
+                "SELECT owner_id, chain, iteration, digest, payload FROM answers "
+                "WHERE session_id=? AND iteration BETWEEN ? AND ?", (self._id(session), first, last)).fetchall()
+        return {(by_id[r[0]], r[1], r[2]): (r[3], r[4]) for r in rows if r[0] in by_id}
 
     def charge(self, charges: list[Charge]) -> None:
-        """Charge and store every owner's new answers in one transaction.
+        """Charge and store every owner's new answers in one transaction (four statements,
+        however many owners).
 
         Refuses (``BudgetExhausted``, nothing written for anyone) when some owner's total μ²
         would exceed its ``max_mu_squared`` (the μ² at which ε(δ) reaches its budget).
         """
+        owners = [c.owner for c in charges]
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
+                marks = ",".join("?" * len(owners))
+                totals = {r[0]: r[1:] for r in self._db.execute(
+                    f"SELECT owner, answers, mu_squared, max_mu FROM totals WHERE owner IN ({marks})", owners)}
+                new_totals, session_rows, answer_rows = [], [], []
                 for c in charges:
-                    self._charge_one(c)
+                    answers, mu2, max_mu = totals.get(c.owner, (0, 0.0, 0.0))
+                    add_mu2, add_max = float(np.dot(c.mus, c.mus)), float(c.mus.max())
+                    if mu2 + add_mu2 > c.max_mu_squared:
+                        self._refuse(c, GaussianSpend(answers, mu2, max_mu))
+                    new_totals.append((c.owner, answers + len(c.mus), mu2 + add_mu2, max(max_mu, add_max)))
+                    session_rows.append((len(c.mus), add_mu2, add_max, c.owner, c.session))
+                    payloads = np.ascontiguousarray(c.payloads, dtype="<f8")
+                    m = len(c.mus)
+                    answer_rows.extend(zip([self._id(c.session)] * m, c.iterations.tolist(), c.chains.tolist(),
+                                           [self._id(c.owner)] * m, c.digests, map(bytes, payloads)))
+                self._db.executemany(
+                    "INSERT INTO answers(session_id, iteration, chain, owner_id, digest, payload) VALUES (?,?,?,?,?,?)",
+                    answer_rows)
+                self._db.executemany(
+                    "UPDATE sessions SET answers=answers+?, mu_squared=mu_squared+?, max_mu=MAX(max_mu, ?) "
+                    "WHERE owner=? AND session=?", session_rows)
+                self._db.executemany(
+                    "INSERT INTO totals(owner, answers, mu_squared, max_mu) VALUES (?,?,?,?) ON CONFLICT(owner) "
+                    "DO UPDATE SET answers=excluded.answers, mu_squared=excluded.mu_squared, max_mu=excluded.max_mu",
+                    new_totals)
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
 
-    def _charge_one(self, c: Charge) -> None:
-        mus = np.array([a.mu for a in c.answers], dtype=float)
-        before = self._total(c.owner)
-        after = before.add(mus)
-        if after.mu_squared > c.max_mu_squared:
-            eps_before = before.epsilon(c.delta)
-            left = max(c.budget_epsilon - eps_before, 0.0)
-            raise BudgetExhausted(
-                f"privacy budget exhausted: {len(mus)} more answers would take ε from {eps_before:.4g} to "
-                f"{after.epsilon(c.delta):.4g} at δ={c.delta:g}, past the budget ε={c.budget_epsilon:g} "
-                f"({left:.4g} left)",
-                c.owner,
-                epsilon_left=left,
-            )
-        self._db.executemany(
-            "INSERT INTO answers(owner, session, chain, iteration, digest, payload) VALUES (?,?,?,?,?,?)",
-            [(c.owner, c.session, a.chain, a.iteration, a.digest, np.asarray(a.payload, "<f8").tobytes())
-             for a in c.answers],
-        )
-        self._db.execute(
-            "UPDATE sessions SET answers=answers+?, mu_squared=mu_squared+?, max_mu=MAX(max_mu, ?) "
-            "WHERE owner=? AND session=?",
-            (len(mus), float(np.sum(mus**2)), float(mus.max(initial=0.0)), c.owner, c.session),
-        )
-        self._db.execute(
-            "INSERT INTO totals(owner, answers, mu_squared, max_mu) VALUES (?,?,?,?) ON CONFLICT(owner) DO UPDATE "
-            "SET answers=excluded.answers, mu_squared=excluded.mu_squared, max_mu=excluded.max_mu",
-            (c.owner, after.answers, after.mu_squared, after.max_mu),
+    @staticmethod
+    def _refuse(c: Charge, before: GaussianSpend) -> None:
+        after = before.add(c.mus)
+        eps_before = before.epsilon(c.delta)
+        left = max(c.budget_epsilon - eps_before, 0.0)
+        raise BudgetExhausted(
+            f"privacy budget exhausted: {len(c.mus)} more answers would take ε from {eps_before:.4g} to "
+            f"{after.epsilon(c.delta):.4g} at δ={c.delta:g}, past the budget ε={c.budget_epsilon:g} ({left:.4g} left)",
+            c.owner,
+            epsilon_left=left,
         )

@@ -1,27 +1,22 @@
 """The owner node: one data owner's records, policy, noise and ledger, behind no transport.
 
-Every answer goes through the same path: validate → replay check → compute → charge (ledger
-transaction) → reply. The owner computes each answer's sensitivity itself from the request and
+Every answer goes through the same path (``OwnerHost``, of which a lone node is the one-owner
+case): validate → replay check → compute → charge (ledger transaction) → reply. The owner computes each answer's sensitivity itself from the request and
 never trusts the coordinator's accounting (DESIGN §3).
 """
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from ..errors import BudgetExhausted, InvalidRequest, ReplayConflict, UnknownSession
+from ..errors import BudgetExhausted, InvalidRequest, UnknownSession
 from ..models import ExpFamModel, Model
 from ..privacy import GaussianSpend, mu_for_epsilon
-from .ledger import Charge, Ledger, NewAnswer
-from .policy import Policy
-
-LOG_RATIO = "penalty"
-SUFF_STATS = "penalty_expfam"
-ALGORITHMS = (LOG_RATIO, SUFF_STATS)
+from .host import OwnerHost
+from .ledger import Ledger
+from .policy import ALGORITHMS, LOG_RATIO, SUFF_STATS, Policy
 
 
 @dataclass(frozen=True)
@@ -78,30 +73,6 @@ class SimulationDiagnostics:
     log_ratio_terms: int = 0
 
 
-@dataclass(frozen=True)
-class Pending:
-    """A computed but not yet released reply: ``out`` is returned only after ``charge`` (if
-    any) commits."""
-
-    out: np.ndarray
-    charge: Charge | None
-
-
-def release(ledger: Ledger, pending: list[Pending]) -> list[np.ndarray]:
-    """Charge every pending reply in one ledger transaction, then hand out the answers."""
-    charges = [p.charge for p in pending if p.charge is not None]
-    if charges:
-        ledger.charge(charges)
-    return [p.out for p in pending]
-
-
-def _digest(kind: str, *arrays: np.ndarray) -> bytes:
-    h = hashlib.sha256(kind.encode())
-    for a in arrays:
-        h.update(np.ascontiguousarray(a, dtype="<f8").tobytes())
-    return h.digest()
-
-
 class OwnerNode:
     """One data owner.
 
@@ -122,11 +93,12 @@ class OwnerNode:
         self.records = model.prepare_records(records)
         self.ledger = ledger
         self._rng = rng if rng is not None else np.random.default_rng()
-        self._max_mu_squared = mu_for_epsilon(policy.budget_epsilon, policy.delta) ** 2
-        self._stat_sum = model.suff_stat(self.records).sum(axis=0) if isinstance(model, ExpFamModel) else None
+        self.max_mu_squared = mu_for_epsilon(policy.budget_epsilon, policy.delta) ** 2
+        self.stat_sum = model.suff_stat(self.records).sum(axis=0) if isinstance(model, ExpFamModel) else None
         self.diagnostics = SimulationDiagnostics() if simulation else None
         self.per_record = per_record if per_record is not None else not isinstance(model, ExpFamModel)
-        self.ledger = ledger
+        self._sessions: dict[str, str] = {}
+        self._solo = OwnerHost([self])
 
     # --- public facts ------------------------------------------------------------------------
     def describe(self) -> OwnerDescription:
@@ -156,7 +128,7 @@ class OwnerNode:
         remaining_plan = max(int(planned_answers) - already, 0)
         total = self.ledger.total(self.name)
         worst = total.add(np.full(remaining_plan, self.worst_case_mu(algorithm)))
-        if worst.mu_squared > self._max_mu_squared:
+        if worst.mu_squared > self.max_mu_squared:
             eps_now = total.epsilon(self.policy.delta)
             raise BudgetExhausted(
                 f"refusing a plan of {planned_answers} {algorithm} answers: in the worst case its policy allows it "
@@ -166,65 +138,36 @@ class OwnerNode:
                 epsilon_left=max(self.policy.budget_epsilon - eps_now, 0.0),
             )
         self.ledger.open_session(self.name, session, algorithm, int(planned_answers))
+        self._sessions[session] = algorithm
 
     def close_session(self, session: str) -> None:
-        self._session(session, None)
+        self.require_session(session, None)
         self.ledger.close_session(self.name, session)
+        del self._sessions[session]
 
-    def _session(self, session: str, algorithm: str | None) -> None:
-        record = self.ledger.session(self.name, session) if isinstance(session, str) else None
-        if record is None or record.closed:
+    def require_session(self, session: str, algorithm: str | None) -> None:
+        """Raise unless ``session`` is open here (for ``algorithm``, when given). A restarted
+        owner knows a session again once the coordinator re-opens (resumes) it."""
+        opened = self._sessions.get(session) if isinstance(session, str) else None
+        if opened is None:
             raise UnknownSession(f"unknown or closed session {session!r}", self.name)
-        if algorithm is not None and record.algorithm != algorithm:
-            raise InvalidRequest(f"session {session!r} is a {record.algorithm!r} session, not {algorithm!r}", self.name)
+        if algorithm is not None and opened != algorithm:
+            raise InvalidRequest(f"session {session!r} is a {opened!r} session, not {algorithm!r}", self.name)
 
-    # --- queries -------------------------------------------------------------------------------
+    # --- queries (a node is a host of one owner) -----------------------------------------------
     def log_ratio(self, session: str, iteration: int, chains: np.ndarray, theta: np.ndarray,
                   theta_prop: np.ndarray) -> np.ndarray:
-        """Noisy clipped log-likelihood ratios ``(C,)``; see ``prepare_log_ratio``."""
-        return release(self.ledger, [self.prepare_log_ratio(session, iteration, chains, theta, theta_prop)])[0]
+        """Noisy clipped log-likelihood ratios ``(C,)``; see ``OwnerHost.log_ratio``."""
+        return self._solo.log_ratio(session, iteration, chains, theta, theta_prop)[0]
 
     def suff_stats(self, session: str, chains: np.ndarray, start: int, block: int) -> np.ndarray:
-        """Noisy statistic copies ``(C, block, s)``; see ``prepare_suff_stats``."""
-        return release(self.ledger, [self.prepare_suff_stats(session, chains, start, block)])[0]
+        """Noisy statistic copies ``(C, block, s)``; see ``OwnerHost.suff_stats``."""
+        return self._solo.suff_stats(session, chains, start, block)[0]
 
-    def prepare_log_ratio(self, session: str, iteration: int, chains: np.ndarray, theta: np.ndarray,
-                          theta_prop: np.ndarray) -> Pending:
-        """Noisy clipped log-likelihood ratios, one per chain: ``(C,)``.
-
-        chains ``(C,)`` distinct non-negative ints; theta, theta_prop ``(C, d)`` inside Θ with
-        ‖θ' − θ‖ ≤ ``max_step``. Answer c is Σ_x clip(ℓ(x,θ'_c) − ℓ(x,θ_c), ±L‖θ'_c − θ_c‖)
-        + N(0, σ²), charged μ_c = Δ_c/σ with Δ_c from ``log_ratio_sensitivity``.
-        """
-        self._session(session, LOG_RATIO)
-        iteration = self._check_index("iteration", iteration)
-        chains = self._check_chains(chains)
-        theta = self._check_theta("theta", theta, len(chains))
-        theta_prop = self._check_theta("theta_prop", theta_prop, len(chains))
-        step = np.linalg.norm(theta_prop - theta, axis=1)
-        if np.any(step > self.policy.max_step * (1 + 1e-12)):
-            raise InvalidRequest(
-                f"step ‖θ'−θ‖ = {step.max():.6g} exceeds this owner's max_step {self.policy.max_step:g}", self.name)
-        keys = [(int(c), iteration) for c in chains]
-        digests = [_digest(LOG_RATIO, theta[i], theta_prop[i]) for i in range(len(chains))]
-
-        def compute(todo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            exact = self._clipped_log_ratio_sum(theta[todo], theta_prop[todo], step[todo])
-            values = exact + self.policy.sigma * self._rng.standard_normal(len(todo))
-            mus = self.model.log_ratio_sensitivity(step[todo], self.policy.neighbour) / self.policy.sigma
-            return values[:, None], mus
-
-        pending = self._prepare(session, keys, digests, compute, width=1)
-        return Pending(pending.out[:, 0], pending.charge)
-
-    def _clipped_log_ratio_sum(self, theta: np.ndarray, theta_prop: np.ndarray, step: np.ndarray) -> np.ndarray:
-        """Σ_x clip(ℓ(x,θ') − ℓ(x,θ), ±L‖θ'−θ‖) per chain ``(m,)`` (no noise)."""
+    def clipped_log_ratio_sum(self, theta: np.ndarray, theta_prop: np.ndarray, step: np.ndarray) -> np.ndarray:
+        """Σ_x clip(ℓ(x,θ') − ℓ(x,θ), ±L‖θ'−θ‖) record by record, per chain ``(m,)``; no noise,
+        never released. (Hosts of exponential-family owners use the O(1) identity instead.)"""
         bound = self.model.lipschitz * step
-        if not self.per_record:
-            m = self.model
-            d_eta = m.natural_param(theta_prop) - m.natural_param(theta)
-            total = d_eta @ self._stat_sum - len(self.records) * (m.log_partition(theta_prop) - m.log_partition(theta))
-            return np.clip(total, -len(self.records) * bound, len(self.records) * bound)
         diffs = self.model.log_lik_diff(self.records, theta, theta_prop)
         clipped = np.clip(diffs, -bound[:, None], bound[:, None])
         if self.diagnostics is not None:
@@ -234,57 +177,9 @@ class OwnerNode:
             self.diagnostics.log_ratio_terms += diffs.size
         return clipped.sum(axis=1)
 
-    def prepare_suff_stats(self, session: str, chains: np.ndarray, start: int, block: int) -> Pending:
-        """``block`` fresh noisy copies of Σ S(x) for each chain: ``(C, block, s)``.
-
-        Copy j of chain c is keyed (c, start + j); each copy is N(Σ S(x), σ² I) and is charged
-        μ = Δ_S/σ.
-        """
-        self._session(session, SUFF_STATS)
-        assert isinstance(self.model, ExpFamModel)
-        start = self._check_index("start", start)
-        block = self._check_index("block", block)
-        if block < 1:
-            raise InvalidRequest("block must be at least 1", self.name)
-        chains = self._check_chains(chains, per_chain=block)
-        keys = [(int(c), start + j) for c in chains for j in range(block)]
-        digests = [_digest(SUFF_STATS)] * len(keys)
-        mu = self.model.stat_sensitivity(self.policy.neighbour) / self.policy.sigma
-        s = self.model.stat_dim
-
-        def compute(todo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            noise = self.policy.sigma * self._rng.standard_normal((len(todo), s))
-            return self._stat_sum[None, :] + noise, np.full(len(todo), mu)
-
-        pending = self._prepare(session, keys, digests, compute, width=s)
-        return Pending(pending.out.reshape(len(chains), block, s), pending.charge)
-
-    def _prepare(self, session: str, keys: list[tuple[int, int]], digests: list[bytes], compute,
-                 width: int) -> Pending:
-        """Replay what was answered and compute the rest: all ``(len(keys), width)`` values and
-        the charge for the new ones (not yet committed)."""
-        iterations = [k[1] for k in keys]
-        stored = self.ledger.stored([self.name], session, min(iterations), max(iterations))
-        out = np.empty((len(keys), width))
-        todo = []
-        for i, (key, digest) in enumerate(zip(keys, digests)):
-            row = stored.get((self.name, *key))
-            if row is not None:
-                if row[0] != digest:
-                    raise ReplayConflict(
-                        f"(session {session!r}, chain {key[0]}, iteration {key[1]}) was already answered for a "
-                        "different query; an owner never gives two independent noisy answers to one query", self.name)
-                out[i] = np.frombuffer(row[1], dtype="<f8")
-            else:
-                todo.append(i)
-        if not todo:
-            return Pending(out, None)
-        todo_idx = np.asarray(todo)
-        values, mus = compute(todo_idx)
-        out[todo_idx] = values
-        new = [NewAnswer(keys[i][0], keys[i][1], digests[i], values[j], float(mus[j])) for j, i in enumerate(todo)]
-        return Pending(out, Charge(self.name, session, new, self._max_mu_squared, self.policy.budget_epsilon,
-                                   self.policy.delta))
+    def noise(self, shape: tuple[int, ...]) -> np.ndarray:
+        """This owner's Gaussian noise N(0, σ²) of the given shape, from its own source."""
+        return self.policy.sigma * self._rng.standard_normal(shape)
 
     # --- privacy -------------------------------------------------------------------------------
     def privacy_report(self, session: str | None = None) -> PrivacyReport:
@@ -298,42 +193,8 @@ class OwnerNode:
         return PrivacyReport(self.name, len(self.records), delta, self.policy.budget_epsilon, self.policy.neighbour,
                              SpendReport.of(self.ledger.total(self.name), delta), session_report)
 
-    # --- validation ------------------------------------------------------------------------------
-    def _check_index(self, what: str, value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0 or value >= 2**62:
-            raise InvalidRequest(f"{what} must be a non-negative integer, got {value!r}", self.name)
-        return int(value)
-
-    def _check_chains(self, chains: Any, per_chain: int = 1) -> np.ndarray:
-        arr = np.asarray(chains)
-        if arr.ndim != 1 or arr.size == 0 or not np.issubdtype(arr.dtype, np.integer):
-            raise InvalidRequest("chains must be a non-empty 1-D array of integers", self.name)
-        if np.any(arr < 0) or len(np.unique(arr)) != len(arr):
-            raise InvalidRequest("chains must be distinct non-negative integers", self.name)
-        if arr.size * per_chain > self.policy.max_answers_per_request:
-            raise InvalidRequest(
-                f"request asks for {arr.size * per_chain} answers; this owner answers at most "
-                f"{self.policy.max_answers_per_request} per request", self.name)
-        return arr.astype(np.int64)
-
-    def _check_theta(self, what: str, theta: Any, chains: int) -> np.ndarray:
-        try:
-            arr = np.asarray(theta, dtype=float)
-        except (TypeError, ValueError):
-            arr = None
-        if arr is None or arr.shape != (chains, self.model.dim):
-            shape = None if arr is None else arr.shape
-            raise InvalidRequest(f"{what} must have shape ({chains}, {self.model.dim}), got {shape}", self.name)
-        if not np.all(np.isfinite(arr)):
-            raise InvalidRequest(f"{what} contains NaN or inf", self.name)
-        if not np.all(self.model.in_theta_space(arr)):
-            raise InvalidRequest(f"{what} lies outside Θ = [-{self.model.theta_bound:g}, {self.model.theta_bound:g}]^"
-                                 f"{self.model.dim}", self.name)
-        return arr
-
     def simulation_diagnostics(self) -> SimulationDiagnostics:
         """Clip counts (simulation only): raises for a deployed owner."""
         if self.diagnostics is None:
             raise InvalidRequest("simulation diagnostics are off for this owner", self.name)
         return self.diagnostics
-

@@ -9,6 +9,11 @@ from typing import Any
 from ..errors import ConfigError
 from ..models.base import NEIGHBOURS
 
+#: What an owner answers: log-likelihood ratios (penalty MH) or sufficient-statistic copies.
+LOG_RATIO = "penalty"
+SUFF_STATS = "penalty_expfam"
+ALGORITHMS = (LOG_RATIO, SUFF_STATS)
+
 
 @dataclass(frozen=True)
 class Policy:

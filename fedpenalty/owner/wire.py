@@ -1,0 +1,127 @@
+"""The owner protocol's messages ↔ fedpenalty's Python objects, for both ends of the wire.
+
+Arrays travel as packed row-major float64 with an explicit shape; owner refusals travel as a
+gRPC status (unary calls) or an in-band ``Refusal`` (the Query stream) naming the error class,
+so the coordinator re-raises exactly the ``fedpenalty.errors`` class the owner raised.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+
+from .. import errors
+from ..proto import owner_pb2 as pb
+from .node import OwnerDescription, PrivacyReport, SpendReport
+from .policy import Policy
+
+#: trailing-metadata keys of a refused unary call
+ERROR_KEY, OWNER_KEY, EPSILON_LEFT_KEY = "fedpenalty-error", "fedpenalty-owner", "fedpenalty-epsilon-left"
+
+_ERRORS: dict[str, type[errors.OwnerError]] = {
+    cls.__name__: cls for cls in (errors.InvalidRequest, errors.UnknownSession, errors.ReplayConflict,
+                                  errors.BudgetExhausted, errors.OwnerUnavailable)
+}
+
+
+# --- arrays -------------------------------------------------------------------------------
+def rows(values, count: int, what: str) -> np.ndarray:
+    """Packed doubles → ``(count, len/count)``; a length that does not split into ``count``
+    rows is an ``InvalidRequest`` (the owner then checks the row width itself)."""
+    arr = np.asarray(values, dtype=float)
+    if count == 0 and arr.size == 0:
+        return arr.reshape(0, 0)  # the owner refuses the empty chain list itself
+    if count < 1 or arr.size % count:
+        raise errors.InvalidRequest(f"{what} has {arr.size} values, which is not {count} rows of equal length")
+    return arr.reshape(count, arr.size // count)
+
+
+def answers_message(values: np.ndarray, noise_sd: np.ndarray) -> pb.Answers:
+    """``values`` ``(K, ...)`` and ``noise_sd`` ``(K,)`` → ``Answers``."""
+    return pb.Answers(values=np.ascontiguousarray(values, dtype=float).ravel(), shape=values.shape,
+                      noise_sd=np.asarray(noise_sd, dtype=float))
+
+
+def answers_arrays(msg: pb.Answers) -> tuple[np.ndarray, np.ndarray]:
+    """``Answers`` → (values with its shape, noise_sd ``(K,)``)."""
+    values = np.asarray(msg.values, dtype=float)
+    shape = tuple(msg.shape)
+    if math.prod(shape) != values.size or not shape or shape[0] != len(msg.noise_sd):
+        raise errors.OwnerError(f"malformed answers: {values.size} values for shape {shape} and "
+                                f"{len(msg.noise_sd)} noise sds")
+    return values.reshape(shape), np.asarray(msg.noise_sd, dtype=float)
+
+
+# --- descriptions and reports -------------------------------------------------------------
+def owner_info(d: OwnerDescription) -> pb.OwnerInfo:
+    p = d.policy
+    return pb.OwnerInfo(name=d.name, model=d.model, model_params_json=json.dumps(d.model_params), dim=d.dim, n=d.n,
+                        policy=pb.Policy(sigma=p.sigma, max_step=p.max_step, budget_epsilon=p.budget_epsilon,
+                                         delta=p.delta, neighbour=p.neighbour,
+                                         max_answers_per_request=p.max_answers_per_request))
+
+
+def owner_description(msg: pb.OwnerInfo) -> OwnerDescription:
+    p = msg.policy
+    policy = Policy(sigma=p.sigma, max_step=p.max_step, budget_epsilon=p.budget_epsilon, delta=p.delta,
+                    neighbour=p.neighbour, max_answers_per_request=int(p.max_answers_per_request))
+    return OwnerDescription(msg.name, msg.model, json.loads(msg.model_params_json), msg.dim, msg.n, policy)
+
+
+def _spend(s: SpendReport) -> pb.Spend:
+    return pb.Spend(answers=s.answers, mu=s.mu, epsilon=s.epsilon, epsilon_paper_bound=s.epsilon_paper_bound)
+
+
+def _spend_report(s: pb.Spend) -> SpendReport:
+    return SpendReport(s.answers, s.mu, s.epsilon, s.epsilon_paper_bound)
+
+
+def owner_privacy(r: PrivacyReport) -> pb.OwnerPrivacy:
+    msg = pb.OwnerPrivacy(owner=r.owner, n=r.n, delta=r.delta, budget_epsilon=r.budget_epsilon,
+                          neighbour=r.neighbour, total=_spend(r.total))
+    if r.session is not None:
+        msg.session.CopyFrom(_spend(r.session))
+    return msg
+
+
+def privacy_report(msg: pb.OwnerPrivacy) -> PrivacyReport:
+    session = _spend_report(msg.session) if msg.HasField("session") else None
+    return PrivacyReport(msg.owner, msg.n, msg.delta, msg.budget_epsilon, msg.neighbour, _spend_report(msg.total),
+                         session)
+
+
+# --- refusals -----------------------------------------------------------------------------
+def refusal(exc: errors.OwnerError) -> pb.Refusal:
+    """An owner's refusal as an in-band message (its text already names the owner)."""
+    return pb.Refusal(code=exc.grpc_code, error=type(exc).__name__, message=str(exc), owner=exc.owner or "",
+                      epsilon_left=getattr(exc, "epsilon_left", 0.0))
+
+
+def refusal_metadata(exc: errors.OwnerError) -> tuple[tuple[str, str], ...]:
+    meta = [(ERROR_KEY, type(exc).__name__), (OWNER_KEY, exc.owner or "")]
+    if isinstance(exc, errors.BudgetExhausted):
+        meta.append((EPSILON_LEFT_KEY, repr(exc.epsilon_left)))
+    return tuple(meta)
+
+
+def error_from_refusal(r: pb.Refusal, where: str) -> errors.OwnerError:
+    """The ``fedpenalty.errors`` exception an owner raised; ``where`` names the host."""
+    return make_error(r.error, r.code, f"{r.message} [{where}]", r.owner or None, r.epsilon_left)
+
+
+def make_error(error: str, code: str, message: str, owner: str | None, epsilon_left: float = 0.0) -> errors.OwnerError:
+    """Rebuild an owner error from its class name, or from the status code when the refusal
+    came from gRPC itself (e.g. RESOURCE_EXHAUSTED for a message over the size limit)."""
+    cls = _ERRORS.get(error) or _BY_CODE.get(code, errors.OwnerError)
+    exc = cls(message, None, epsilon_left) if cls is errors.BudgetExhausted else cls(message)
+    exc.owner = owner  # the message already names the owner
+    return exc
+
+
+_BY_CODE: dict[str, type[errors.OwnerError]] = {
+    "INVALID_ARGUMENT": errors.InvalidRequest, "NOT_FOUND": errors.UnknownSession,
+    "FAILED_PRECONDITION": errors.ReplayConflict, "RESOURCE_EXHAUSTED": errors.InvalidRequest,
+    "UNAVAILABLE": errors.OwnerUnavailable, "DEADLINE_EXCEEDED": errors.OwnerUnavailable,
+}
