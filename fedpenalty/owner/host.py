@@ -157,14 +157,21 @@ class OwnerHost:
             if stored:
                 self._replay(stored, idx, chains, iterations, digests, out, new)
         for idx in self._by_ledger.values():
-            charges = [Charge(self.names[k], session, chains[new[k]], iterations[new[k]],
-                              [d for d, fresh in zip(digests, new[k]) if fresh], out[k][new[k]], mus[k][new[k]],
-                              self.nodes[k].max_mu_squared, self.nodes[k].policy.budget_epsilon,
-                              self.nodes[k].policy.delta)
+            charges = [self._charge(k, session, chains, iterations, digests, out[k], mus[k], new[k])
                        for k in idx if new[k].any()]
             if charges:
                 self.nodes[idx[0]].ledger.charge(charges)
         return out
+
+    def _charge(self, k: int, session: str, chains: np.ndarray, iterations: np.ndarray, digests: list[bytes],
+                values: np.ndarray, mus: np.ndarray, new: np.ndarray) -> Charge:
+        """Owner k's charge for the keys where ``new`` is set (no copying when all are new)."""
+        if not new.all():
+            chains, iterations, values, mus = chains[new], iterations[new], values[new], mus[new]
+            digests = [d for d, fresh in zip(digests, new) if fresh]
+        policy = self.nodes[k].policy
+        return Charge(self.names[k], session, chains, iterations, digests, values, mus,
+                      self.nodes[k].max_mu_squared, policy.budget_epsilon, policy.delta)
 
     def _replay(self, stored: dict, idx: list[int], chains: np.ndarray, iterations: np.ndarray, digests: list[bytes],
                 out: np.ndarray, new: np.ndarray) -> None:
