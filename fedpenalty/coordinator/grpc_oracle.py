@@ -1,0 +1,262 @@
+"""The oracle over gRPC: the coordinator's side of the ``fedpenalty.v1.Owner`` protocol.
+
+One persistent channel per owner host. Each iteration's request is written to every host's
+long-lived ``Query`` stream at once and the replies are awaited together (asyncio), so an
+iteration costs one round trip to the slowest host, not one per owner. Every call has a
+deadline; a host that is unreachable, times out or drops its stream is retried with backoff —
+safe because every request except ``CloseSession`` is idempotent (owners replay stored answers
+for a re-sent (session, chain, iteration)) — and after ``retry_seconds`` it is reported as
+``OwnerUnavailable``. Owner refusals come back as the ``fedpenalty.errors`` class the owner
+raised (``BudgetExhausted`` with the owner's name and ε left).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Sequence
+
+import grpc
+import numpy as np
+
+from ..errors import ConfigError, OwnerError, OwnerUnavailable
+from ..models import Model, build_model
+from ..owner import OwnerDescription, PrivacyReport, wire
+from ..owner.owner_config import TlsFiles
+from ..proto import owner_pb2 as pb
+from ..proto import owner_pb2_grpc as pb_grpc
+from .oracle import Answers
+
+_RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+
+
+@dataclass
+class _Host:
+    """One owner host: its channel, stub, owners and (lazily opened) Query stream."""
+
+    address: str
+    channel: grpc.aio.Channel
+    stub: pb_grpc.OwnerStub
+    owners: list[OwnerDescription] = field(default_factory=list)
+    stream: Any = None
+    next_id: int = 0
+
+    def drop_stream(self) -> None:
+        if self.stream is not None:
+            self.stream.cancel()
+            self.stream = None
+
+    def label(self) -> str:
+        names = ", ".join(o.name for o in self.owners[:5]) + (", …" if len(self.owners) > 5 else "")
+        return f"owner host {self.address}" + (f" ({names})" if names else "")
+
+
+def channel_credentials(tls: TlsFiles) -> grpc.ChannelCredentials:
+    """Verify owners against ``tls.ca`` and present ``tls.cert``/``tls.key`` (for mTLS)."""
+    cert, key, ca = tls.read()
+    return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+
+
+def check_models(owners: Sequence[OwnerDescription], model: Model) -> None:
+    """``ConfigError`` unless every owner's model (name and parameters) is ``model``."""
+    for d in owners:
+        try:
+            theirs = build_model({"name": d.model, **d.model_params})
+        except ConfigError as exc:
+            raise ConfigError(f"owner {d.name!r} describes a model this coordinator cannot build: {exc}") from exc
+        if theirs != model:
+            mine, other = model.params(), theirs.params()
+            diff = [f"{k}: owner {other.get(k)!r} vs scenario {mine.get(k)!r}" for k in sorted(set(mine) | set(other))
+                    if mine.get(k) != other.get(k)]
+            raise ConfigError(f"owner {d.name!r} serves model {d.model!r}, the scenario asks for {model.name!r}"
+                              if d.model != model.name else
+                              f"owner {d.name!r} has different {model.name} parameters: {'; '.join(diff)}")
+
+
+class GrpcOracle:
+    """All owners behind ``addresses`` (HOST:PORT of owner hosts), in address order then each
+    host's owner order. ``model``: when given, every owner must serve exactly this model.
+    ``deadline``: seconds one call may take; ``retry_seconds``: how long an unreachable host
+    is retried before ``OwnerUnavailable``."""
+
+    def __init__(self, addresses: Sequence[str], model: Model | None = None, tls: TlsFiles | None = None, *,
+                 deadline: float = 60.0, retry_seconds: float = 20.0):
+        if not addresses:
+            raise ConfigError("give at least one owner address HOST:PORT")
+        self.deadline, self.retry_seconds = deadline, retry_seconds
+        self.session: str | None = None
+        self._loop = asyncio.new_event_loop()
+        options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+        creds = channel_credentials(tls) if tls else None
+        self._hosts: list[_Host] = []
+        for address in addresses:
+            channel = self._run(self._open_channel(address, creds, options))
+            self._hosts.append(_Host(address, channel, pb_grpc.OwnerStub(channel)))
+        try:
+            replies = self._run(self._each(lambda h: self._unary(h, h.stub.Describe, pb.DescribeRequest())))
+            for host, reply in zip(self._hosts, replies):
+                host.owners = [wire.owner_description(o) for o in reply.owners]
+            names = [o.name for o in self.describe()]
+            if len(set(names)) != len(names):
+                raise ConfigError(f"owner names must be unique across hosts: {names}")
+            if model is not None:
+                check_models(self.describe(), model)
+        except BaseException:
+            self._run(self._close_channels())
+            self._loop.close()
+            raise
+        self._noise_sd = np.array([o.policy.sigma for o in self.describe()])
+
+    @staticmethod
+    async def _open_channel(address: str, creds, options) -> grpc.aio.Channel:
+        if creds is None:
+            return grpc.aio.insecure_channel(address, options=options)
+        return grpc.aio.secure_channel(address, creds, options=options)
+
+    # --- the Oracle interface ---------------------------------------------------------------
+    def describe(self) -> list[OwnerDescription]:
+        return [o for h in self._hosts for o in h.owners]
+
+    def open_session(self, algorithm: str, planned_answers: int, session: str | None = None) -> str:
+        session = session or uuid.uuid4().hex
+        request = pb.OpenSessionRequest(session=session, algorithm=algorithm, planned_answers=planned_answers)
+        self._run(self._each(lambda h: self._unary(h, h.stub.OpenSession, request)))
+        self.session = session
+        return session
+
+    def log_ratio(self, iteration: int, chains: np.ndarray, theta: np.ndarray, theta_prop: np.ndarray) -> Answers:
+        query = pb.LogRatioRequest(session=self._require_session(), iteration=int(iteration),
+                                   chains=np.asarray(chains).tolist(), theta=np.ravel(theta).tolist(),
+                                   theta_prop=np.ravel(theta_prop).tolist())
+        return self._query(lambda r: r.log_ratio.CopyFrom(query))
+
+    def suff_stats(self, chains: np.ndarray, start: int, block: int) -> Answers:
+        query = pb.SuffStatsRequest(session=self._require_session(), chains=np.asarray(chains).tolist(),
+                                    start=int(start), block=int(block))
+        return self._query(lambda r: r.suff_stats.CopyFrom(query))
+
+    def privacy_reports(self) -> list[PrivacyReport]:
+        request = pb.PrivacyReportRequest(session=self.session or "")
+        replies = self._run(self._each(lambda h: self._unary(h, h.stub.PrivacyReport, request)))
+        return [wire.privacy_report(o) for reply in replies for o in reply.owners]
+
+    def close(self) -> None:
+        """Close the session at every owner (not retried: closing is not idempotent), then the
+        streams and channels. Safe to call twice."""
+        if self._loop.is_closed():
+            return
+        try:
+            if self.session is not None:
+                request = pb.CloseSessionRequest(session=self.session)
+                self._run(self._each(lambda h: h.stub.CloseSession(request, timeout=self.deadline)))
+                self.session = None
+        finally:
+            self._run(self._close_channels())
+            self._loop.close()
+
+    def disconnect(self) -> None:
+        """Drop the channels without closing the session (it stays open for a resumed run)."""
+        if not self._loop.is_closed():
+            self._run(self._close_channels())
+            self._loop.close()
+
+    # --- machinery --------------------------------------------------------------------------
+    def _require_session(self) -> str:
+        if self.session is None:
+            raise RuntimeError("open_session must be called first")
+        return self.session
+
+    def _run(self, coro: Awaitable):
+        return self._loop.run_until_complete(coro)
+
+    async def _each(self, call: Callable[[_Host], Awaitable]) -> list:
+        """``call`` on every host concurrently; waits for all, then raises the first error."""
+        results = await asyncio.gather(*(call(h) for h in self._hosts), return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        return results
+
+    def _query(self, fill: Callable[[pb.QueryRequest], None]) -> Answers:
+        replies = self._run(self._each(lambda h: self._stream_query(h, fill)))
+        values, noise = [], []
+        for host, reply in zip(self._hosts, replies):
+            v, sd = wire.answers_arrays(reply.answers)
+            if len(sd) != len(host.owners):
+                raise OwnerError(f"{host.label()} answered for {len(sd)} owners, it described {len(host.owners)}")
+            values.append(v)
+            noise.append(sd)
+        return Answers(np.concatenate(values), np.concatenate(noise))
+
+    async def _stream_query(self, host: _Host, fill: Callable[[pb.QueryRequest], None]) -> pb.QueryReply:
+        async def attempt() -> pb.QueryReply:
+            if host.stream is None:
+                host.stream = host.stub.Query()
+            host.next_id += 1
+            request = pb.QueryRequest(id=host.next_id)
+            fill(request)
+            await host.stream.write(request)
+            reply = await host.stream.read()
+            if reply is grpc.aio.EOF:
+                raise _Dropped("the owner host ended the stream")
+            if reply.id != request.id:
+                raise OwnerError(f"{host.label()} answered request {reply.id} to request {request.id}")
+            return reply
+
+        reply = await self._retrying(host, attempt, stream=True)
+        if reply.HasField("refusal"):
+            raise wire.error_from_refusal(reply.refusal, host.address)
+        return reply
+
+    async def _unary(self, host: _Host, method, request):
+        return await self._retrying(host, lambda: method(request, timeout=self.deadline), stream=False)
+
+    async def _retrying(self, host: _Host, attempt: Callable[[], Awaitable], stream: bool):
+        """Run an idempotent ``attempt``, retrying transport failures for ``retry_seconds``."""
+        give_up = time.monotonic() + self.retry_seconds
+        pause, tries = 0.05, 0
+        while True:
+            tries += 1
+            try:
+                if stream:
+                    return await asyncio.wait_for(attempt(), self.deadline)
+                return await attempt()
+            except grpc.aio.AioRpcError as exc:
+                if stream:
+                    host.drop_stream()
+                if exc.code() not in _RETRYABLE:
+                    raise _owner_error(exc, host) from None
+                failure = f"{exc.code().name}: {exc.details()}"
+            except (asyncio.TimeoutError, _Dropped) as exc:
+                host.drop_stream()
+                failure = str(exc) or f"no reply within {self.deadline:g} s"
+            if time.monotonic() + pause > give_up:
+                raise OwnerUnavailable(f"{host.label()} is unreachable after {tries} attempts over "
+                                       f"{self.retry_seconds:g} s ({failure})")
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 1.0)
+
+    async def _close_channels(self) -> None:
+        for host in self._hosts:
+            host.drop_stream()
+            await host.channel.close()
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        await asyncio.gather(*others, return_exceptions=True)  # the cancelled streams' bookkeeping
+
+
+class _Dropped(Exception):
+    """A stream ended without a reply (the host stopped)."""
+
+
+def _owner_error(exc: grpc.aio.AioRpcError, host: _Host) -> OwnerError:
+    meta = {k: v for k, v in (exc.trailing_metadata() or ())}
+    left = float(meta.get(wire.EPSILON_LEFT_KEY, 0.0))
+    message = exc.details() or exc.code().name
+    if wire.ERROR_KEY not in meta:
+        message = f"{host.label()} refused the request: {exc.code().name}: {message}"
+    return wire.make_error(meta.get(wire.ERROR_KEY, ""), exc.code().name, f"{message} [{host.address}]",
+                           meta.get(wire.OWNER_KEY) or None, left)
