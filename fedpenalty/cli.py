@@ -1,4 +1,4 @@
-"""Command line: ``fedpenalty simulate`` and ``fedpenalty account``."""
+"""Command line: ``fedpenalty simulate``, ``run``, ``owner serve``, ``owner report`` and ``account``."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import sys
+from pathlib import Path
 from typing import Any, Sequence
 
 from . import __version__
@@ -29,8 +30,8 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
 def privacy_table(privacy: dict[str, Any]) -> str:
     rows = [[o["owner"], str(o["n"]), _fmt(o["sigma"]), str(o["answers"]), _fmt(o["mu"]), _fmt(o["epsilon"]),
              _fmt(o["epsilon_paper_bound"]), _fmt(o["budget_epsilon"])] for o in privacy["owners"]]
-    return table(["owner", "n", "sigma", "answers", "mu", f"eps@{privacy['delta']:g}", "eps paper bound",
-                  "budget"], rows)
+    eps = "eps@δ" if privacy["delta"] is None else f"eps@{privacy['delta']:g}"
+    return table(["owner", "n", "sigma", "answers", "mu", eps, "eps paper bound", "budget"], rows)
 
 
 def mixing_table(diag: dict[str, Any]) -> str:
@@ -50,6 +51,36 @@ def mixing_table(diag: dict[str, Any]) -> str:
     return table(headers, rows)
 
 
+def print_run(title: str, result) -> None:
+    """The tables of a finished or stopped run, then where it is."""
+    print(title)
+    privacy, diag = result.privacy, result.diagnostics
+    if privacy.get("owners"):
+        delta = f"δ = {privacy['delta']:g}" if privacy["delta"] is not None else "each owner's own δ"
+        print(f"\nPer-owner privacy ({privacy['neighbour'] or 'owners differ'}, {delta}; each owner's own ledger):")
+        print(privacy_table(privacy))
+    elif privacy.get("trusted_curator"):
+        print("\nexact_mh is the non-private trusted-curator baseline: no owner privacy.")
+    if diag["kept_draws"] > 1:
+        print(f"\nMixing: acceptance {diag['acceptance_rate']:.3f}, mean noise variance s² "
+              f"{diag['mean_noise_variance']:.3g}")
+        print(mixing_table(diag))
+    print(f"\nrun directory: {result.out}")
+
+
+def stop_message(result, resumable: bool) -> str:
+    """One message saying why a run stopped early, what it kept and how to continue."""
+    from .errors import BudgetExhausted
+
+    cause = result.stopped
+    kept = f"kept {result.diagnostics['kept_draws']} draws per chain in {result.out}"
+    then = f"; `fedpenalty run --resume {result.out}` continues from its checkpoint" if resumable else ""
+    if isinstance(cause, BudgetExhausted):
+        return (f"stopped: owner {cause.owner!r} refused to answer: its privacy budget is exhausted "
+                f"({cause.epsilon_left:.4g} ε left); {kept}{then} once the owner can answer again")
+    return f"stopped: {cause}; {kept}{then}"
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     from .config import load_scenario
     from .simulation import run_scenario
@@ -59,19 +90,104 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         scenario["run"]["progress"] = False
     result = run_scenario(scenario, args.out)
     model, sampler = scenario["model"], scenario["sampler"]
-    print(f"fedpenalty simulate: {sampler['algorithm']} on {model['name']} (dim {len(result.diagnostics['posterior_mean'])}), "
-          f"{scenario['data']['owners']} owners, {sampler['chains']} chains × {sampler['iterations']} draws "
-          f"(+{sampler['warmup']} warmup)")
-    if result.privacy["owners"]:
-        print(f"\nPer-owner privacy ({result.privacy['neighbour']}, δ = {result.privacy['delta']:g}; "
-              "each owner's own ledger):")
-        print(privacy_table(result.privacy))
+    transport = "" if sampler["algorithm"] == "exact_mh" else f", {scenario['run']['transport']} transport"
+    print_run(f"fedpenalty simulate: {sampler['algorithm']} on {model['name']} (dim {model.get('dim', 1)}), "
+              f"{scenario['data']['owners']} owners{transport}, {sampler['chains']} chains × {sampler['iterations']} "
+              f"draws (+{sampler['warmup']} warmup)", result)
+    if result.stopped is not None:
+        print(stop_message(result, resumable=False), file=sys.stderr)
+        return 3
+    return 0
+
+
+def _tls(args: argparse.Namespace):
+    from .owner.owner_config import TlsFiles
+
+    given = [args.tls_cert, args.tls_key, args.tls_ca]
+    if not any(given):
+        return None
+    if not all(given):
+        raise FedPenaltyError("mutual TLS needs all of --tls-cert, --tls-key and --tls-ca")
+    return TlsFiles(Path(args.tls_cert), Path(args.tls_key), Path(args.tls_ca))
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .config import load_scenario
+    from .simulation import resume_run, run_deployed
+
+    owners = [a.strip() for a in args.owners.split(",") if a.strip()] if args.owners else None
+    if args.resume:
+        if args.scenario or args.set or args.out:
+            raise FedPenaltyError("--resume continues a run as it was configured: give no scenario, --set or --out")
+        result = resume_run(args.resume, owners, _tls(args))
     else:
-        print("\nexact_mh is the non-private trusted-curator baseline: no owner privacy.")
-    diag = result.diagnostics
-    print(f"\nMixing: acceptance {diag['acceptance_rate']:.3f}, mean noise variance s² {diag['mean_noise_variance']:.3g}")
-    print(mixing_table(diag))
-    print(f"\nrun directory: {result.out}")
+        if not args.scenario or not owners:
+            raise FedPenaltyError("give a scenario and --owners HOST:PORT[,HOST:PORT...] (or --resume DIR)")
+        scenario = load_scenario(args.scenario, args.set or [])
+        if args.no_progress:
+            scenario["run"]["progress"] = False
+        result = run_deployed(scenario, owners, _tls(args), args.out)
+    owners_n = len(result.privacy.get("owners", [])) or "the"
+    print_run(f"fedpenalty run: {result.privacy.get('algorithm', '')} with {owners_n} deployed owners", result)
+    if result.stopped is not None:
+        print(stop_message(result, resumable=True), file=sys.stderr)
+        return 3
+    return 0
+
+
+def cmd_owner_serve(args: argparse.Namespace) -> int:
+    import logging
+
+    from .owner import Ledger
+    from .owner.host import OwnerHost
+    from .owner.owner_config import build_node, load_owner_config
+    from .owner.server import serve
+
+    configs = [load_owner_config(path, args.listen, args.ledger) for path in args.owner_files]
+    first = configs[0]
+    for c in configs[1:]:
+        for key in ("listen", "tls", "max_message_bytes"):
+            if getattr(c, key) != getattr(first, key):
+                raise FedPenaltyError(f"owners served by one process must share server.{key}: "
+                                      f"{c.name!r} differs from {first.name!r}")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s fedpenalty.owner %(message)s")
+    ledgers: dict[Path, Ledger] = {}
+    try:
+        nodes = []
+        for c in configs:
+            if c.ledger.resolve() not in ledgers:
+                ledgers[c.ledger.resolve()] = Ledger(c.ledger, synchronous=c.synchronous)
+            nodes.append(build_node(c, ledgers[c.ledger.resolve()]))
+        serve(OwnerHost(nodes), first.listen, first.tls, first.max_message_bytes)
+    finally:
+        for ledger in ledgers.values():
+            ledger.close()
+    return 0
+
+
+def cmd_owner_report(args: argparse.Namespace) -> int:
+    from .owner import Ledger, SpendReport
+    from .owner.owner_config import load_owner_config
+
+    config = load_owner_config(args.owner_file, ledger=args.ledger)
+    if not config.ledger.is_file():
+        raise FedPenaltyError(f"no ledger at {config.ledger}: owner {config.name!r} has never served from it")
+    ledger = Ledger(config.ledger, synchronous=config.synchronous)
+    try:
+        policy = config.policy
+        spend = SpendReport.of(ledger.total(config.name), policy.delta)
+    finally:
+        ledger.close()
+    report = {"owner": config.name, "answers": spend.answers, "mu": spend.mu, "epsilon": spend.epsilon,
+              "epsilon_paper_bound": spend.epsilon_paper_bound if math.isfinite(spend.epsilon_paper_bound) else None,
+              "delta": policy.delta, "budget_epsilon": policy.budget_epsilon,
+              "budget_left": max(policy.budget_epsilon - spend.epsilon, 0.0), "ledger": str(config.ledger)}
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(f"owner {config.name!r} (ledger {config.ledger}): {spend.answers} answers, μ = {spend.mu:.6g}, "
+              f"ε = {spend.epsilon:.6g} at δ = {policy.delta:g} (paper's bound: {_fmt(spend.epsilon_paper_bound)}); "
+              f"budget ε = {policy.budget_epsilon:g}, {report['budget_left']:.6g} left")
     return 0
 
 
@@ -119,6 +235,31 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--out", help="run directory (default: run.out or runs/<algorithm>-<time>)")
     sim.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     sim.set_defaults(func=cmd_simulate)
+
+    run = sub.add_parser("run", help="run the coordinator against deployed owners (or --resume a stopped run)")
+    run.add_argument("scenario", nargs="?", help="scenario TOML ([model] and [sampler]; owners' policies govern privacy)")
+    run.add_argument("--owners", help="owner hosts HOST:PORT[,HOST:PORT...] (with --resume: where they are now)")
+    run.add_argument("--tls-cert", help="this coordinator's client certificate (PEM) for mutual TLS")
+    run.add_argument("--tls-key", help="its private key (PEM)")
+    run.add_argument("--tls-ca", help="CA certificate (PEM) that signed the owners' server certificates")
+    run.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a scenario key")
+    run.add_argument("--out", help="run directory (default: run.out or runs/<algorithm>-<time>)")
+    run.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its checkpoint")
+    run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    run.set_defaults(func=cmd_run)
+
+    owner = sub.add_parser("owner", help="serve an owner, or read its ledger").add_subparsers(dest="owner_command",
+                                                                                               required=True)
+    serve = owner.add_parser("serve", help="serve OWNER.toml (several files: one process hosts them all)")
+    serve.add_argument("owner_files", nargs="+", metavar="OWNER.toml")
+    serve.add_argument("--listen", help="HOST:PORT (overrides server.listen)")
+    serve.add_argument("--ledger", help="ledger file (overrides server.ledger)")
+    serve.set_defaults(func=cmd_owner_serve)
+    report = owner.add_parser("report", help="an owner's privacy spend, read offline from its ledger")
+    report.add_argument("owner_file", metavar="OWNER.toml")
+    report.add_argument("--ledger", help="ledger file (overrides server.ledger)")
+    report.add_argument("--json", action="store_true", help="print JSON")
+    report.set_defaults(func=cmd_owner_report)
 
     acc = sub.add_parser("account", help="ε of T Gaussian answers, or σ for a target ε")
     acc.add_argument("--sigma", type=float, help="noise sd of each answer")

@@ -124,7 +124,10 @@ SCHEMA: dict[str, dict[str, tuple[Any, Check, str]]] = {
         "init_scale": (0.25, _positive, "chains start uniform in init_scale × Θ (data independent)"),
     },
     "run": {
-        "transport": ("inprocess", _one_of("inprocess"), "how the coordinator reaches the owners"),
+        "transport": ("grpc", _one_of("grpc", "inprocess"),
+                      "simulate: 'grpc' (owners as local processes on loopback gRPC) or 'inprocess' (fastest)"),
+        "owner_hosts": (0, _non_negative_int, "grpc simulate: owner host processes (0: one per CPU core)"),
+        "checkpoint_every": (500, _non_negative_int, "iterations between checkpoints of the chain (0: never)"),
         "seed": (0, _non_negative_int, "seed of data simulation, owner noise and chains"),
         "out": (None, _optional(_string), "run directory (default: runs/<algorithm>-<time>)"),
         "progress": (True, _bool, "show a progress bar"),
