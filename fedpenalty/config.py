@@ -128,6 +128,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, Check, str]]] = {
                       "simulate: 'grpc' (owners as local processes on loopback gRPC) or 'inprocess' (fastest)"),
         "owner_hosts": (0, _non_negative_int, "grpc simulate: owner host processes (0: one per CPU core)"),
         "checkpoint_every": (500, _non_negative_int, "iterations between checkpoints of the chain (0: never)"),
+        "retry_seconds": (20.0, _positive, "grpc: how long an unreachable owner is retried before the run stops"),
         "seed": (0, _non_negative_int, "seed of data simulation, owner noise and chains"),
         "out": (None, _optional(_string), "run directory (default: runs/<algorithm>-<time>)"),
         "progress": (True, _bool, "show a progress bar"),

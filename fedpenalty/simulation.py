@@ -124,7 +124,7 @@ def run_scenario(scenario: Scenario, out: str | Path | None = None) -> RunResult
         cluster = LocalCluster.start(out / "owners", model, records, policies, seeds,
                                      hosts=run["owner_hosts"] or os.cpu_count() or 1)
         try:
-            oracle = GrpcOracle(cluster.addresses, model)
+            oracle = GrpcOracle(cluster.addresses, model, retry_seconds=run["retry_seconds"])
         except BaseException:
             cluster.stop()
             raise
@@ -152,7 +152,7 @@ def run_deployed(scenario: Scenario, owners: list[str], tls: TlsFiles | None = N
     model = build_model(scenario["model"])
     if scenario["sampler"]["algorithm"] == "exact_mh":
         raise ConfigError("exact_mh needs the pooled records of a trusted curator; deployed owners never send them")
-    oracle = GrpcOracle(owners, model, tls)
+    oracle = GrpcOracle(owners, model, tls, retry_seconds=scenario["run"]["retry_seconds"])
     try:
         out = _new_run_dir(scenario, out)
     except BaseException:
@@ -183,7 +183,8 @@ def resume_run(out: str | Path, owners: list[str] | None = None, tls: TlsFiles |
         saved = info["tls"]
         tls = TlsFiles(Path(saved["cert"]), Path(saved["key"]), Path(saved["ca"]) if saved["ca"] else None)
     info["owners"] = owners or info["owners"]
-    return _deployed(scenario, model, GrpcOracle(info["owners"], model, tls), out, info, progress)
+    oracle = GrpcOracle(info["owners"], model, tls, retry_seconds=scenario["run"]["retry_seconds"])
+    return _deployed(scenario, model, oracle, out, info, progress)
 
 
 def _deployed(scenario: Scenario, model: Model, oracle: GrpcOracle, out: Path, info: dict[str, Any],
