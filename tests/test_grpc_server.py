@@ -1,0 +1,184 @@
+"""A real ``fedpenalty owner serve`` process against hostile and malformed requests, its
+standard services (health, reflection), its session log, clean SIGTERM, and mutual TLS."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import json
+import re
+import signal
+import tomllib
+
+import grpc
+import numpy as np
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from grpc_processes import Processes, free_port, run_cli, write_owner
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from fedpenalty.coordinator.grpc_oracle import GrpcOracle
+from fedpenalty.data import save_csv
+from fedpenalty.errors import OwnerUnavailable
+from fedpenalty.models import build_model
+from fedpenalty.owner.owner_config import TlsFiles
+from fedpenalty.proto import owner_pb2 as pb
+from fedpenalty.proto import owner_pb2_grpc as pb_grpc
+
+MODEL_TABLE = {"name": "gaussian_mean", "dim": 1, "data_bound": 4.0, "theta_bound": 4.0}
+MODEL = build_model(MODEL_TABLE)
+POLICY = {"sigma": 1.0, "max_step": 0.05, "budget_epsilon": 100.0}
+
+
+@pytest.fixture
+def procs(tmp_path):
+    processes = Processes(tmp_path)
+    yield processes
+    processes.stop_all()
+
+
+def owner_files(tmp_path, **server) -> tuple:
+    data = tmp_path / "alice.csv"
+    save_csv(data, MODEL.simulate_records(np.random.default_rng(0), np.array([0.2]), 500), MODEL)
+    port = free_port()
+    return write_owner(tmp_path, "alice", data, port, POLICY, MODEL_TABLE, **server), port
+
+
+@pytest.fixture
+def alice(tmp_path, procs):
+    """One owner process with a 64 KiB message limit and an open session "s" with one answer."""
+    toml, port = owner_files(tmp_path, max_message_bytes=65536)
+    proc = procs.owner(toml, port)
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    stub = pb_grpc.OwnerStub(channel)
+    stub.OpenSession(pb.OpenSessionRequest(session="s", algorithm="penalty", planned_answers=20), timeout=10)
+    stub.LogRatio(request(iteration=0), timeout=10)
+    yield stub, proc, toml
+    channel.close()
+
+
+def request(iteration=1, session="s", chains=(0, 1), theta=(0.0, 0.1), theta_prop=(0.01, 0.11)) -> pb.LogRatioRequest:
+    return pb.LogRatioRequest(session=session, iteration=iteration, chains=list(chains), theta=list(theta),
+                              theta_prop=list(theta_prop))
+
+
+def total_answers(stub) -> int:
+    return stub.PrivacyReport(pb.PrivacyReportRequest(), timeout=10).owners[0].total.answers
+
+
+HOSTILE = {
+    "NaN θ": (request(theta=(float("nan"), 0.1)), grpc.StatusCode.INVALID_ARGUMENT, "NaN"),
+    "wrong dimension": (request(theta=(0.0, 0.1, 0.2, 0.3), theta_prop=(0.0, 0.1, 0.2, 0.3)),
+                        grpc.StatusCode.INVALID_ARGUMENT, r"shape \(2, 1\)"),
+    "ragged θ": (request(theta=(0.0, 0.1, 0.2)), grpc.StatusCode.INVALID_ARGUMENT, "not 2 rows"),
+    "step larger than the policy": (request(theta_prop=(0.5, 0.1)), grpc.StatusCode.INVALID_ARGUMENT, "max_step"),
+    "θ outside Θ": (request(theta=(5.0, 0.1), theta_prop=(5.01, 0.11)), grpc.StatusCode.INVALID_ARGUMENT, "outside"),
+    "negative iteration": (request(iteration=-3), grpc.StatusCode.INVALID_ARGUMENT, "iteration"),
+    "no chains": (request(chains=(), theta=(), theta_prop=()), grpc.StatusCode.INVALID_ARGUMENT, "chains"),
+    "oversized message": (request(chains=range(5000), theta=[0.0] * 5000, theta_prop=[0.01] * 5000),
+                          grpc.StatusCode.RESOURCE_EXHAUSTED, "larger than max"),
+    "unknown session": (request(session="nope"), grpc.StatusCode.NOT_FOUND, "unknown or closed session"),
+    "replayed iteration with a different θ": (request(iteration=0, theta_prop=(0.02, 0.11)),
+                                              grpc.StatusCode.FAILED_PRECONDITION, "different query"),
+}
+
+
+def test_hostile_requests_get_a_clear_status_and_leave_the_ledger_untouched(alice, tmp_path):
+    stub, _, toml = alice
+    for name, (bad, code, message) in HOSTILE.items():
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.LogRatio(bad, timeout=10)
+        assert refused.value.code() == code, name
+        assert re.search(message, refused.value.details()), name
+        assert total_answers(stub) == 2, name
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.Gradient(pb.GradientRequest(session="s"), timeout=10)
+    assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    done = run_cli("owner", "report", str(toml), "--json", cwd=tmp_path)
+    assert json.loads(done.stdout)["answers"] == 2  # read offline from the ledger file
+
+
+def test_stream_refusals_are_in_band_and_the_stream_stays_open(alice):
+    stub, _, _ = alice
+    queries = [pb.QueryRequest(id=1, log_ratio=request(theta=(float("inf"), 0.1))), pb.QueryRequest(id=2),
+               pb.QueryRequest(id=3, log_ratio=request(iteration=5))]
+    replies = list(stub.Query(iter(queries), timeout=10))
+    assert [r.id for r in replies] == [1, 2, 3]
+    assert replies[0].refusal.code == "INVALID_ARGUMENT" and replies[0].refusal.owner == "alice"
+    assert replies[1].refusal.error == "InvalidRequest"
+    assert list(replies[2].answers.shape) == [1, 2] and list(replies[2].answers.noise_sd) == [1.0]
+    assert total_answers(stub) == 4
+
+
+def test_health_reflection_session_log_and_clean_sigterm(alice, tmp_path):
+    _, proc, toml = alice
+    port = tomllib.loads(toml.read_text())["server"]["listen"].rsplit(":", 1)[1]
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        reflection = reflection_pb2_grpc.ServerReflectionStub(ch)
+        reply = next(reflection.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]),
+                                                     timeout=10))
+        services = {s.name for s in reply.list_services_response.service}
+        assert {"fedpenalty.v1.Owner", "grpc.health.v1.Health"} <= services
+        description = pb_grpc.OwnerStub(ch).Describe(pb.DescribeRequest(), timeout=10).owners[0]
+        assert (description.name, description.model, description.n) == ("alice", "gaussian_mean", 500)
+        assert json.loads(description.model_params_json) == MODEL.params()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    log = (tmp_path / "alice.log").read_text()
+    assert len([line for line in log.splitlines() if "session s:" in line]) == 1
+    assert "stopping" in log
+
+
+def _cert(subject: str, key, issuer_cert=None, issuer_key=None, ca: bool = False):
+    now = datetime.datetime.now(datetime.timezone.utc)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
+    builder = (x509.CertificateBuilder().subject_name(name)
+               .issuer_name(issuer_cert.subject if issuer_cert else name).public_key(key.public_key())
+               .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+               .not_valid_after(now + datetime.timedelta(days=1))
+               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    if not ca:
+        builder = builder.add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                                        critical=False)
+    return builder.sign(issuer_key or key, hashes.SHA256())
+
+
+def _write(folder, stem: str, cert, key) -> tuple:
+    cert_path, key_path = folder / f"{stem}.crt", folder / f"{stem}.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+def test_mutual_tls_rejects_clients_without_a_certificate_from_the_ca(tmp_path, procs):
+    keys = {k: ec.generate_private_key(ec.SECP256R1()) for k in ("ca", "server", "client", "rogue_ca", "rogue")}
+    ca = _cert("fedpenalty test CA", keys["ca"], ca=True)
+    rogue_ca = _cert("someone else's CA", keys["rogue_ca"], ca=True)
+    ca_path, _ = _write(tmp_path, "ca", ca, keys["ca"])
+    server_cert, server_key = _write(tmp_path, "server", _cert("alice", keys["server"], ca, keys["ca"]), keys["server"])
+    client_cert, client_key = _write(tmp_path, "client", _cert("coordinator", keys["client"], ca, keys["ca"]),
+                                     keys["client"])
+    rogue_cert, rogue_key = _write(tmp_path, "rogue", _cert("intruder", keys["rogue"], rogue_ca, keys["rogue_ca"]),
+                                   keys["rogue"])
+    toml, port = owner_files(tmp_path, tls_cert=str(server_cert), tls_key=str(server_key), tls_ca=str(ca_path))
+    good = grpc.ssl_channel_credentials(ca_path.read_bytes(), client_key.read_bytes(), client_cert.read_bytes())
+    procs.owner(toml, port, credentials=good)
+    address = f"127.0.0.1:{port}"
+
+    oracle = GrpcOracle([address], MODEL, TlsFiles(client_cert, client_key, ca_path), retry_seconds=2)
+    assert [d.name for d in oracle.describe()] == ["alice"]
+    oracle.disconnect()
+    anonymous = grpc.ssl_channel_credentials(ca_path.read_bytes())  # verifies the server, presents nothing
+    with grpc.secure_channel(address, anonymous) as channel:
+        with pytest.raises(grpc.RpcError) as rejected:
+            pb_grpc.OwnerStub(channel).Describe(pb.DescribeRequest(), timeout=10)
+    assert rejected.value.code() == grpc.StatusCode.UNAVAILABLE
+    with pytest.raises(OwnerUnavailable, match="unreachable"):
+        GrpcOracle([address], MODEL, TlsFiles(rogue_cert, rogue_key, ca_path), retry_seconds=1)
+    with grpc.insecure_channel(address) as channel:  # plaintext is not even TLS
+        with pytest.raises(grpc.RpcError):
+            pb_grpc.OwnerStub(channel).Describe(pb.DescribeRequest(), timeout=10)
