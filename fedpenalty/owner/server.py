@@ -84,8 +84,8 @@ class OwnerServicer(pb_grpc.OwnerServicer):
 
     # --- the per-iteration stream ---------------------------------------------------------
     async def Query(self, request_iterator, context):
-        async for request in request_iterator:
-            yield self._answer(request)
+        while (request := await context.read()) is not grpc.aio.EOF:
+            await context.write(self._answer(request))
 
     def _answer(self, request: pb.QueryRequest) -> pb.QueryReply:
         kind = request.WhichOneof("query")

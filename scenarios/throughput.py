@@ -1,0 +1,110 @@
+"""Iterations per second of the penalty sampler by transport and number of owners.
+
+    python scenarios/throughput.py [--owners 1,4,16,64,256,1024] [--json FILE] [--seconds 3]
+
+Transports: ``inprocess`` (one OwnerHost in this process), ``grpc-one-per-host`` (one owner
+host process per owner, only up to ``--max-processes`` owners), ``grpc-packed`` (owners packed
+into one host process per CPU core). Models: ``gaussian_mean`` (d = 1; O(1) answers from
+sufficient statistics) and ``logistic`` (d = 10; O(n) per answer, only up to
+``--max-logistic-owners`` owners), n = 10,000 records per owner, 4 chains. Every iteration is a
+real ``penalty`` MH step: validated, noised, charged answers from every owner (ledgers with
+synchronous=NORMAL, as in local simulation). Start-up is not timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from fedpenalty.cli import table
+from fedpenalty.cluster.local import LocalCluster
+from fedpenalty.coordinator import mh
+from fedpenalty.coordinator.grpc_oracle import GrpcOracle
+from fedpenalty.coordinator.oracle import InProcessOracle
+from fedpenalty.models import build_model
+from fedpenalty.owner import Ledger, OwnerNode, Policy
+
+MODELS = {"gaussian_mean": {"name": "gaussian_mean", "dim": 1},
+          "logistic": {"name": "logistic", "dim": 10}}
+N_PER_OWNER, CHAINS, STEP = 10_000, 4, 0.001
+
+
+def measure(oracle, model, seconds: float) -> float:
+    """Iterations/s of penalty MH steps for ``seconds`` (after 20 untimed steps)."""
+    rng = np.random.default_rng(0)
+    oracle.open_session("penalty", 10**6)
+    state = mh.init(np.zeros((CHAINS, model.dim)), model)
+    ratio = mh.oracle_ratio(oracle)
+    for _ in range(20):
+        state, _ = mh.step(rng, state, model, STEP, ratio)
+    done, start = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - start) < seconds:
+        state, _ = mh.step(rng, state, model, STEP, ratio)
+        done += 1
+    return done / elapsed
+
+
+def run(transport: str, model_name: str, owners: int, seconds: float, folder: Path) -> float:
+    model = build_model(MODELS[model_name])
+    rng = np.random.default_rng(1)
+    records = [model.simulate_records(rng, np.full(model.dim, 0.1), N_PER_OWNER) for _ in range(owners)]
+    policies = [Policy(sigma=1.0, max_step=STEP, budget_epsilon=1e12)] * owners
+    seeds = np.random.SeedSequence(2).spawn(owners)
+    if transport == "inprocess":
+        ledger = Ledger(folder / "ledger.sqlite", synchronous="NORMAL")
+        oracle = InProcessOracle([OwnerNode(f"owner-{k}", model, r, p, ledger, np.random.default_rng(s))
+                                  for k, (r, p, s) in enumerate(zip(records, policies, seeds))])
+        try:
+            return measure(oracle, model, seconds)
+        finally:
+            oracle.close()
+            ledger.close()
+    hosts = owners if transport == "grpc-one-per-host" else min(owners, os.cpu_count() or 1)
+    with LocalCluster.start(folder, model, records, policies, seeds, hosts=hosts) as cluster:
+        del records
+        oracle = GrpcOracle(cluster.addresses, model)
+        try:
+            return measure(oracle, model, seconds)
+        finally:
+            oracle.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--owners", default="1,4,16,64,256,1024", help="comma-separated owner counts")
+    parser.add_argument("--models", default="gaussian_mean,logistic", help="comma-separated: gaussian_mean, logistic")
+    parser.add_argument("--transports", default="inprocess,grpc-one-per-host,grpc-packed")
+    parser.add_argument("--seconds", type=float, default=3.0, help="timed seconds per measurement")
+    parser.add_argument("--max-processes", type=int, default=64, help="largest K run with one process per owner")
+    parser.add_argument("--max-logistic-owners", type=int, default=64, help="largest K run with the logistic model")
+    parser.add_argument("--json", type=Path, help="write the rows as JSON")
+    args = parser.parse_args(argv)
+    rows = []
+    for model_name in args.models.split(","):
+        for owners in [int(k) for k in args.owners.split(",")]:
+            for transport in args.transports.split(","):
+                if transport == "grpc-one-per-host" and owners > args.max_processes:
+                    continue
+                if model_name == "logistic" and owners > args.max_logistic_owners:
+                    continue
+                with tempfile.TemporaryDirectory() as tmp:
+                    rate = run(transport, model_name, owners, args.seconds, Path(tmp))
+                rows.append({"transport": transport, "owners": owners, "model": model_name,
+                             "iterations_per_second": rate})
+                print(f"{model_name:>13} K={owners:<5} {transport:<18} {rate:10.1f} it/s", file=sys.stderr, flush=True)
+    print(table(["model", "owners", "transport", "it/s"],
+                [[r["model"], str(r["owners"]), r["transport"], f"{r['iterations_per_second']:.1f}"] for r in rows]))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
