@@ -19,6 +19,7 @@ from fedpenalty.privacy.subsampled import (
     epsilon_rdp_classic,
     max_steps,
 )
+from fedpenalty.privacy.wang import compare_admissible_steps, wang_admissible_step, wang_noise_multiplier
 
 DELTA = 1e-5
 
@@ -180,16 +181,16 @@ def test_calibrate_noise_multiplier(accountant):
 
 
 def test_calibrate_replace_one_needs_more_noise():
-    add = calibrate_noise_multiplier(2.0, DELTA, 0.02, 1_000, neighbour="add_remove")
-    rep = calibrate_noise_multiplier(2.0, DELTA, 0.02, 1_000, neighbour="replace_one")
+    add = calibrate_noise_multiplier(0.5, DELTA, 0.02, 100, neighbour="add_remove")
+    rep = calibrate_noise_multiplier(0.5, DELTA, 0.02, 100, neighbour="replace_one")
     assert add < rep < 2 * add + 1e-6
 
 
 def test_max_steps():
-    T = max_steps(1.3, 150 / 60_000, 0.640, DELTA, neighbour="add_remove")
-    assert epsilon(SubsampledGaussian(150 / 60_000, 1.3, T), DELTA, neighbour="add_remove") <= 0.640
-    assert epsilon(SubsampledGaussian(150 / 60_000, 1.3, T + 1), DELTA, neighbour="add_remove") > 0.640
-    assert 5_900 <= T <= 6_100  # the reference point (T = 6000 → 0.6401)
+    # the reference point: T = 10 000 gives 0.946999 ≤ 0.947, and one more answer exceeds it
+    T = max_steps(4.0, 0.01, 0.947, DELTA, neighbour="add_remove")
+    assert T == 10_000
+    assert epsilon(SubsampledGaussian(0.01, 4.0, T + 1), DELTA, neighbour="add_remove") > 0.947
     assert max_steps(0.5, 1.0, 0.1, DELTA, neighbour="add_remove") == 0
     assert max_steps(50.0, 0.001, 5.0, DELTA, neighbour="add_remove", limit=1000) == 1000
 
@@ -220,3 +221,48 @@ def test_bad_arguments():
         calibrate_noise_multiplier(0.0, DELTA, 0.1, 10, neighbour="add_remove")
     with pytest.raises(ValueError, match="steps"):
         calibrate_noise_multiplier(1.0, DELTA, 0.1, 0, neighbour="add_remove")
+
+
+# ------------------------------------------------------------------ Wang et al.'s calibration
+
+
+def test_wang_formula_matches_the_paper_parameterisation():
+    # Algorithm 2 in the paper's own variables: N records, minibatch τ, T data passes.
+    n, tau, passes, eps, delta, lip = 60_000, 150, 15, 1.0, 1e-5, 1.0
+    iters, q = n * passes // tau, tau / n
+    k = 128 * n * passes * lip**2 / (tau * eps**2) * math.log(2.5 * n * passes / (tau * delta)) * math.log(2 / delta)
+    # the noise sd on the minibatch gradient sum is √(K η²)/(η N/τ) = √K τ/N
+    assert wang_noise_multiplier(eps, delta, q, iters) * lip == pytest.approx(math.sqrt(k) * tau / n, rel=1e-12)
+    # the Langevin noise suffices when var/drift² = 4/η (fedpenalty) ≥ K, i.e. η ≤ 4/K
+    assert wang_admissible_step(eps, delta, q, iters, lip) == pytest.approx(4 / k, rel=1e-12)
+    assert wang_admissible_step(eps, delta, q, iters, lip) == pytest.approx(
+        eps**2 / (32 * iters * lip**2 * math.log(2.5 * iters / delta) * math.log(2 / delta)), rel=1e-12)
+
+
+def test_wang_condition_is_enforced():
+    # T ≥ ε²N/(32τ log(2/δ)), i.e. I q² ≥ ε²/(32 log(2/δ)): fails for few iterations at small q
+    with pytest.raises(ValueError, match="Theorem 4"):
+        wang_noise_multiplier(1.0, 1e-5, 0.001, 100)
+
+
+@pytest.mark.parametrize("neighbour, q, iters", [("replace_one", 0.01, 1_000), ("add_remove", 0.02, 500)])
+def test_exact_accounting_admits_a_larger_step_than_wang(neighbour, q, iters):
+    c = compare_admissible_steps(1.0, DELTA, q, iters, 1.0, neighbour=neighbour)
+    assert c.accountant_step > c.wang_step and c.gain > 10
+    assert c.gain == pytest.approx((c.wang_noise_multiplier / c.accountant_noise_multiplier) ** 2)
+    # Wang et al.'s noise, accounted exactly, spends far less than the target ε
+    assert c.wang_exact_epsilon < 0.5 * c.epsilon
+    # the accountant's noise meets the target, and at its step the owner noise exactly fills
+    # the Langevin noise: (η/2)² (σ C / q)² = η
+    assert epsilon(SubsampledGaussian(q, c.accountant_noise_multiplier, iters), DELTA, neighbour=neighbour) <= 1.0
+    s2 = (c.accountant_noise_multiplier * c.clip / c.sampling_rate) ** 2
+    assert (c.accountant_step / 2) ** 2 * s2 == pytest.approx(c.accountant_step)
+
+
+def test_admissible_steps_shrink_with_the_number_of_owners():
+    # K owners share the Langevin noise: both steps shrink by K, the gain does not change
+    one = compare_admissible_steps(1.0, DELTA, 0.02, 500, 1.0, neighbour="add_remove", accountant="rdp")
+    three = compare_admissible_steps(1.0, DELTA, 0.02, 500, 1.0, neighbour="add_remove", accountant="rdp", owners=3)
+    assert three.wang_step == pytest.approx(one.wang_step / 3)
+    assert three.accountant_step == pytest.approx(one.accountant_step / 3)
+    assert three.gain == pytest.approx(one.gain)
