@@ -1,0 +1,367 @@
+"""Federated SG-MCMC kernels: SGLD, SGHMC and SGNHT, with the owners' privacy noise counted
+as part of the injected noise (DESIGN §2.3; Wang, Fienberg & Smola 2015).
+
+Pure functions over frozen state, vectorised over C chains, with the RNG passed explicitly
+(the style of ``mh``). The data enter only through a *gradient function*
+
+    grad(iteration, chains (m,), theta (m, d)) -> (G (m, d), s² (m,))
+
+with G = Σ_k g̃_k / q_k, the unbiased estimate of Σ_x ∇ℓ(x, θ) assembled from the owners.
+Owner k Poisson-samples its records at rate q_k, clips each sampled record's gradient to L2
+norm C_k, sums, and adds N(0, (σ_k C_k)² I) (``owner_gradient``). s² = Σ_k (σ_k C_k / q_k)²
+is the owner-noise variance on each coordinate of G. The kernel adds ∇log p(θ), so
+g = ∇log p(θ) + G. The Poisson-subsampling noise in G is data dependent and unknown to the
+coordinator; as in every SG-MCMC method it is not subtracted, and it vanishes relative to the
+injected noise as the step shrinks.
+
+Noise bookkeeping (per coordinate; the owners' noise is Gaussian with known variance s², so
+it can stand in for part of the noise each method injects):
+
+* SGLD (Welling & Teh 2011): θ ← θ + (η/2) g + ζ, with the total noise η. The owners
+  contribute (η/2)² s², so ζ ~ N(0, η − (η/2)² s²).
+* SGHMC (Chen, Fox & Guestrin 2014, Algorithm 2 with M = I): with h = √η (η is the
+  "learning rate" of their SGD-with-momentum form, η = h²) and friction C (``friction``, per
+  unit of h-time),
+  r ← r + h g − hC r + ζ,  θ ← θ + h r,  ζ ~ N(0, 2(C − B̂) h I),  B̂ = ½ h V̂,
+  where V̂ is the variance of the gradient noise. Derivation: in one step the gradient term
+  h g carries noise of variance h² V into r. The friction needs a total momentum noise 2Ch
+  per step (fluctuation–dissipation: dr = −∇U dt − C r dt + √(2C) dW), so the injected part is
+  2Ch − h²V = 2(C − ½hV)h. With V̂ = s² (the owners' noise, known exactly) we inject
+  2Ch − h² s², and the total is 2Ch. In the variables v = h r, α = hC, β̂ = hB̂ of
+  Chen et al.'s Eq. 15 this is v ← (1 − α)v + ηg + N(0, 2(α − β̂)η) with β̂ = ½ η s².
+* SGNHT (Ding et al. 2014, Algorithm 1, M = I): with h = √η and diffusion A (``friction``),
+  p ← p − Ξ p h + h g + ζ,  θ ← θ + h p,  Ξ ← Ξ + (pᵀp/d − 1) h,  ζ ~ N(0, (2Ah − h² s²) I),
+  Ξ₀ = A. The design momentum noise is 2Ah; the owners supply h² s² of it. The thermostat Ξ
+  also absorbs any unknown gradient noise (such as the subsampling noise); that is the point
+  of SGNHT.
+
+The state holds the physical momentum (r or p) and thermostat, not the per-step v = h p and
+α = hC. The per-step friction hC (or hA) therefore shrinks with the step, as in the papers'
+own parameterisation, and a decaying schedule changes h without rescaling the state. (With a
+*fixed* per-step friction, SGNHT's thermostat target E[v²] = η leaves a stationary variance
+τ²(1 − ξ/2) on a Gaussian target, an O(ξ) bias that no step size removes.) Stability needs
+hC ≤ 1 (SGHMC) and hA < ½ (SGNHT, since the momentum noise must stay below what the kinetic
+target allows); a step that breaks this raises ``ValueError``.
+
+When the owners' noise alone exceeds the design total (SGLD: (η/2)² s² > η; SGHMC:
+h² s² > 2Ch; SGNHT: h² s² > 2Ah), nothing is injected. The chain then runs hotter than the
+posterior (SGNHT's thermostat partly compensates), and the step reports
+``excess_noise_ratio = owner variance / design variance − 1`` (0 when it fits); it is never
+hidden.
+
+Θ is a box. After each move θ is reflected into [−B, B]^d (mirror folding, any number of
+times), and for SGHMC/SGNHT the momentum component of every coordinate reflected an odd
+number of times is negated (an elastic bounce). Owners are only ever asked at θ inside Θ.
+Reflection is exact for the continuous-time reflected diffusion, but with a finite step it
+is one more discretisation error: like SG-MCMC itself, the chain is approximate, with error
+shrinking as the step shrinks.
+
+Steps: ``StepSchedule`` gives η_t = a (b + t)^(−γ) for iteration t = 0, 1, ... (γ = 0 is a
+constant step a). η has units of θ² (the drift (η/2)·g is a move in θ).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..models import Model
+
+#: (iteration, chains (m,), theta (m, d)) -> (Σ_k g̃_k/q_k (m, d), owner-noise variance s² (m,))
+GradFn = Callable[[int, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+
+# ------------------------------------------------------------------ steps
+
+
+@dataclass(frozen=True)
+class StepSchedule:
+    """η_t = a (b + t)^(−γ), t = 0, 1, ... (Wang et al. §4.1); γ = 0 gives the constant a.
+    Needs a > 0, γ ≥ 0, and b > 0 when γ > 0."""
+
+    a: float
+    b: float = 1.0
+    gamma: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.a) and self.a > 0):
+            raise ValueError(f"step: a must be finite and > 0, got {self.a!r}")
+        if not (math.isfinite(self.gamma) and self.gamma >= 0):
+            raise ValueError(f"step: gamma must be finite and >= 0, got {self.gamma!r}")
+        if not math.isfinite(self.b) or (self.gamma > 0 and self.b <= 0):
+            raise ValueError(f"step: b must be finite and > 0 for a decaying schedule, got {self.b!r}")
+
+    @classmethod
+    def constant(cls, step: float) -> StepSchedule:
+        return cls(a=step)
+
+    def __call__(self, t: int) -> float:
+        if self.gamma == 0.0:
+            return float(self.a)
+        return float(self.a * (self.b + t) ** (-self.gamma))
+
+
+# ------------------------------------------------------------------ state and info
+
+
+@dataclass(frozen=True)
+class SGLDState:
+    """``theta`` ``(C, d)`` inside Θ, and the index of the next iteration (it keys the
+    owners' replies)."""
+
+    theta: np.ndarray
+    iteration: int = 0
+
+
+@dataclass(frozen=True)
+class SGHMCState:
+    """``theta`` ``(C, d)`` inside Θ and ``momentum`` r ``(C, d)`` (mass I; θ moves by h·r)."""
+
+    theta: np.ndarray
+    momentum: np.ndarray
+    iteration: int = 0
+
+
+@dataclass(frozen=True)
+class SGNHTState:
+    """SGHMC state plus the thermostat Ξ ``(C,)`` (Ding et al.'s ξ, per unit of h-time)."""
+
+    theta: np.ndarray
+    momentum: np.ndarray
+    thermostat: np.ndarray
+    iteration: int = 0
+
+
+@dataclass(frozen=True)
+class SGInfo:
+    """What one step did. ``step``: η_t. Per chain ``(C,)``: ``owner_noise_var`` (s² on each
+    coordinate of g), ``owner_var`` (the part of the design noise variance the owners supplied),
+    ``injected_var`` (variance of the noise the coordinator added, per coordinate),
+    ``excess_noise_ratio`` (owner_var / design variance − 1, or 0), and ``reflected`` (some
+    coordinate hit the boundary of Θ)."""
+
+    step: float
+    owner_noise_var: np.ndarray
+    owner_var: np.ndarray
+    injected_var: np.ndarray
+    excess_noise_ratio: np.ndarray
+    reflected: np.ndarray
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def reflect(theta: np.ndarray, bound: float) -> tuple[np.ndarray, np.ndarray]:
+    """Fold ``theta`` ``(C, d)`` into [−bound, bound] by mirror reflection at the faces, any
+    number of times. Returns the folded array and ``flips`` ``(C, d)`` (float): the signed
+    number of folds k. The coordinate hit a face |k| times, and its direction of motion is
+    reversed where k is odd."""
+    width = 2.0 * bound
+    shifted = theta + bound
+    k = np.floor(shifted / width)
+    r = shifted - k * width  # in [0, width)
+    odd = np.fmod(k, 2.0) != 0
+    return np.clip(np.where(odd, width - r, r) - bound, -bound, bound), k
+
+
+def _noise_split(design_var: float, owner_var: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Injected variance max(design − owner, 0) and excess ratio max(owner/design − 1, 0)."""
+    injected = np.maximum(design_var - owner_var, 0.0)
+    excess = np.maximum(owner_var / design_var - 1.0, 0.0)
+    return injected, excess
+
+
+def _gradient(state_theta: np.ndarray, iteration: int, model: Model, grad: GradFn) -> tuple[np.ndarray, np.ndarray]:
+    """g = ∇log p(θ) + G for all chains, and s² ``(C,)``."""
+    chains = np.arange(len(state_theta))
+    lik, s2 = grad(iteration, chains, state_theta)
+    lik = np.asarray(lik, dtype=float)
+    s2 = np.broadcast_to(np.asarray(s2, dtype=float), (len(state_theta),)).copy()
+    if lik.shape != state_theta.shape:
+        raise ValueError(f"gradient must have shape {state_theta.shape}, got {lik.shape}")
+    if not (np.all(np.isfinite(lik)) and np.all(np.isfinite(s2)) and np.all(s2 >= 0)):
+        raise ValueError("gradient and its noise variance must be finite (variance >= 0)")
+    return model.grad_log_prior(state_theta) + lik, s2
+
+
+def _check_finite(kernel: str, iteration: int, *arrays: np.ndarray) -> None:
+    """``FloatingPointError`` when an update left a non-finite value: the discretisation is
+    unstable (step too large for the curvature or the gradient noise)."""
+    if not all(np.all(np.isfinite(a)) for a in arrays):
+        raise FloatingPointError(f"{kernel} diverged at iteration {iteration}: the step is too large for the "
+                                 "curvature and gradient noise; reduce it")
+
+
+def _check_start(theta: np.ndarray, model: Model) -> np.ndarray:
+    theta = np.array(theta, dtype=float, ndmin=2)
+    if theta.shape[1] != model.dim or not np.all(model.in_theta_space(theta)):
+        raise ValueError(f"initial points must have shape (C, {model.dim}) and lie inside Θ")
+    return theta
+
+
+# ------------------------------------------------------------------ SGLD
+
+
+def sgld_init(theta: np.ndarray, model: Model) -> SGLDState:
+    """Start C chains at ``theta`` ``(C, d)`` inside Θ."""
+    return SGLDState(_check_start(theta, model), 0)
+
+
+def sgld_step(rng: np.random.Generator, state: SGLDState, model: Model, schedule: StepSchedule,
+              grad: GradFn) -> tuple[SGLDState, SGInfo]:
+    """θ ← reflect(θ + (η/2) g + ζ), ζ ~ N(0, max(η − (η/2)² s², 0) I)."""
+    eta = schedule(state.iteration)
+    g, s2 = _gradient(state.theta, state.iteration, model, grad)
+    owner_var = (0.5 * eta) ** 2 * s2
+    injected, excess = _noise_split(eta, owner_var)
+    noise = np.sqrt(injected)[:, None] * rng.standard_normal(state.theta.shape)
+    moved = state.theta + 0.5 * eta * g + noise
+    _check_finite("sgld", state.iteration, moved)
+    theta, folds = reflect(moved, model.theta_bound)
+    info = SGInfo(eta, s2, owner_var, injected, excess, (folds != 0).any(axis=1))
+    return SGLDState(theta, state.iteration + 1), info
+
+
+# ------------------------------------------------------------------ SGHMC
+
+
+def _check_friction(kernel: str, friction: float, h: float) -> float:
+    """``friction`` as a float; ``ValueError`` unless finite and > 0 with per-step friction
+    h·friction ≤ 1 (SGHMC) or < ½ (SGNHT)."""
+    if not (math.isfinite(friction) and friction > 0.0):
+        raise ValueError(f"{kernel} friction must be finite and > 0, got {friction!r}")
+    per_step = h * friction
+    if (kernel == "sghmc" and per_step > 1.0) or (kernel == "sgnht" and per_step >= 0.5):
+        rule = "<= 1" if kernel == "sghmc" else "< 0.5"
+        raise ValueError(f"{kernel}: per-step friction h·friction = {per_step:.4g} (h = √step) must be {rule}; "
+                         "reduce the step or the friction")
+    return float(friction)
+
+
+def sghmc_init(rng: np.random.Generator, theta: np.ndarray, model: Model) -> SGHMCState:
+    """Start at ``theta`` ``(C, d)`` inside Θ with momentum r ~ N(0, I)."""
+    theta = _check_start(theta, model)
+    return SGHMCState(theta, rng.standard_normal(theta.shape), 0)
+
+
+def sghmc_step(rng: np.random.Generator, state: SGHMCState, model: Model, schedule: StepSchedule, grad: GradFn,
+               friction: float) -> tuple[SGHMCState, SGInfo]:
+    """h = √η; r ← (1 − hC) r + h g + ζ, ζ ~ N(0, max(2Ch − h² s², 0) I); θ ← reflect(θ + h r)
+    (C = ``friction`` > 0 with hC ≤ 1; reflected coordinates reverse r). ``SGInfo`` variances
+    are those of the momentum noise."""
+    eta = schedule(state.iteration)
+    h = math.sqrt(eta)
+    c = _check_friction("sghmc", friction, h)
+    g, s2 = _gradient(state.theta, state.iteration, model, grad)
+    owner_var = eta * s2
+    injected, excess = _noise_split(2.0 * c * h, owner_var)
+    noise = np.sqrt(injected)[:, None] * rng.standard_normal(state.theta.shape)
+    with np.errstate(over="ignore", invalid="ignore"):
+        momentum = (1.0 - h * c) * state.momentum + h * g + noise
+    _check_finite("sghmc", state.iteration, momentum)
+    theta, folds = reflect(state.theta + h * momentum, model.theta_bound)
+    momentum = np.where(np.fmod(folds, 2.0) != 0, -momentum, momentum)
+    info = SGInfo(eta, s2, owner_var, injected, excess, (folds != 0).any(axis=1))
+    return SGHMCState(theta, momentum, state.iteration + 1), info
+
+
+# ------------------------------------------------------------------ SGNHT
+
+
+def sgnht_init(rng: np.random.Generator, theta: np.ndarray, model: Model, friction: float) -> SGNHTState:
+    """Start at ``theta`` ``(C, d)`` inside Θ, momentum p ~ N(0, I), thermostat Ξ = A
+    (= ``friction``)."""
+    theta = _check_start(theta, model)
+    if not (math.isfinite(friction) and friction > 0.0):
+        raise ValueError(f"sgnht friction must be finite and > 0, got {friction!r}")
+    return SGNHTState(theta, rng.standard_normal(theta.shape), np.full(len(theta), float(friction)), 0)
+
+
+def sgnht_step(rng: np.random.Generator, state: SGNHTState, model: Model, schedule: StepSchedule, grad: GradFn,
+               friction: float) -> tuple[SGNHTState, SGInfo]:
+    """h = √η; p ← p − Ξ p h + h g + ζ, ζ ~ N(0, max(2Ah − h² s², 0) I); θ ← reflect(θ + h p);
+    Ξ ← Ξ + (pᵀp/d − 1) h. A = ``friction`` > 0 with hA < ½: the momentum noise per step must
+    stay below what the kinetic target E[p²] = 1 allows. ``SGInfo`` variances are those of the
+    momentum noise."""
+    eta = schedule(state.iteration)
+    h = math.sqrt(eta)
+    a = _check_friction("sgnht", friction, h)
+    g, s2 = _gradient(state.theta, state.iteration, model, grad)
+    owner_var = eta * s2
+    injected, excess = _noise_split(2.0 * a * h, owner_var)
+    noise = np.sqrt(injected)[:, None] * rng.standard_normal(state.theta.shape)
+    with np.errstate(over="ignore", invalid="ignore"):
+        momentum = state.momentum - h * state.thermostat[:, None] * state.momentum + h * g + noise
+        thermostat = state.thermostat + (np.mean(momentum * momentum, axis=1) - 1.0) * h
+    _check_finite("sgnht", state.iteration, momentum, thermostat)
+    theta, folds = reflect(state.theta + h * momentum, model.theta_bound)
+    momentum = np.where(np.fmod(folds, 2.0) != 0, -momentum, momentum)
+    info = SGInfo(eta, s2, owner_var, injected, excess, (folds != 0).any(axis=1))
+    return SGNHTState(theta, momentum, thermostat, state.iteration + 1), info
+
+
+# ------------------------------------------------------------------ the owners' side
+
+
+def owner_gradient(model: Model, records: np.ndarray, theta: np.ndarray, rng: np.random.Generator, q: float,
+                   clip: float, sigma: float) -> np.ndarray:
+    """One owner's noisy gradient answer for each chain: ``(C, d)``.
+
+    For each row of ``theta`` ``(C, d)`` independently, include each record with probability
+    ``q`` (Poisson sampling), clip each included record's ∇_θ ℓ(x, θ) to L2 norm ``clip``, sum,
+    and add N(0, (sigma·clip)² I). ``records`` are prepared records ``(n, p)``. Pure numpy; the
+    only randomness is ``rng``. The caller divides by q.
+    """
+    theta = np.array(theta, dtype=float, ndmin=2)
+    if not 0.0 < q <= 1.0:
+        raise ValueError(f"q must be in (0, 1], got {q!r}")
+    if not (math.isfinite(clip) and clip > 0):
+        raise ValueError(f"clip must be finite and > 0, got {clip!r}")
+    if not (math.isfinite(sigma) and sigma >= 0):
+        raise ValueError(f"sigma must be finite and >= 0, got {sigma!r}")
+    c, d = theta.shape
+    mask = rng.random((c, len(records))) < q
+    used = mask.any(axis=0)
+    total = np.zeros((c, d))
+    if used.any():
+        grads = model.grad_log_lik(records[used], theta)  # (C, m, d)
+        norms = np.linalg.norm(grads, axis=2)
+        scale = np.minimum(1.0, clip / np.maximum(norms, np.finfo(float).tiny))
+        total = np.einsum("cm,cmd->cd", mask[:, used] * scale, grads)
+    return total + sigma * clip * rng.standard_normal((c, d))
+
+
+@dataclass(frozen=True)
+class SimulatedOwner:
+    """An owner simulated in process: its prepared ``records`` and its sampling rate q, clip C
+    and noise multiplier σ."""
+
+    records: np.ndarray
+    sampling_rate: float
+    clip: float
+    noise_multiplier: float
+
+
+def owner_noise_variance(owners: list[SimulatedOwner] | tuple[SimulatedOwner, ...]) -> float:
+    """s² = Σ_k (σ_k C_k / q_k)²: the owner-noise variance on each coordinate of G."""
+    return float(sum((o.noise_multiplier * o.clip / o.sampling_rate) ** 2 for o in owners))
+
+
+def simulated_gradient(model: Model, owners: list[SimulatedOwner] | tuple[SimulatedOwner, ...],
+                       rng: np.random.Generator) -> GradFn:
+    """The gradient function of in-process owners: G = Σ_k owner_gradient(...)/q_k, with
+    s² = ``owner_noise_variance(owners)``. Every call draws fresh subsamples and noise from
+    ``rng``; the iteration and chain indices are ignored (no replay cache in simulation)."""
+    s2 = owner_noise_variance(owners)
+
+    def grad(iteration: int, chains: np.ndarray, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        total = np.zeros_like(theta, dtype=float)
+        for o in owners:
+            total += owner_gradient(model, o.records, theta, rng, o.sampling_rate, o.clip,
+                                    o.noise_multiplier) / o.sampling_rate
+        return total, np.full(len(chains), s2)
+
+    return grad
