@@ -2,7 +2,8 @@
 
     [model]    the scenario's [model] table (fedpenalty.models.build_model)
     [data]     path = "records.csv"            one CSV or NPZ file (fedpenalty.data.load_records)
-    [privacy]  sigma, max_step, budget_epsilon, delta, neighbour   (the owner's Policy)
+    [privacy]  sigma, max_step, budget_epsilon, delta, neighbour, max_answers_per_request
+               (the owner's Policy)
     [server]   name, listen, ledger, tls_cert, tls_key, tls_ca, synchronous,
                max_message_bytes
 
