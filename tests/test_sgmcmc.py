@@ -39,7 +39,7 @@ def _chi2_ok(sample: np.ndarray, variance: float, alpha: float = 1e-6) -> bool:
 
 def _zero_gradient_setup(sigma: float, q: float = 0.5, clip: float = 2.0, declared_factor: float = 1.0):
     model = build_model({"name": "gaussian_mean", "dim": DIM, "prior_mean": 0.0})
-    owners = [sg.SimulatedOwner(np.zeros((30, DIM)), q, clip, sigma), sg.SimulatedOwner(np.zeros((50, DIM)), q, clip, sigma)]
+    owners = [sg.SimulatedOwner(np.zeros((n, DIM)), q, clip, sigma) for n in (30, 50)]
     grad = sg.simulated_gradient(model, owners, np.random.default_rng(11))
     s2 = sg.owner_noise_variance(owners)
 
