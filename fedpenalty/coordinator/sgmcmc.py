@@ -156,7 +156,7 @@ class SGInfo:
 
 def reflect(theta: np.ndarray, bound: float) -> tuple[np.ndarray, np.ndarray]:
     """Fold ``theta`` ``(C, d)`` into [−bound, bound] by mirror reflection at the faces, any
-    number of times. Returns the folded array and ``flips`` ``(C, d)`` (float): the signed
+    number of times. Returns the folded array and ``folds`` ``(C, d)`` (float): the signed
     number of folds k. The coordinate hit a face |k| times, and its direction of motion is
     reversed where k is odd."""
     width = 2.0 * bound
