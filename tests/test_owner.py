@@ -209,6 +209,8 @@ def test_plan_beyond_budget_is_refused_up_front(tmp_path):
     node = make_node(tmp_path, budget_epsilon=1.0)
     with pytest.raises(BudgetExhausted, match="refusing a plan"):
         node.open_session("s", "penalty", 10**6)
+    with pytest.raises(BudgetExhausted, match="refusing a plan"):  # a hostile plan: no huge allocation
+        node.open_session("s", "penalty", 10**15)
     with pytest.raises(UnknownSession):
         node.log_ratio("s", 0, *query(np.random.default_rng(0)))
 

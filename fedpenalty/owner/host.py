@@ -106,10 +106,9 @@ class OwnerHost:
         digests = [hashlib.sha256(LOG_RATIO.encode() + theta[c].astype("<f8").tobytes()
                                   + theta_prop[c].astype("<f8").tobytes()).digest() for c in range(len(chains))]
 
-        exact = self._clipped_log_ratio_sums(theta, theta_prop, step)
-        values = exact + np.stack([node.noise((len(chains),)) for node in self.nodes])
+        exact = self._clipped_log_ratio_sums(theta, theta_prop, step)[:, :, None]
         mus = self._mu_per_step[:, None] * step[None, :]
-        return self._answer(session, chains, np.full(len(chains), iteration), digests, values[:, :, None], mus)[:, :, 0]
+        return self._answer(session, chains, np.full(len(chains), iteration), digests, exact, mus)[:, :, 0]
 
     def suff_stats(self, session: str, chains: np.ndarray, start: int, block: int) -> np.ndarray:
         """``block`` fresh noisy copies of each owner's Σ S(x) per chain: ``(K, C, block, s)``.
@@ -128,9 +127,9 @@ class OwnerHost:
         key_chains = np.repeat(chains, block)
         key_iterations = np.tile(start + np.arange(block), len(chains))
 
-        values = self._stat_sum[:, None, :] + np.stack([node.noise((len(key_chains), s)) for node in self.nodes])
+        exact = np.broadcast_to(self._stat_sum[:, None, :], (len(self.nodes), len(key_chains), s))
         mus = np.broadcast_to(self._stat_mu[:, None], (len(self.nodes), len(key_chains)))
-        out = self._answer(session, key_chains, key_iterations, [_STATS_DIGEST] * len(key_chains), values, mus)
+        out = self._answer(session, key_chains, key_iterations, [_STATS_DIGEST] * len(key_chains), exact, mus)
         return out.reshape(len(self.nodes), len(chains), block, s)
 
     # --- the shared answer path ---------------------------------------------------------------
@@ -146,32 +145,33 @@ class OwnerHost:
         return np.clip(total, -bound, bound)
 
     def _answer(self, session: str, chains: np.ndarray, iterations: np.ndarray, digests: list[bytes],
-                out: np.ndarray, mus: np.ndarray) -> np.ndarray:
-        """Replace ``out`` ``(K, M, width)`` by the stored answer wherever a key was answered
-        before, charge the new ones (one transaction per ledger), and only then return ``out``.
-        Keys are (chains[j], iterations[j]); ``mus`` ``(K, M)`` the μ of each new answer."""
+                exact: np.ndarray, mus: np.ndarray) -> np.ndarray:
+        """The reply ``(K, M, w)`` to keys (chains[j], iterations[j]) with query ``digests[j]``.
+
+        A key an owner answered before gets its stored answer (no noise drawn, nothing charged);
+        every other answer is ``exact`` plus that owner's fresh noise, charged ``mus`` — one
+        transaction per ledger — before anything is returned.
+        """
+        out = np.array(exact, dtype=float)
         new = np.ones(out.shape[:2], dtype=bool)
         for idx in self._by_ledger.values():
             ledger = self.nodes[idx[0]].ledger
             stored = ledger.stored([self.names[k] for k in idx], session, int(iterations.min()), int(iterations.max()))
             if stored:
                 self._replay(stored, idx, chains, iterations, digests, out, new)
+        for k, node in enumerate(self.nodes):
+            if new[k].all():
+                out[k] += node.noise(out.shape[1:])
+            elif new[k].any():
+                out[k, new[k]] += node.noise((int(new[k].sum()), *out.shape[2:]))
         for idx in self._by_ledger.values():
-            charges = [self._charge(k, session, chains, iterations, digests, out[k], mus[k], new[k])
-                       for k in idx if new[k].any()]
-            if charges:
-                self.nodes[idx[0]].ledger.charge(charges)
+            if new[idx].any():
+                nodes = [self.nodes[k] for k in idx]
+                nodes[0].ledger.charge(Charge(
+                    session, [n.name for n in nodes], chains, iterations, digests, out[idx], mus[idx], new[idx],
+                    np.array([n.max_mu_squared for n in nodes]), np.array([n.policy.budget_epsilon for n in nodes]),
+                    np.array([n.policy.delta for n in nodes])))
         return out
-
-    def _charge(self, k: int, session: str, chains: np.ndarray, iterations: np.ndarray, digests: list[bytes],
-                values: np.ndarray, mus: np.ndarray, new: np.ndarray) -> Charge:
-        """Owner k's charge for the keys where ``new`` is set (no copying when all are new)."""
-        if not new.all():
-            chains, iterations, values, mus = chains[new], iterations[new], values[new], mus[new]
-            digests = [d for d, fresh in zip(digests, new) if fresh]
-        policy = self.nodes[k].policy
-        return Charge(self.names[k], session, chains, iterations, digests, values, mus,
-                      self.nodes[k].max_mu_squared, policy.budget_epsilon, policy.delta)
 
     def _replay(self, stored: dict, idx: list[int], chains: np.ndarray, iterations: np.ndarray, digests: list[bytes],
                 out: np.ndarray, new: np.ndarray) -> None:

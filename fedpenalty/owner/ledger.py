@@ -1,13 +1,20 @@
-"""The owner's authoritative privacy ledger and replay cache, in one SQLite file.
+"""The owners' authoritative privacy ledger and replay cache, in one SQLite file.
 
-One transaction per charge (WAL journal): the charge, the per-session totals and the
-answers released are committed together *before* the owner replies, so a crash can never
-leave an answer released but not charged, and a restarted owner replays stored answers
-instead of drawing new noise (DESIGN §3, invariants 2 and 3).
+One transaction per request (WAL journal): the charge and the answers released are committed
+together *before* the owners reply, so a crash never leaves an answer released but not charged,
+and a restarted owner replays stored answers instead of drawing new noise (DESIGN §3,
+invariants 2 and 3).
 
-Rows are keyed by owner name, so one file can hold the ledgers of several owners hosted by
-one process. Stored answers are keyed by small integer ids (table ``names``) in iteration-major
-order, so each commit appends to the end of the index.
+One file may hold the ledgers of several owners hosted by one process. To keep the cost of a
+request independent of how many owners a host serves, rows are per *group* of owners (the
+owners that answered together) and hold one value per owner:
+
+* ``answers`` — one row per (session, iteration, chain, group): the query digest and every
+  group member's answer (float64, group order). Keys are iteration-major, so commits append.
+* ``spend`` — one row per (session, group), and one per group for all sessions together
+  (session id 0): per-member arrays of answers, Σμ² and max μ. An owner's spend is the sum
+  over the rows of the groups it belongs to.
+* ``sessions`` — per owner: algorithm, plan, open/close times.
 """
 
 from __future__ import annotations
@@ -23,25 +30,29 @@ import numpy as np
 from ..errors import BudgetExhausted, InvalidRequest, UnknownSession
 from ..privacy import GaussianSpend
 
+_ALL_SESSIONS = 0  # the spend rows that total every session (name ids start at 1)
+
 _SCHEMA = """
+CREATE TABLE IF NOT EXISTS names (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
+CREATE TABLE IF NOT EXISTS groups (id INTEGER PRIMARY KEY, members BLOB NOT NULL UNIQUE);
 CREATE TABLE IF NOT EXISTS sessions (
     owner TEXT NOT NULL, session TEXT NOT NULL, algorithm TEXT NOT NULL,
     planned_answers INTEGER NOT NULL, opened_at REAL NOT NULL, closed_at REAL,
-    answers INTEGER NOT NULL DEFAULT 0, mu_squared REAL NOT NULL DEFAULT 0, max_mu REAL NOT NULL DEFAULT 0,
     PRIMARY KEY (owner, session));
-CREATE TABLE IF NOT EXISTS totals (
-    owner TEXT PRIMARY KEY, answers INTEGER NOT NULL, mu_squared REAL NOT NULL, max_mu REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS names (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
 CREATE TABLE IF NOT EXISTS answers (
-    session_id INTEGER NOT NULL, iteration INTEGER NOT NULL, chain INTEGER NOT NULL, owner_id INTEGER NOT NULL,
+    session_id INTEGER NOT NULL, iteration INTEGER NOT NULL, chain INTEGER NOT NULL, group_id INTEGER NOT NULL,
     digest BLOB NOT NULL, payload BLOB NOT NULL,
-    PRIMARY KEY (session_id, iteration, chain, owner_id)) WITHOUT ROWID;
+    PRIMARY KEY (session_id, iteration, chain, group_id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS spend (
+    session_id INTEGER NOT NULL, group_id INTEGER NOT NULL,
+    answers BLOB NOT NULL, mu_squared BLOB NOT NULL, max_mu BLOB NOT NULL,
+    PRIMARY KEY (session_id, group_id));
 """
 
 
 @dataclass(frozen=True)
 class Session:
-    """A session as the ledger records it."""
+    """A session as the ledger records it for one owner."""
 
     session: str
     algorithm: str
@@ -52,19 +63,24 @@ class Session:
 
 @dataclass(frozen=True)
 class Charge:
-    """One owner's new answers in one request: keys (``chains``, ``iterations``) ``(m,)``, query
-    ``digests``, ``payloads`` ``(m, width)`` float64, ``mus`` ``(m,)``; and its policy's limit."""
+    """New answers of K owners (one ledger) to one request of M keys.
 
-    owner: str
+    Keys (``chains[j]``, ``iterations[j]``) with query ``digests[j]``; ``payloads`` ``(K, M, w)``
+    float64; ``mus`` ``(K, M)``; ``new`` ``(K, M)`` marks the answers to store and charge.
+    ``max_mu_squared``, ``budget_epsilon``, ``delta``: ``(K,)`` each owner's limit.
+    """
+
     session: str
+    owners: list[str]
     chains: np.ndarray
     iterations: np.ndarray
     digests: list[bytes]
     payloads: np.ndarray
     mus: np.ndarray
-    max_mu_squared: float
-    budget_epsilon: float
-    delta: float
+    new: np.ndarray
+    max_mu_squared: np.ndarray
+    budget_epsilon: np.ndarray
+    delta: np.ndarray
 
 
 class Ledger:
@@ -83,24 +99,69 @@ class Ledger:
         self._db.execute(f"PRAGMA synchronous={synchronous}")
         self._db.executescript(_SCHEMA)
         self._ids: dict[str, int] = {}
+        self._groups: dict[tuple[int, ...], int] = {}
+        self._members: dict[int, np.ndarray] = {}
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
 
-    # --- sessions --------------------------------------------------------------------------
+    # --- ids and groups (call under the lock) -----------------------------------------------
+    def _id(self, name: str) -> int:
+        """Integer id of an owner or session name, created on first use."""
+        if name not in self._ids:
+            self._db.execute("INSERT OR IGNORE INTO names(name) VALUES (?)", (name,))
+            self._ids[name] = self._db.execute("SELECT id FROM names WHERE name=?", (name,)).fetchone()[0]
+        return self._ids[name]
+
+    def _group(self, owner_ids: np.ndarray) -> int:
+        """Id of the group with these member owner ids (in this order), created on first use."""
+        key = tuple(int(i) for i in owner_ids)
+        if key not in self._groups:
+            blob = np.asarray(key, dtype="<i8").tobytes()
+            self._db.execute("INSERT OR IGNORE INTO groups(members) VALUES (?)", (blob,))
+            self._groups[key] = self._db.execute("SELECT id FROM groups WHERE members=?", (blob,)).fetchone()[0]
+        return self._groups[key]
+
+    def _group_members(self, group_id: int) -> np.ndarray:
+        if group_id not in self._members:
+            blob = self._db.execute("SELECT members FROM groups WHERE id=?", (group_id,)).fetchone()[0]
+            self._members[group_id] = np.frombuffer(blob, dtype="<i8")
+        return self._members[group_id]
+
+    def _spend(self, owner_ids: np.ndarray, session_id: int = _ALL_SESSIONS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Spend of each owner id in ``session_id`` (default: all sessions), summed over the
+        groups it belongs to: answers ``(K,)``, Σμ² ``(K,)``, max μ ``(K,)``."""
+        k = len(owner_ids)
+        answers, mu2, max_mu = np.zeros(k, dtype=np.int64), np.zeros(k), np.zeros(k)
+        position = {int(i): j for j, i in enumerate(owner_ids)}
+        for gid, a, m2, mx in self._db.execute(
+                "SELECT group_id, answers, mu_squared, max_mu FROM spend WHERE session_id=?", (session_id,)):
+            members = self._group_members(gid)
+            where = np.array([position.get(i, -1) for i in members.tolist()])
+            hit = where >= 0
+            if hit.any():
+                at = where[hit]
+                answers[at] += np.frombuffer(a, "<i8")[hit]
+                mu2[at] += np.frombuffer(m2, "<f8")[hit]
+                max_mu[at] = np.maximum(max_mu[at], np.frombuffer(mx, "<f8")[hit])
+        return answers, mu2, max_mu
+
+    def _spend_of(self, owner: str, session_id: int = _ALL_SESSIONS) -> GaussianSpend:
+        answers, mu2, max_mu = self._spend(np.array([self._id(owner)]), session_id)
+        return GaussianSpend(int(answers[0]), float(mu2[0]), float(max_mu[0]))
+
+    # --- sessions ---------------------------------------------------------------------------
     def open_session(self, owner: str, session: str, algorithm: str, planned_answers: int) -> None:
         """Record a session; re-opening an existing open session with the same algorithm is a
         no-op (a restarted coordinator resumes it)."""
         with self._lock:
             row = self._db.execute(
-                "SELECT algorithm, closed_at FROM sessions WHERE owner=? AND session=?", (owner, session)
-            ).fetchone()
+                "SELECT algorithm, closed_at FROM sessions WHERE owner=? AND session=?", (owner, session)).fetchone()
             if row is None:
                 self._db.execute(
                     "INSERT INTO sessions(owner, session, algorithm, planned_answers, opened_at) VALUES (?,?,?,?,?)",
-                    (owner, session, algorithm, planned_answers, time.time()),
-                )
+                    (owner, session, algorithm, planned_answers, time.time()))
             elif row[0] != algorithm:
                 raise InvalidRequest(f"session {session!r} was opened for {row[0]!r}, not {algorithm!r}", owner)
             elif row[1] is not None:
@@ -108,99 +169,93 @@ class Ledger:
 
     def close_session(self, owner: str, session: str) -> None:
         with self._lock:
-            self._db.execute(
-                "UPDATE sessions SET closed_at=? WHERE owner=? AND session=? AND closed_at IS NULL",
-                (time.time(), owner, session),
-            )
+            self._db.execute("UPDATE sessions SET closed_at=? WHERE owner=? AND session=? AND closed_at IS NULL",
+                             (time.time(), owner, session))
 
     def session(self, owner: str, session: str) -> Session | None:
         with self._lock:
-            row = self._db.execute(
-                "SELECT algorithm, planned_answers, closed_at, answers, mu_squared, max_mu "
-                "FROM sessions WHERE owner=? AND session=?",
-                (owner, session),
-            ).fetchone()
-        if row is None:
-            return None
-        return Session(session, row[0], row[1], row[2] is not None, GaussianSpend(row[3], row[4], row[5]))
+            row = self._db.execute("SELECT algorithm, planned_answers, closed_at FROM sessions WHERE owner=? AND session=?",
+                                   (owner, session)).fetchone()
+            if row is None:
+                return None
+            spend = self._spend_of(owner, self._id(session))
+        return Session(session, row[0], row[1], row[2] is not None, spend)
 
-    # --- spend -----------------------------------------------------------------------------
     def total(self, owner: str) -> GaussianSpend:
         """Everything the owner has ever been charged, across sessions."""
         with self._lock:
-            return self._total(owner)
+            return self._spend_of(owner)
 
-    def _total(self, owner: str) -> GaussianSpend:
-        row = self._db.execute("SELECT answers, mu_squared, max_mu FROM totals WHERE owner=?", (owner,)).fetchone()
-        return GaussianSpend() if row is None else GaussianSpend(row[0], row[1], row[2])
-
-    # --- answers ---------------------------------------------------------------------------
-    def _id(self, name: str) -> int:
-        """Integer id of an owner or session name (created on first use; call under the lock)."""
-        if name not in self._ids:
-            self._db.execute("INSERT OR IGNORE INTO names(name) VALUES (?)", (name,))
-            self._ids[name] = self._db.execute("SELECT id FROM names WHERE name=?", (name,)).fetchone()[0]
-        return self._ids[name]
-
+    # --- answers ----------------------------------------------------------------------------
     def stored(self, owners: list[str], session: str, first: int, last: int) -> dict[tuple[str, int, int], tuple[bytes, bytes]]:
         """Stored answers of ``owners`` in ``session`` with iteration in [first, last]:
-        (owner, chain, iteration) → (digest, payload). One query for a whole host."""
+        (owner, chain, iteration) → (digest, payload bytes of that owner). One query."""
+        found: dict[tuple[str, int, int], tuple[bytes, bytes]] = {}
         with self._lock:
             by_id = {self._id(o): o for o in owners}
-            rows = self._db.execute(
-                "SELECT owner_id, chain, iteration, digest, payload FROM answers "
-                "WHERE session_id=? AND iteration BETWEEN ? AND ?", (self._id(session), first, last)).fetchall()
-        return {(by_id[r[0]], r[1], r[2]): (r[3], r[4]) for r in rows if r[0] in by_id}
+            rows = self._db.execute("SELECT iteration, chain, group_id, digest, payload FROM answers "
+                                    "WHERE session_id=? AND iteration BETWEEN ? AND ?",
+                                    (self._id(session), first, last)).fetchall()
+            for iteration, chain, gid, digest, payload in rows:
+                members = self._group_members(gid)
+                width = len(payload) // (8 * len(members))
+                for j, owner_id in enumerate(members.tolist()):
+                    if owner_id in by_id:
+                        found[(by_id[owner_id], chain, iteration)] = (digest, payload[8 * width * j: 8 * width * (j + 1)])
+        return found
 
-    def charge(self, charges: list[Charge]) -> None:
-        """Charge and store every owner's new answers in one transaction (four statements,
-        however many owners).
-
-        Refuses (``BudgetExhausted``, nothing written for anyone) when some owner's total μ²
-        would exceed its ``max_mu_squared`` (the μ² at which ε(δ) reaches its budget).
+    def charge(self, c: Charge) -> None:
+        """Charge and store the new answers in one transaction: a constant number of statements
+        however many owners. Refuses (``BudgetExhausted``, nothing written for anyone) when some
+        owner's total μ² would exceed its ``max_mu_squared`` (the μ² where ε(δ) meets its budget).
         """
-        owners = [c.owner for c in charges]
+        mus = np.where(c.new, c.mus, 0.0)
+        add_answers = c.new.sum(axis=1).astype(np.int64)
+        add_mu2 = np.einsum("km,km->k", mus, mus)
+        add_max = mus.max(axis=1)
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                marks = ",".join("?" * len(owners))
-                totals = {r[0]: r[1:] for r in self._db.execute(
-                    f"SELECT owner, answers, mu_squared, max_mu FROM totals WHERE owner IN ({marks})", owners)}
-                new_totals, session_rows, answer_rows = [], [], []
-                for c in charges:
-                    answers, mu2, max_mu = totals.get(c.owner, (0, 0.0, 0.0))
-                    add_mu2, add_max = float(np.dot(c.mus, c.mus)), float(c.mus.max())
-                    if mu2 + add_mu2 > c.max_mu_squared:
-                        self._refuse(c, GaussianSpend(answers, mu2, max_mu))
-                    new_totals.append((c.owner, answers + len(c.mus), mu2 + add_mu2, max(max_mu, add_max)))
-                    session_rows.append((len(c.mus), add_mu2, add_max, c.owner, c.session))
-                    payloads = np.ascontiguousarray(c.payloads, dtype="<f8")
-                    m = len(c.mus)
-                    answer_rows.extend(zip([self._id(c.session)] * m, c.iterations.tolist(), c.chains.tolist(),
-                                           [self._id(c.owner)] * m, c.digests, map(bytes, payloads)))
-                self._db.executemany(
-                    "INSERT INTO answers(session_id, iteration, chain, owner_id, digest, payload) VALUES (?,?,?,?,?,?)",
-                    answer_rows)
-                self._db.executemany(
-                    "UPDATE sessions SET answers=answers+?, mu_squared=mu_squared+?, max_mu=MAX(max_mu, ?) "
-                    "WHERE owner=? AND session=?", session_rows)
-                self._db.executemany(
-                    "INSERT INTO totals(owner, answers, mu_squared, max_mu) VALUES (?,?,?,?) ON CONFLICT(owner) "
-                    "DO UPDATE SET answers=excluded.answers, mu_squared=excluded.mu_squared, max_mu=excluded.max_mu",
-                    new_totals)
+                owner_ids = np.array([self._id(o) for o in c.owners], dtype=np.int64)
+                answers_before, mu2_before, max_before = self._spend(owner_ids)
+                over = mu2_before + add_mu2 > c.max_mu_squared
+                if over.any():
+                    k = int(np.argmax(over))
+                    before = GaussianSpend(int(answers_before[k]), float(mu2_before[k]), float(max_before[k]))
+                    self._refuse(c.owners[k], before, c.mus[k][c.new[k]], float(c.budget_epsilon[k]), float(c.delta[k]))
+                session_id = self._id(c.session)
+                full_group = self._group(owner_ids)
+                rows = []
+                for j in np.flatnonzero(c.new.any(axis=0)).tolist():
+                    members = c.new[:, j]
+                    gid = full_group if members.all() else self._group(owner_ids[members])
+                    rows.append((session_id, int(c.iterations[j]), int(c.chains[j]), gid, c.digests[j],
+                                 np.ascontiguousarray(c.payloads[members, j], dtype="<f8").tobytes()))
+                self._db.executemany("INSERT INTO answers(session_id, iteration, chain, group_id, digest, payload) "
+                                     "VALUES (?,?,?,?,?,?)", rows)
+                for sid in (session_id, _ALL_SESSIONS):
+                    self._add_spend(sid, full_group, add_answers, add_mu2, add_max)
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
 
+    def _add_spend(self, session_id: int, group_id: int, answers: np.ndarray, mu2: np.ndarray, max_mu: np.ndarray) -> None:
+        row = self._db.execute("SELECT answers, mu_squared, max_mu FROM spend WHERE session_id=? AND group_id=?",
+                               (session_id, group_id)).fetchone()
+        if row is not None:
+            answers = answers + np.frombuffer(row[0], "<i8")
+            mu2 = mu2 + np.frombuffer(row[1], "<f8")
+            max_mu = np.maximum(max_mu, np.frombuffer(row[2], "<f8"))
+        self._db.execute("INSERT OR REPLACE INTO spend(session_id, group_id, answers, mu_squared, max_mu) "
+                         "VALUES (?,?,?,?,?)", (session_id, group_id, answers.astype("<i8").tobytes(),
+                                                mu2.astype("<f8").tobytes(), max_mu.astype("<f8").tobytes()))
+
     @staticmethod
-    def _refuse(c: Charge, before: GaussianSpend) -> None:
-        after = before.add(c.mus)
-        eps_before = before.epsilon(c.delta)
-        left = max(c.budget_epsilon - eps_before, 0.0)
+    def _refuse(owner: str, before: GaussianSpend, mus: np.ndarray, budget_epsilon: float, delta: float) -> None:
+        eps_before = before.epsilon(delta)
+        left = max(budget_epsilon - eps_before, 0.0)
         raise BudgetExhausted(
-            f"privacy budget exhausted: {len(c.mus)} more answers would take ε from {eps_before:.4g} to "
-            f"{after.epsilon(c.delta):.4g} at δ={c.delta:g}, past the budget ε={c.budget_epsilon:g} ({left:.4g} left)",
-            c.owner,
-            epsilon_left=left,
-        )
+            f"privacy budget exhausted: {len(mus)} more answers would take ε from {eps_before:.4g} to "
+            f"{before.add(mus).epsilon(delta):.4g} at δ={delta:g}, past the budget ε={budget_epsilon:g} ({left:.4g} left)",
+            owner, epsilon_left=left)

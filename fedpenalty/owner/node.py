@@ -127,7 +127,9 @@ class OwnerNode:
         already = existing.spend.answers if existing is not None else 0
         remaining_plan = max(int(planned_answers) - already, 0)
         total = self.ledger.total(self.name)
-        worst = total.add(np.full(remaining_plan, self.worst_case_mu(algorithm)))
+        worst_mu = self.worst_case_mu(algorithm)
+        worst = GaussianSpend(total.answers + remaining_plan, total.mu_squared + remaining_plan * worst_mu**2,
+                              max(total.max_mu, worst_mu))
         if worst.mu_squared > self.max_mu_squared:
             eps_now = total.epsilon(self.policy.delta)
             raise BudgetExhausted(
