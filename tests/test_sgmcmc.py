@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
+from fedpenalty.owner.gradient import owner_gradient
 import pytest
 from scipy import stats
 
@@ -166,7 +168,7 @@ def test_owner_gradient_full_sample_no_noise_is_exact_sum():
     rng = np.random.default_rng(1)
     records = model.simulate_records(rng, np.array([1.0, -1.0]), 40)
     theta = np.array([[0.5, 0.2], [-1.0, 2.0]])
-    got = sg.owner_gradient(model, records, theta, rng, 1.0, 10.0, 0.0)
+    got = owner_gradient(model, records, theta, rng, 1.0, 10.0, 0.0)
     np.testing.assert_allclose(got, model.grad_log_lik(records, theta).sum(axis=1))
 
 
@@ -174,7 +176,7 @@ def test_owner_gradient_clips_each_record():
     model = build_model({"name": "gaussian_mean", "dim": 2})
     records = np.array([[3.0, 0.0], [0.0, 0.5], [-2.0, -2.0]])
     theta = np.zeros((1, 2))
-    got = sg.owner_gradient(model, records, theta, np.random.default_rng(0), 1.0, 1.0, 0.0)
+    got = owner_gradient(model, records, theta, np.random.default_rng(0), 1.0, 1.0, 0.0)
     # per-record gradients x − θ: norms 3, 0.5, 2.83 → clipped to norm ≤ 1
     expected = np.array([1.0, 0.0]) + np.array([0.0, 0.5]) + np.array([-1.0, -1.0]) / math.sqrt(2)
     np.testing.assert_allclose(got[0], expected)
@@ -187,7 +189,7 @@ def test_owner_gradient_poisson_sum_is_unbiased():
     records = model.simulate_records(np.random.default_rng(2), np.array([1.0, -0.5]), 25)
     theta = np.tile([0.2, 0.1], (20_000, 1))
     q, sigma, clip = 0.3, 1.0, 10.0
-    answers = sg.owner_gradient(model, records, theta, np.random.default_rng(3), q, clip, sigma) / q
+    answers = owner_gradient(model, records, theta, np.random.default_rng(3), q, clip, sigma) / q
     exact = model.grad_log_lik(records, theta[:1]).sum(axis=1)[0]
     se = answers.std(axis=0, ddof=1) / math.sqrt(len(answers))
     assert np.all(np.abs(answers.mean(axis=0) - exact) < 5 * se)
@@ -198,7 +200,7 @@ def test_owner_gradient_validates():
     rng = np.random.default_rng(0)
     for q, clip, sigma in [(0.0, 1.0, 1.0), (1.5, 1.0, 1.0), (0.5, 0.0, 1.0), (0.5, 1.0, -1.0)]:
         with pytest.raises(ValueError):
-            sg.owner_gradient(model, np.zeros((3, 1)), np.zeros((1, 1)), rng, q, clip, sigma)
+            owner_gradient(model, np.zeros((3, 1)), np.zeros((1, 1)), rng, q, clip, sigma)
 
 
 # ------------------------------------------------------------------ convergence as the step shrinks
