@@ -36,8 +36,10 @@ class Oracle(Protocol):
     def describe(self) -> list[OwnerDescription]:
         """Public facts of every owner, in a fixed order (the order of ``Answers.values``)."""
 
-    def open_session(self, algorithm: str, planned_answers: int, session: str | None = None) -> str:
-        """Open (or, with an existing id, resume) a session at every owner; returns its id."""
+    def open_session(self, algorithm: str, planned_answers: int, session: str | None = None,
+                     sampling_rate: float | None = None) -> str:
+        """Open (or, with an existing id, resume) a session at every owner; returns its id.
+        ``sgmcmc`` sessions name the owners' Poisson ``sampling_rate``."""
 
     def log_ratio(self, iteration: int, chains: np.ndarray, theta: np.ndarray, theta_prop: np.ndarray) -> Answers:
         """Noisy log-likelihood ratios: chains ``(C,)``, theta/theta_prop ``(C, d)`` →
@@ -45,6 +47,10 @@ class Oracle(Protocol):
 
     def suff_stats(self, chains: np.ndarray, start: int, block: int) -> Answers:
         """``block`` noisy copies of each owner's Σ S(x) per chain → values ``(K, C, block, s)``."""
+
+    def gradient(self, iteration: int, chains: np.ndarray, theta: np.ndarray, clip: float) -> Answers:
+        """Noisy clipped gradient sums: chains ``(C,)``, theta ``(C, d)`` → values ``(K, C, d)``;
+        ``noise_sd`` is σ_k·clip. Divide by the session's sampling rate for an unbiased sum."""
 
     def privacy_reports(self) -> list[PrivacyReport]:
         """Each owner's own report (its ledger is the authority), for the open session."""
@@ -64,9 +70,10 @@ class InProcessOracle:
     def describe(self) -> list[OwnerDescription]:
         return self.host.describe()
 
-    def open_session(self, algorithm: str, planned_answers: int, session: str | None = None) -> str:
+    def open_session(self, algorithm: str, planned_answers: int, session: str | None = None,
+                     sampling_rate: float | None = None) -> str:
         session = session or uuid.uuid4().hex
-        self.host.open_session(session, algorithm, planned_answers)
+        self.host.open_session(session, algorithm, planned_answers, sampling_rate)
         self.session = session
         return session
 
@@ -80,6 +87,10 @@ class InProcessOracle:
 
     def suff_stats(self, chains: np.ndarray, start: int, block: int) -> Answers:
         return Answers(self.host.suff_stats(self._require_session(), chains, start, block), self._sigma)
+
+    def gradient(self, iteration: int, chains: np.ndarray, theta: np.ndarray, clip: float) -> Answers:
+        values = self.host.gradient(self._require_session(), iteration, chains, theta, clip)
+        return Answers(values, self._sigma * clip)
 
     def privacy_reports(self) -> list[PrivacyReport]:
         return self.host.privacy_reports(self.session)

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
 from ..errors import InvalidRequest, ReplayConflict
 from ..models import ExpFamModel
-from .ledger import Charge
-from .policy import LOG_RATIO, SUFF_STATS
+from .gradient import owner_gradient
+from .ledger import Charge, SampledCharge
+from .policy import LOG_RATIO, SGMCMC, SUFF_STATS
 
 if TYPE_CHECKING:
     from .node import OwnerDescription, OwnerNode, PrivacyReport
@@ -64,9 +65,10 @@ class OwnerHost:
     def describe(self) -> list[OwnerDescription]:
         return [node.describe() for node in self.nodes]
 
-    def open_session(self, session: str, algorithm: str, planned_answers: int) -> None:
+    def open_session(self, session: str, algorithm: str, planned_answers: int,
+                     sampling_rate: float | None = None) -> None:
         for node in self.nodes:
-            node.open_session(session, algorithm, planned_answers)
+            node.open_session(session, algorithm, planned_answers, sampling_rate)
 
     def close_session(self, session: str) -> None:
         for node in self.nodes:
@@ -106,9 +108,13 @@ class OwnerHost:
         digests = [hashlib.sha256(LOG_RATIO.encode() + theta[c].astype("<f8").tobytes()
                                   + theta_prop[c].astype("<f8").tobytes()).digest() for c in range(len(chains))]
 
-        exact = self._clipped_log_ratio_sums(theta, theta_prop, step)[:, :, None]
+        exact = self._clipped_log_ratio_sums(theta, theta_prop, step)
+
+        def fresh(k: int, new: np.ndarray) -> np.ndarray:
+            return (exact[k, new] + self.nodes[k].noise((int(new.sum()),)))[:, None]
+
         mus = self._mu_per_step[:, None] * step[None, :]
-        return self._answer(session, chains, np.full(len(chains), iteration), digests, exact, mus)[:, :, 0]
+        return self._answer(session, chains, np.full(len(chains), iteration), digests, 1, fresh, mus)[:, :, 0]
 
     def suff_stats(self, session: str, chains: np.ndarray, start: int, block: int) -> np.ndarray:
         """``block`` fresh noisy copies of each owner's Σ S(x) per chain: ``(K, C, block, s)``.
@@ -127,9 +133,11 @@ class OwnerHost:
         key_chains = np.repeat(chains, block)
         key_iterations = np.tile(start + np.arange(block), len(chains))
 
-        exact = np.broadcast_to(self._stat_sum[:, None, :], (len(self.nodes), len(key_chains), s))
+        def fresh(k: int, new: np.ndarray) -> np.ndarray:
+            return self._stat_sum[k] + self.nodes[k].noise((int(new.sum()), s))
+
         mus = np.broadcast_to(self._stat_mu[:, None], (len(self.nodes), len(key_chains)))
-        out = self._answer(session, key_chains, key_iterations, [_STATS_DIGEST] * len(key_chains), exact, mus)
+        out = self._answer(session, key_chains, key_iterations, [_STATS_DIGEST] * len(key_chains), s, fresh, mus)
         return out.reshape(len(self.nodes), len(chains), block, s)
 
     # --- the shared answer path ---------------------------------------------------------------
@@ -144,33 +152,70 @@ class OwnerHost:
         bound = self._n[:, None] * (m.lipschitz * step)[None, :]
         return np.clip(total, -bound, bound)
 
-    def _answer(self, session: str, chains: np.ndarray, iterations: np.ndarray, digests: list[bytes],
-                exact: np.ndarray, mus: np.ndarray) -> np.ndarray:
-        """The reply ``(K, M, w)`` to keys (chains[j], iterations[j]) with query ``digests[j]``.
+    def gradient(self, session: str, iteration: int, chains: np.ndarray, theta: np.ndarray, clip: float) -> np.ndarray:
+        """Noisy clipped gradient sums ``(K, C, d)`` (federated SG-MCMC, DESIGN 2.3).
 
-        A key an owner answered before gets its stored answer (no noise drawn, nothing charged);
-        every other answer is ``exact`` plus that owner's fresh noise, charged ``mus`` — one
-        transaction per ledger — before anything is returned.
+        Owner k's answer for chain c: each record sampled with the session's Poisson rate q,
+        its ∇_θ ℓ(x, θ_c) clipped to L2 norm ``clip`` (≤ the owner's ``max_clip``), summed, plus
+        N(0, (σ_k·clip)² I). Keyed (session, c, iteration); each is one subsampled-Gaussian
+        release at (q, σ_k), counted against the session's plan.
         """
-        out = np.array(exact, dtype=float)
+        opened = [node.require_session(session, SGMCMC) for node in self.nodes]
+        rates = {o.sampling_rate for o in opened}
+        if len(rates) != 1:
+            raise InvalidRequest(f"the owners of one host must share a session's sampling rate, got {sorted(rates)}",
+                                 self.label)
+        q = rates.pop()
+        iteration = self._check_index("iteration", iteration)
+        chains = self._check_chains(chains)
+        theta = self._check_theta("theta", theta, len(chains))
+        if isinstance(clip, bool) or not isinstance(clip, (int, float, np.floating)) or not 0 < clip < np.inf:
+            raise InvalidRequest(f"clip must be a positive finite number, got {clip!r}", self.label)
+        for node in self.nodes:
+            if clip > node.policy.max_clip:
+                raise InvalidRequest(f"clip {clip:g} exceeds this owner's max_clip {node.policy.max_clip:g}", node.name)
+        tag = SGMCMC.encode() + np.float64(clip).tobytes()
+        digests = [hashlib.sha256(tag + theta[c].astype("<f8").tobytes()).digest() for c in range(len(chains))]
+
+        def fresh(k: int, new: np.ndarray) -> np.ndarray:
+            node = self.nodes[k]
+            return owner_gradient(self.model, node.records, theta[new], node.rng, q, float(clip), node.policy.sigma)
+
+        sampled = SampledCharge(q, np.array([n.policy.sigma for n in self.nodes]),
+                                np.array([o.planned_answers for o in opened]))
+        zero_mus = np.zeros((len(self.nodes), len(chains)))
+        return self._answer(session, chains, np.full(len(chains), iteration), digests, self.model.dim, fresh,
+                            zero_mus, sampled)
+
+    def _answer(self, session: str, chains: np.ndarray, iterations: np.ndarray, digests: list[bytes], width: int,
+                fresh: Callable[[int, np.ndarray], np.ndarray], mus: np.ndarray,
+                sampled: SampledCharge | None = None) -> np.ndarray:
+        """The reply ``(K, M, width)`` to keys (chains[j], iterations[j]) with query ``digests[j]``.
+
+        A key an owner answered before gets its stored answer (nothing drawn, nothing charged);
+        for the others ``fresh(k, new)`` computes owner k's noisy answers ``(Σ new, width)``, and
+        they are charged (``mus``, or as subsampled-Gaussian releases) — one transaction per
+        ledger — before anything is returned.
+        """
+        out = np.empty((len(self.nodes), len(chains), width))
         new = np.ones(out.shape[:2], dtype=bool)
         for idx in self._by_ledger.values():
             ledger = self.nodes[idx[0]].ledger
             stored = ledger.stored([self.names[k] for k in idx], session, int(iterations.min()), int(iterations.max()))
             if stored:
                 self._replay(stored, idx, chains, iterations, digests, out, new)
-        for k, node in enumerate(self.nodes):
-            if new[k].all():
-                out[k] += node.noise(out.shape[1:])
-            elif new[k].any():
-                out[k, new[k]] += node.noise((int(new[k].sum()), *out.shape[2:]))
+        for k in range(len(self.nodes)):
+            if new[k].any():
+                out[k, new[k]] = fresh(k, new[k])
         for idx in self._by_ledger.values():
             if new[idx].any():
                 nodes = [self.nodes[k] for k in idx]
+                part = None if sampled is None else SampledCharge(sampled.q, sampled.noise_multiplier[idx],
+                                                                  sampled.plan[idx])
                 nodes[0].ledger.charge(Charge(
                     session, [n.name for n in nodes], chains, iterations, digests, out[idx], mus[idx], new[idx],
                     np.array([n.max_mu_squared for n in nodes]), np.array([n.policy.budget_epsilon for n in nodes]),
-                    np.array([n.policy.delta for n in nodes])))
+                    np.array([n.policy.delta for n in nodes]), part))
         return out
 
     def _replay(self, stored: dict, idx: list[int], chains: np.ndarray, iterations: np.ndarray, digests: list[bytes],

@@ -14,7 +14,9 @@ owners that answered together) and hold one value per owner:
 * ``spend`` — one row per (session, group), and one per group for all sessions together
   (session id 0): per-member arrays of answers, Σμ² and max μ. An owner's spend is the sum
   over the rows of the groups it belongs to.
-* ``sessions`` — per owner: algorithm, plan, open/close times.
+* ``sampled`` — per (session, owner, q, σ): the number of Poisson-subsampled Gaussian answers
+  (gradients), accounted with dp-accounting rather than as GDP.
+* ``sessions`` — per owner: algorithm, plan, open/close times, sampling rate.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import numpy as np
 
 from ..errors import BudgetExhausted, InvalidRequest, UnknownSession
 from ..privacy import GaussianSpend
+from ..privacy.subsampled import SubsampledGaussian
 
 _ALL_SESSIONS = 0  # the spend rows that total every session (name ids start at 1)
 
@@ -37,7 +40,7 @@ CREATE TABLE IF NOT EXISTS names (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNI
 CREATE TABLE IF NOT EXISTS groups (id INTEGER PRIMARY KEY, members BLOB NOT NULL UNIQUE);
 CREATE TABLE IF NOT EXISTS sessions (
     owner TEXT NOT NULL, session TEXT NOT NULL, algorithm TEXT NOT NULL,
-    planned_answers INTEGER NOT NULL, opened_at REAL NOT NULL, closed_at REAL,
+    planned_answers INTEGER NOT NULL, opened_at REAL NOT NULL, closed_at REAL, sampling_rate REAL,
     PRIMARY KEY (owner, session));
 CREATE TABLE IF NOT EXISTS answers (
     session_id INTEGER NOT NULL, iteration INTEGER NOT NULL, chain INTEGER NOT NULL, group_id INTEGER NOT NULL,
@@ -47,6 +50,10 @@ CREATE TABLE IF NOT EXISTS spend (
     session_id INTEGER NOT NULL, group_id INTEGER NOT NULL,
     answers BLOB NOT NULL, mu_squared BLOB NOT NULL, max_mu BLOB NOT NULL,
     PRIMARY KEY (session_id, group_id));
+CREATE TABLE IF NOT EXISTS sampled (
+    session_id INTEGER NOT NULL, owner_id INTEGER NOT NULL, sampling_rate REAL NOT NULL,
+    noise_multiplier REAL NOT NULL, answers INTEGER NOT NULL,
+    PRIMARY KEY (session_id, owner_id, sampling_rate, noise_multiplier));
 """
 
 
@@ -59,6 +66,8 @@ class Session:
     planned_answers: int
     closed: bool
     spend: GaussianSpend
+    sampled: list[SubsampledGaussian]
+    sampling_rate: float | None
 
 
 @dataclass(frozen=True)
@@ -68,6 +77,11 @@ class Charge:
     Keys (``chains[j]``, ``iterations[j]``) with query ``digests[j]``; ``payloads`` ``(K, M, w)``
     float64; ``mus`` ``(K, M)``; ``new`` ``(K, M)`` marks the answers to store and charge.
     ``max_mu_squared``, ``budget_epsilon``, ``delta``: ``(K,)`` each owner's limit.
+
+    Gradient answers (``sampled`` set) are Poisson-subsampled Gaussian releases at
+    (q, ``sampled.noise_multiplier[k]``) instead of GDP answers: ``mus`` is ignored and each
+    owner's count in the session may not pass ``sampled.plan[k]`` (its budget was checked for
+    the whole plan when the session opened).
     """
 
     session: str
@@ -81,6 +95,16 @@ class Charge:
     max_mu_squared: np.ndarray
     budget_epsilon: np.ndarray
     delta: np.ndarray
+    sampled: SampledCharge | None = None
+
+
+@dataclass(frozen=True)
+class SampledCharge:
+    """Subsampled-Gaussian charge parameters: rate ``q``, per-owner noise multipliers and plans."""
+
+    q: float
+    noise_multiplier: np.ndarray
+    plan: np.ndarray
 
 
 class Ledger:
@@ -152,18 +176,20 @@ class Ledger:
         return GaussianSpend(int(answers[0]), float(mu2[0]), float(max_mu[0]))
 
     # --- sessions ---------------------------------------------------------------------------
-    def open_session(self, owner: str, session: str, algorithm: str, planned_answers: int) -> None:
-        """Record a session; re-opening an existing open session with the same algorithm is a
-        no-op (a restarted coordinator resumes it)."""
+    def open_session(self, owner: str, session: str, algorithm: str, planned_answers: int,
+                     sampling_rate: float | None = None) -> None:
+        """Record a session; re-opening an existing open session with the same algorithm and
+        sampling rate is a no-op (a restarted coordinator resumes it)."""
         with self._lock:
-            row = self._db.execute(
-                "SELECT algorithm, closed_at FROM sessions WHERE owner=? AND session=?", (owner, session)).fetchone()
+            row = self._db.execute("SELECT algorithm, closed_at, sampling_rate FROM sessions WHERE owner=? AND session=?",
+                                   (owner, session)).fetchone()
             if row is None:
                 self._db.execute(
-                    "INSERT INTO sessions(owner, session, algorithm, planned_answers, opened_at) VALUES (?,?,?,?,?)",
-                    (owner, session, algorithm, planned_answers, time.time()))
-            elif row[0] != algorithm:
-                raise InvalidRequest(f"session {session!r} was opened for {row[0]!r}, not {algorithm!r}", owner)
+                    "INSERT INTO sessions(owner, session, algorithm, planned_answers, opened_at, sampling_rate) "
+                    "VALUES (?,?,?,?,?,?)", (owner, session, algorithm, planned_answers, time.time(), sampling_rate))
+            elif row[0] != algorithm or row[2] != sampling_rate:
+                raise InvalidRequest(f"session {session!r} was opened for {row[0]!r} at sampling rate {row[2]}, not "
+                                     f"{algorithm!r} at {sampling_rate}", owner)
             elif row[1] is not None:
                 raise UnknownSession(f"session {session!r} is closed", owner)
 
@@ -174,12 +200,26 @@ class Ledger:
 
     def session(self, owner: str, session: str) -> Session | None:
         with self._lock:
-            row = self._db.execute("SELECT algorithm, planned_answers, closed_at FROM sessions WHERE owner=? AND session=?",
-                                   (owner, session)).fetchone()
+            row = self._db.execute("SELECT algorithm, planned_answers, closed_at, sampling_rate FROM sessions "
+                                   "WHERE owner=? AND session=?", (owner, session)).fetchone()
             if row is None:
                 return None
             spend = self._spend_of(owner, self._id(session))
-        return Session(session, row[0], row[1], row[2] is not None, spend)
+            sampled = self._sampled(owner, self._id(session))
+        return Session(session, row[0], row[1], row[2] is not None, spend, sampled, row[3])
+
+    def sampled(self, owner: str) -> list[SubsampledGaussian]:
+        """The owner's subsampled-Gaussian answers across all sessions, one event per (q, σ)."""
+        with self._lock:
+            return self._sampled(owner)
+
+    def _sampled(self, owner: str, session_id: int | None = None) -> list[SubsampledGaussian]:
+        where, args = "WHERE owner_id=?", (self._id(owner),)
+        if session_id is not None:
+            where, args = where + " AND session_id=?", args + (session_id,)
+        rows = self._db.execute(f"SELECT sampling_rate, noise_multiplier, SUM(answers) FROM sampled {where} "
+                                "GROUP BY sampling_rate, noise_multiplier", args).fetchall()
+        return [SubsampledGaussian(q, sigma, int(count)) for q, sigma, count in rows]
 
     def total(self, owner: str) -> GaussianSpend:
         """Everything the owner has ever been charged, across sessions."""
@@ -217,13 +257,16 @@ class Ledger:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 owner_ids = np.array([self._id(o) for o in c.owners], dtype=np.int64)
+                session_id = self._id(c.session)
+                if c.sampled is not None:
+                    self._charge_sampled(c, owner_ids, session_id, add_answers)
+                    add_answers, add_mu2, add_max = 0 * add_answers, 0 * add_mu2, 0 * add_max
                 answers_before, mu2_before, max_before = self._spend(owner_ids)
                 over = mu2_before + add_mu2 > c.max_mu_squared
                 if over.any():
                     k = int(np.argmax(over))
                     before = GaussianSpend(int(answers_before[k]), float(mu2_before[k]), float(max_before[k]))
                     self._refuse(c.owners[k], before, c.mus[k][c.new[k]], float(c.budget_epsilon[k]), float(c.delta[k]))
-                session_id = self._id(c.session)
                 full_group = self._group(owner_ids)
                 rows = []
                 for j in np.flatnonzero(c.new.any(axis=0)).tolist():
@@ -233,12 +276,31 @@ class Ledger:
                                  np.ascontiguousarray(c.payloads[members, j], dtype="<f8").tobytes()))
                 self._db.executemany("INSERT INTO answers(session_id, iteration, chain, group_id, digest, payload) "
                                      "VALUES (?,?,?,?,?,?)", rows)
-                for sid in (session_id, _ALL_SESSIONS):
-                    self._add_spend(sid, full_group, add_answers, add_mu2, add_max)
+                if c.sampled is None:
+                    for sid in (session_id, _ALL_SESSIONS):
+                        self._add_spend(sid, full_group, add_answers, add_mu2, add_max)
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
+
+    def _charge_sampled(self, c: Charge, owner_ids: np.ndarray, session_id: int, add: np.ndarray) -> None:
+        """Count subsampled-Gaussian answers, refusing past any owner's session plan."""
+        q = float(c.sampled.q)
+        used = np.array([self._db.execute("SELECT COALESCE(SUM(answers), 0) FROM sampled WHERE session_id=? AND owner_id=?",
+                                          (session_id, int(i))).fetchone()[0] for i in owner_ids])
+        over = used + add > c.sampled.plan
+        if over.any():
+            k = int(np.argmax(over))
+            raise BudgetExhausted(
+                f"privacy budget: this session's plan of {int(c.sampled.plan[k])} gradient answers (the most the "
+                f"owner's budget was checked for when the session opened) is used up ({int(used[k])} answered)",
+                c.owners[k], epsilon_left=0.0)
+        self._db.executemany(
+            "INSERT INTO sampled(session_id, owner_id, sampling_rate, noise_multiplier, answers) VALUES (?,?,?,?,?) "
+            "ON CONFLICT(session_id, owner_id, sampling_rate, noise_multiplier) DO UPDATE SET answers=answers+excluded.answers",
+            [(session_id, int(i), q, float(sigma), int(a)) for i, sigma, a in zip(owner_ids, c.sampled.noise_multiplier, add)
+             if a > 0])
 
     def _add_spend(self, session_id: int, group_id: int, answers: np.ndarray, mu2: np.ndarray, max_mu: np.ndarray) -> None:
         row = self._db.execute("SELECT answers, mu_squared, max_mu FROM spend WHERE session_id=? AND group_id=?",

@@ -7,6 +7,7 @@ never trusts the coordinator's accounting (DESIGN §3).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,9 +15,11 @@ import numpy as np
 from ..errors import BudgetExhausted, InvalidRequest, UnknownSession
 from ..models import ExpFamModel, Model
 from ..privacy import GaussianSpend, mu_for_epsilon
+from ..privacy.owner_epsilon import max_gdp_mu_squared, owner_epsilon
+from ..privacy.subsampled import SubsampledGaussian
 from .host import OwnerHost
 from .ledger import Ledger
-from .policy import ALGORITHMS, LOG_RATIO, SUFF_STATS, Policy
+from .policy import ALGORITHMS, LOG_RATIO, SGMCMC, SUFF_STATS, Policy
 
 
 @dataclass(frozen=True)
@@ -33,17 +36,21 @@ class OwnerDescription:
 
 @dataclass(frozen=True)
 class SpendReport:
-    """A spend in the units people read: answers, μ (GDP), ε at the owner's δ (exact and the
-    penalty paper's bound)."""
+    """A spend in the units people read: answers (all kinds), μ of the Gaussian answers, ε at the
+    owner's δ of everything (``accountant`` "gdp": exact; "pld": dp-accounting, once gradient
+    answers are included) and the penalty paper's bound (inf when it does not apply)."""
 
     answers: int
     mu: float
     epsilon: float
     epsilon_paper_bound: float
+    accountant: str = "gdp"
 
     @staticmethod
-    def of(spend: GaussianSpend, delta: float) -> "SpendReport":
-        return SpendReport(spend.answers, spend.mu, spend.epsilon(delta), spend.epsilon_paper_bound(delta))
+    def of(spend: GaussianSpend, sampled: list[SubsampledGaussian], delta: float, neighbour: str) -> "SpendReport":
+        epsilon, accountant = owner_epsilon(spend, sampled, delta, neighbour)
+        paper = spend.epsilon_paper_bound(delta) if accountant == "gdp" else math.inf
+        return SpendReport(spend.answers + sum(e.count for e in sampled), spend.mu, epsilon, paper, accountant)
 
 
 @dataclass(frozen=True)
@@ -64,6 +71,13 @@ class PrivacyReport:
         return max(self.budget_epsilon - self.total.epsilon, 0.0)
 
 
+@dataclass(frozen=True)
+class _OpenSession:
+    algorithm: str
+    planned_answers: int
+    sampling_rate: float | None
+
+
 @dataclass
 class SimulationDiagnostics:
     """Simulation-only counters. They depend on the data, so a deployed owner never keeps them."""
@@ -77,7 +91,7 @@ class OwnerNode:
     """One data owner.
 
     records: ``(n, p)`` raw records; they are validated and clipped into the model's domain.
-    rng: the owner's private noise source (default: fresh OS entropy).
+    rng: the owner's private randomness — noise and Poisson sampling (default: OS entropy).
     simulation: keep data-dependent diagnostics (clip counts). Off for deployed owners.
     per_record: evaluate log-ratios record by record with the per-record clip. By default
     exponential-family models use the identity Σ_x ℓ(x,θ') − ℓ(x,θ) = Δηᵀ Σ S(x) − n ΔA, which is
@@ -92,12 +106,12 @@ class OwnerNode:
         self.policy = policy
         self.records = model.prepare_records(records)
         self.ledger = ledger
-        self._rng = rng if rng is not None else np.random.default_rng()
+        self.rng = rng if rng is not None else np.random.default_rng()
         self.max_mu_squared = mu_for_epsilon(policy.budget_epsilon, policy.delta) ** 2
         self.stat_sum = model.suff_stat(self.records).sum(axis=0) if isinstance(model, ExpFamModel) else None
         self.diagnostics = SimulationDiagnostics() if simulation else None
         self.per_record = per_record if per_record is not None else not isinstance(model, ExpFamModel)
-        self._sessions: dict[str, str] = {}
+        self._sessions: dict[str, _OpenSession] = {}
         self._solo = OwnerHost([self])
 
     # --- public facts ------------------------------------------------------------------------
@@ -113,8 +127,13 @@ class OwnerNode:
         return self.model.stat_sensitivity(self.policy.neighbour) / self.policy.sigma
 
     # --- sessions ------------------------------------------------------------------------------
-    def open_session(self, session: str, algorithm: str, planned_answers: int) -> None:
-        """Open (or resume) a session; refuse a plan whose worst case the budget cannot cover."""
+    def open_session(self, session: str, algorithm: str, planned_answers: int,
+                     sampling_rate: float | None = None) -> None:
+        """Open (or resume) a session; refuse a plan whose worst case the budget cannot cover.
+
+        ``sgmcmc`` sessions name their Poisson ``sampling_rate`` and may then give at most
+        ``planned_answers`` gradient answers (the plan is what the budget is checked for).
+        """
         if not isinstance(session, str) or not session or len(session) > 128:
             raise InvalidRequest("session id must be a non-empty string of at most 128 characters", self.name)
         if algorithm not in ALGORITHMS:
@@ -123,38 +142,69 @@ class OwnerNode:
             raise InvalidRequest(f"model {self.model.name!r} has no sufficient statistics", self.name)
         if isinstance(planned_answers, bool) or not isinstance(planned_answers, (int, np.integer)) or planned_answers < 0:
             raise InvalidRequest(f"planned_answers must be a non-negative integer, got {planned_answers!r}", self.name)
+        if algorithm == SGMCMC:
+            q = sampling_rate
+            if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0 < q <= self.policy.max_sampling_rate:
+                raise InvalidRequest(f"sgmcmc sessions need a sampling_rate in (0, {self.policy.max_sampling_rate:g}] "
+                                     f"(this owner's max_sampling_rate), got {q!r}", self.name)
+            sampling_rate = float(q)
+        elif sampling_rate is not None:
+            raise InvalidRequest(f"only sgmcmc sessions take a sampling_rate, not {algorithm!r}", self.name)
         existing = self.ledger.session(self.name, session)
-        already = existing.spend.answers if existing is not None else 0
-        remaining_plan = max(int(planned_answers) - already, 0)
+        already = existing.spend.answers + sum(e.count for e in existing.sampled) if existing is not None else 0
+        remaining = max(int(planned_answers) - already, 0)
         total = self.ledger.total(self.name)
-        worst_mu = self.worst_case_mu(algorithm)
-        worst = GaussianSpend(total.answers + remaining_plan, total.mu_squared + remaining_plan * worst_mu**2,
-                              max(total.max_mu, worst_mu))
-        if worst.mu_squared > self.max_mu_squared:
-            eps_now = total.epsilon(self.policy.delta)
+        committed = self.ledger.sampled(self.name) + self._reserved(exclude=session)
+        if algorithm == SGMCMC:
+            plan = SubsampledGaussian(sampling_rate, self.policy.sigma, remaining)
+            worst_spend, worst_sampled = total, committed + [plan]
+        else:
+            worst_mu = self.worst_case_mu(algorithm)
+            worst_spend = GaussianSpend(total.answers + remaining, total.mu_squared + remaining * worst_mu**2,
+                                        max(total.max_mu, worst_mu))
+            worst_sampled = committed
+        worst_epsilon, _ = owner_epsilon(worst_spend, worst_sampled, self.policy.delta, self.policy.neighbour)
+        if worst_epsilon > self.policy.budget_epsilon:
+            eps_now, _ = owner_epsilon(total, self.ledger.sampled(self.name), self.policy.delta, self.policy.neighbour)
             raise BudgetExhausted(
                 f"refusing a plan of {planned_answers} {algorithm} answers: in the worst case its policy allows it "
-                f"would take ε from {eps_now:.4g} to {worst.epsilon(self.policy.delta):.4g} at δ={self.policy.delta:g}, "
+                f"would take ε from {eps_now:.4g} to {worst_epsilon:.4g} at δ={self.policy.delta:g}, "
                 f"past the budget ε={self.policy.budget_epsilon:g}",
                 self.name,
                 epsilon_left=max(self.policy.budget_epsilon - eps_now, 0.0),
             )
-        self.ledger.open_session(self.name, session, algorithm, int(planned_answers))
-        self._sessions[session] = algorithm
+        self.ledger.open_session(self.name, session, algorithm, int(planned_answers), sampling_rate)
+        self._sessions[session] = _OpenSession(algorithm, int(planned_answers), sampling_rate)
+        answers_gaussian = any(o.algorithm != SGMCMC for o in self._sessions.values())
+        if answers_gaussian and (algorithm == SGMCMC or committed):
+            # what Gaussian answers may still spend, with every gradient answer given or planned
+            self.max_mu_squared = max_gdp_mu_squared(self.policy.budget_epsilon, self.policy.delta,
+                                                     self.policy.neighbour, committed + self._reserved())
+
+    def _reserved(self, exclude: str | None = None) -> list[SubsampledGaussian]:
+        """Gradient answers that open sgmcmc sessions may still give (held against the budget)."""
+        held = []
+        for name, open_session in self._sessions.items():
+            if open_session.algorithm == SGMCMC and name != exclude:
+                used = sum(e.count for e in self.ledger.session(self.name, name).sampled)
+                held.append(SubsampledGaussian(open_session.sampling_rate, self.policy.sigma,
+                                               max(open_session.planned_answers - used, 0)))
+        return held
 
     def close_session(self, session: str) -> None:
         self.require_session(session, None)
         self.ledger.close_session(self.name, session)
         del self._sessions[session]
 
-    def require_session(self, session: str, algorithm: str | None) -> None:
-        """Raise unless ``session`` is open here (for ``algorithm``, when given). A restarted
-        owner knows a session again once the coordinator re-opens (resumes) it."""
+    def require_session(self, session: str, algorithm: str | None) -> _OpenSession:
+        """The open ``session`` (for ``algorithm``, when given), or raise. A restarted owner
+        knows a session again once the coordinator re-opens (resumes) it."""
         opened = self._sessions.get(session) if isinstance(session, str) else None
         if opened is None:
             raise UnknownSession(f"unknown or closed session {session!r}", self.name)
-        if algorithm is not None and opened != algorithm:
-            raise InvalidRequest(f"session {session!r} is a {opened!r} session, not {algorithm!r}", self.name)
+        if algorithm is not None and opened.algorithm != algorithm:
+            raise InvalidRequest(f"session {session!r} is a {opened.algorithm!r} session, not {algorithm!r}", self.name)
+        return opened
 
     # --- queries (a node is a host of one owner) -----------------------------------------------
     def log_ratio(self, session: str, iteration: int, chains: np.ndarray, theta: np.ndarray,
@@ -165,6 +215,10 @@ class OwnerNode:
     def suff_stats(self, session: str, chains: np.ndarray, start: int, block: int) -> np.ndarray:
         """Noisy statistic copies ``(C, block, s)``; see ``OwnerHost.suff_stats``."""
         return self._solo.suff_stats(session, chains, start, block)[0]
+
+    def gradient(self, session: str, iteration: int, chains: np.ndarray, theta: np.ndarray, clip: float) -> np.ndarray:
+        """Noisy clipped gradient sums ``(C, d)``; see ``OwnerHost.gradient``."""
+        return self._solo.gradient(session, iteration, chains, theta, clip)[0]
 
     def clipped_log_ratio_sum(self, theta: np.ndarray, theta_prop: np.ndarray, step: np.ndarray) -> np.ndarray:
         """Σ_x clip(ℓ(x,θ') − ℓ(x,θ), ±L‖θ'−θ‖) record by record, per chain ``(m,)``; no noise,
@@ -181,7 +235,7 @@ class OwnerNode:
 
     def noise(self, shape: tuple[int, ...]) -> np.ndarray:
         """This owner's Gaussian noise N(0, σ²) of the given shape, from its own source."""
-        return self.policy.sigma * self._rng.standard_normal(shape)
+        return self.policy.sigma * self.rng.standard_normal(shape)
 
     # --- privacy -------------------------------------------------------------------------------
     def privacy_report(self, session: str | None = None) -> PrivacyReport:
@@ -191,9 +245,10 @@ class OwnerNode:
             record = self.ledger.session(self.name, session)
             if record is None:
                 raise UnknownSession(f"unknown session {session!r}", self.name)
-            session_report = SpendReport.of(record.spend, delta)
+            session_report = SpendReport.of(record.spend, record.sampled, delta, self.policy.neighbour)
+        total = SpendReport.of(self.ledger.total(self.name), self.ledger.sampled(self.name), delta, self.policy.neighbour)
         return PrivacyReport(self.name, len(self.records), delta, self.policy.budget_epsilon, self.policy.neighbour,
-                             SpendReport.of(self.ledger.total(self.name), delta), session_report)
+                             total, session_report)
 
     def simulation_diagnostics(self) -> SimulationDiagnostics:
         """Clip counts (simulation only): raises for a deployed owner."""
