@@ -161,6 +161,18 @@ def test_unknown_closed_and_mismatched_sessions(tmp_path):
     assert spent(node).answers == 0
 
 
+def test_a_session_closed_at_the_node_is_closed_for_its_hosts(tmp_path):
+    from fedpenalty.owner.host import OwnerHost
+
+    node = make_node(tmp_path)
+    host = OwnerHost([node])
+    host.open_session("s", "penalty", 100)
+    host.log_ratio("s", 0, *query(np.random.default_rng(0)))  # the host now knows "s" is open
+    node.close_session("s")
+    with pytest.raises(UnknownSession):
+        host.log_ratio("s", 1, *query(np.random.default_rng(1)))
+
+
 def test_replay_returns_stored_answer_without_charge(tmp_path):
     node = make_node(tmp_path)
     node.open_session("s", "penalty", 100)

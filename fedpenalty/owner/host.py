@@ -28,6 +28,48 @@ if TYPE_CHECKING:
 _STATS_DIGEST = hashlib.sha256(SUFF_STATS.encode()).digest()
 
 
+class _Normals:
+    """Each hosted owner's standard normals, drawn ahead from its *own* generator in blocks.
+
+    Row k holds owner k's next values; a request takes the next ones of every owner at once.
+    numpy's normal stream does not depend on how it is batched, so owner k's noise is exactly
+    its own stream, value by value; values are used once and never released unused.
+    """
+
+    def __init__(self, rngs: list[np.random.Generator], block: int = 1024):
+        self._rngs, self._block = rngs, block
+        self._buffer = np.empty((len(rngs), 0))
+        self._cursor = np.zeros(len(rngs), dtype=np.int64)
+
+    def take_all(self, m: int) -> np.ndarray:
+        """The next ``m`` normals of every owner: ``(K, m)``."""
+        first = int(self._cursor[0])
+        if np.all(self._cursor == first) and first + m <= self._buffer.shape[1]:
+            self._cursor += m
+            return self._buffer[:, first:first + m]
+        return np.stack([self.take(k, m) for k in range(len(self._rngs))])
+
+    def take(self, k: int, m: int) -> np.ndarray:
+        """The next ``m`` normals of owner k: ``(m,)``."""
+        start = int(self._cursor[k])
+        if start + m > self._buffer.shape[1]:
+            self._refill(max(m, self._block))
+            start = int(self._cursor[k])
+        self._cursor[k] += m
+        return self._buffer[k, start:start + m]
+
+    def _refill(self, m: int) -> None:
+        """Keep every owner's unused values and draw ``m`` more for each (same width)."""
+        left = self._buffer.shape[1] - self._cursor
+        width = int(left.max()) + m
+        buffer = np.empty((len(self._rngs), width))
+        for k, rng in enumerate(self._rngs):
+            keep = self._buffer[k, self._cursor[k]:]
+            buffer[k, :len(keep)] = keep
+            buffer[k, len(keep):] = rng.standard_normal(width - len(keep))
+        self._buffer, self._cursor = buffer, np.zeros(len(self._rngs), dtype=np.int64)
+
+
 class OwnerHost:
     """Owner nodes answering batched requests; values are stacked in node order ``(K, ...)``.
 
@@ -46,7 +88,9 @@ class OwnerHost:
             raise ValueError("all owners of a host must use the same model")
         self.names = names
         self.label = names[0] if len(names) == 1 else f"host of {len(names)} owners"
-        sigma = np.array([n.policy.sigma for n in nodes])
+        sigma = self._sigma = np.array([n.policy.sigma for n in nodes])
+        self._normals = _Normals([n.rng for n in nodes])
+        self._checked: dict[str, tuple[str, list]] = {}
         self._max_step = np.array([n.policy.max_step for n in nodes])
         self._max_answers = min(n.policy.max_answers_per_request for n in nodes)
         # μ per unit step of a log-ratio answer: (2 or 1)·L/σ_k
@@ -67,12 +111,26 @@ class OwnerHost:
 
     def open_session(self, session: str, algorithm: str, planned_answers: int,
                      sampling_rate: float | None = None) -> None:
+        self._checked.pop(session, None)
         for node in self.nodes:
             node.open_session(session, algorithm, planned_answers, sampling_rate)
 
     def close_session(self, session: str) -> None:
+        self._checked.pop(session, None)
         for node in self.nodes:
             node.close_session(session)
+
+    def _require_session(self, session: str, algorithm: str) -> list:
+        """Every owner's open ``session`` for ``algorithm``: validated in full once per session
+        id, then only confirmed to be the same open session at every owner (it may have been
+        closed elsewhere)."""
+        checked = self._checked.get(session) if isinstance(session, str) else None
+        if checked is not None and checked[0] == algorithm and all(
+                node.open_session_record(session) is o for node, o in zip(self.nodes, checked[1])):
+            return checked[1]
+        opened = [node.require_session(session, algorithm) for node in self.nodes]
+        self._checked[session] = (algorithm, opened)
+        return opened
 
     def privacy_reports(self, session: str | None = None) -> list[PrivacyReport]:
         return [node.privacy_report(session) for node in self.nodes]
@@ -93,8 +151,7 @@ class OwnerHost:
         Σ_x clip(ℓ(x,θ'_c) − ℓ(x,θ_c), ±L‖θ'_c − θ_c‖) + N(0, σ_k²), keyed (session, c, iteration)
         and charged μ = Δ/σ_k with Δ = 2L‖θ'_c − θ_c‖ (replace-one) or L‖θ'_c − θ_c‖ (add/remove).
         """
-        for node in self.nodes:
-            node.require_session(session, LOG_RATIO)
+        self._require_session(session, LOG_RATIO)
         iteration = self._check_index("iteration", iteration)
         chains = self._check_chains(chains)
         theta = self._check_theta("theta", theta, len(chains))
@@ -111,10 +168,14 @@ class OwnerHost:
         exact = self._clipped_log_ratio_sums(theta, theta_prop, step)
 
         def fresh(k: int, new: np.ndarray) -> np.ndarray:
-            return (exact[k, new] + self.nodes[k].noise((int(new.sum()),)))[:, None]
+            return (exact[k, new] + self._sigma[k] * self._normals.take(k, int(new.sum())))[:, None]
+
+        def fresh_all() -> np.ndarray:
+            return (exact + self._sigma[:, None] * self._normals.take_all(len(chains)))[:, :, None]
 
         mus = self._mu_per_step[:, None] * step[None, :]
-        return self._answer(session, chains, np.full(len(chains), iteration), digests, 1, fresh, mus)[:, :, 0]
+        return self._answer(session, chains, np.full(len(chains), iteration), digests, 1, fresh, mus,
+                            fresh_all=fresh_all)[:, :, 0]
 
     def suff_stats(self, session: str, chains: np.ndarray, start: int, block: int) -> np.ndarray:
         """``block`` fresh noisy copies of each owner's Σ S(x) per chain: ``(K, C, block, s)``.
@@ -122,8 +183,7 @@ class OwnerHost:
         Copy j of chain c is keyed (session, c, start + j); each copy is N(Σ S(x), σ_k² I),
         charged μ = Δ_S/σ_k.
         """
-        for node in self.nodes:
-            node.require_session(session, SUFF_STATS)
+        self._require_session(session, SUFF_STATS)
         start = self._check_index("start", start)
         block = self._check_index("block", block)
         if block < 1:
@@ -134,10 +194,17 @@ class OwnerHost:
         key_iterations = np.tile(start + np.arange(block), len(chains))
 
         def fresh(k: int, new: np.ndarray) -> np.ndarray:
-            return self._stat_sum[k] + self.nodes[k].noise((int(new.sum()), s))
+            m = int(new.sum())
+            return self._stat_sum[k] + self._sigma[k] * self._normals.take(k, m * s).reshape(m, s)
+
+        def fresh_all() -> np.ndarray:
+            m = len(key_chains)
+            noise = self._normals.take_all(m * s).reshape(len(self.nodes), m, s)
+            return self._stat_sum[:, None, :] + self._sigma[:, None, None] * noise
 
         mus = np.broadcast_to(self._stat_mu[:, None], (len(self.nodes), len(key_chains)))
-        out = self._answer(session, key_chains, key_iterations, [_STATS_DIGEST] * len(key_chains), s, fresh, mus)
+        out = self._answer(session, key_chains, key_iterations, [_STATS_DIGEST] * len(key_chains), s, fresh, mus,
+                           fresh_all=fresh_all)
         return out.reshape(len(self.nodes), len(chains), block, s)
 
     # --- the shared answer path ---------------------------------------------------------------
@@ -160,7 +227,7 @@ class OwnerHost:
         N(0, (σ_k·clip)² I). Keyed (session, c, iteration); each is one subsampled-Gaussian
         release at (q, σ_k), counted against the session's plan.
         """
-        opened = [node.require_session(session, SGMCMC) for node in self.nodes]
+        opened = self._require_session(session, SGMCMC)
         rates = {o.sampling_rate for o in opened}
         if len(rates) != 1:
             raise InvalidRequest(f"the owners of one host must share a session's sampling rate, got {sorted(rates)}",
@@ -189,13 +256,14 @@ class OwnerHost:
 
     def _answer(self, session: str, chains: np.ndarray, iterations: np.ndarray, digests: list[bytes], width: int,
                 fresh: Callable[[int, np.ndarray], np.ndarray], mus: np.ndarray,
-                sampled: SampledCharge | None = None) -> np.ndarray:
+                sampled: SampledCharge | None = None, fresh_all: Callable[[], np.ndarray] | None = None) -> np.ndarray:
         """The reply ``(K, M, width)`` to keys (chains[j], iterations[j]) with query ``digests[j]``.
 
         A key an owner answered before gets its stored answer (nothing drawn, nothing charged);
         for the others ``fresh(k, new)`` computes owner k's noisy answers ``(Σ new, width)``, and
         they are charged (``mus``, or as subsampled-Gaussian releases) — one transaction per
-        ledger — before anything is returned.
+        ledger — before anything is returned. ``fresh_all()`` does the same for every owner and
+        key at once, for the usual request where nothing was answered before.
         """
         out = np.empty((len(self.nodes), len(chains), width))
         new = np.ones(out.shape[:2], dtype=bool)
@@ -204,9 +272,12 @@ class OwnerHost:
             stored = ledger.stored([self.names[k] for k in idx], session, int(iterations.min()), int(iterations.max()))
             if stored:
                 self._replay(stored, idx, chains, iterations, digests, out, new)
-        for k in range(len(self.nodes)):
-            if new[k].any():
-                out[k, new[k]] = fresh(k, new[k])
+        if fresh_all is not None and new.all():
+            out[:] = fresh_all()
+        else:
+            for k in range(len(self.nodes)):
+                if new[k].any():
+                    out[k, new[k]] = fresh(k, new[k])
         for idx in self._by_ledger.values():
             if new[idx].any():
                 nodes = [self.nodes[k] for k in idx]

@@ -196,6 +196,9 @@ class OwnerNode:
         self.ledger.close_session(self.name, session)
         del self._sessions[session]
 
+    def open_session_record(self, session: str) -> _OpenSession | None:
+        return self._sessions.get(session)
+
     def require_session(self, session: str, algorithm: str | None) -> _OpenSession:
         """The open ``session`` (for ``algorithm``, when given), or raise. A restarted owner
         knows a session again once the coordinator re-opens (resumes) it."""
@@ -232,10 +235,6 @@ class OwnerNode:
             self.diagnostics.clipped_terms += int(np.any(binds, axis=1).sum())
             self.diagnostics.log_ratio_terms += diffs.size
         return clipped.sum(axis=1)
-
-    def noise(self, shape: tuple[int, ...]) -> np.ndarray:
-        """This owner's Gaussian noise N(0, σ²) of the given shape, from its own source."""
-        return self.policy.sigma * self.rng.standard_normal(shape)
 
     # --- privacy -------------------------------------------------------------------------------
     def privacy_report(self, session: str | None = None) -> PrivacyReport:
