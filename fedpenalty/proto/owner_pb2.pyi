@@ -7,20 +7,24 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Policy(_message.Message):
-    __slots__ = ("sigma", "max_step", "budget_epsilon", "delta", "neighbour", "max_answers_per_request")
+    __slots__ = ("sigma", "max_step", "budget_epsilon", "delta", "neighbour", "max_answers_per_request", "max_sampling_rate", "max_clip")
     SIGMA_FIELD_NUMBER: _ClassVar[int]
     MAX_STEP_FIELD_NUMBER: _ClassVar[int]
     BUDGET_EPSILON_FIELD_NUMBER: _ClassVar[int]
     DELTA_FIELD_NUMBER: _ClassVar[int]
     NEIGHBOUR_FIELD_NUMBER: _ClassVar[int]
     MAX_ANSWERS_PER_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    MAX_SAMPLING_RATE_FIELD_NUMBER: _ClassVar[int]
+    MAX_CLIP_FIELD_NUMBER: _ClassVar[int]
     sigma: float
     max_step: float
     budget_epsilon: float
     delta: float
     neighbour: str
     max_answers_per_request: int
-    def __init__(self, sigma: _Optional[float] = ..., max_step: _Optional[float] = ..., budget_epsilon: _Optional[float] = ..., delta: _Optional[float] = ..., neighbour: _Optional[str] = ..., max_answers_per_request: _Optional[int] = ...) -> None: ...
+    max_sampling_rate: float
+    max_clip: float
+    def __init__(self, sigma: _Optional[float] = ..., max_step: _Optional[float] = ..., budget_epsilon: _Optional[float] = ..., delta: _Optional[float] = ..., neighbour: _Optional[str] = ..., max_answers_per_request: _Optional[int] = ..., max_sampling_rate: _Optional[float] = ..., max_clip: _Optional[float] = ...) -> None: ...
 
 class OwnerInfo(_message.Message):
     __slots__ = ("name", "model", "model_params_json", "dim", "n", "policy")
@@ -49,14 +53,16 @@ class DescribeReply(_message.Message):
     def __init__(self, owners: _Optional[_Iterable[_Union[OwnerInfo, _Mapping]]] = ...) -> None: ...
 
 class OpenSessionRequest(_message.Message):
-    __slots__ = ("session", "algorithm", "planned_answers")
+    __slots__ = ("session", "algorithm", "planned_answers", "sampling_rate")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     ALGORITHM_FIELD_NUMBER: _ClassVar[int]
     PLANNED_ANSWERS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_RATE_FIELD_NUMBER: _ClassVar[int]
     session: str
     algorithm: str
     planned_answers: int
-    def __init__(self, session: _Optional[str] = ..., algorithm: _Optional[str] = ..., planned_answers: _Optional[int] = ...) -> None: ...
+    sampling_rate: float
+    def __init__(self, session: _Optional[str] = ..., algorithm: _Optional[str] = ..., planned_answers: _Optional[int] = ..., sampling_rate: _Optional[float] = ...) -> None: ...
 
 class OpenSessionReply(_message.Message):
     __slots__ = ()
@@ -99,16 +105,18 @@ class SuffStatsRequest(_message.Message):
     def __init__(self, session: _Optional[str] = ..., chains: _Optional[_Iterable[int]] = ..., start: _Optional[int] = ..., block: _Optional[int] = ...) -> None: ...
 
 class GradientRequest(_message.Message):
-    __slots__ = ("session", "iteration", "chains", "theta")
+    __slots__ = ("session", "iteration", "chains", "theta", "clip")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     CHAINS_FIELD_NUMBER: _ClassVar[int]
     THETA_FIELD_NUMBER: _ClassVar[int]
+    CLIP_FIELD_NUMBER: _ClassVar[int]
     session: str
     iteration: int
     chains: _containers.RepeatedScalarFieldContainer[int]
     theta: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, session: _Optional[str] = ..., iteration: _Optional[int] = ..., chains: _Optional[_Iterable[int]] = ..., theta: _Optional[_Iterable[float]] = ...) -> None: ...
+    clip: float
+    def __init__(self, session: _Optional[str] = ..., iteration: _Optional[int] = ..., chains: _Optional[_Iterable[int]] = ..., theta: _Optional[_Iterable[float]] = ..., clip: _Optional[float] = ...) -> None: ...
 
 class Answers(_message.Message):
     __slots__ = ("values", "shape", "noise_sd")
@@ -135,14 +143,16 @@ class Refusal(_message.Message):
     def __init__(self, code: _Optional[str] = ..., error: _Optional[str] = ..., message: _Optional[str] = ..., owner: _Optional[str] = ..., epsilon_left: _Optional[float] = ...) -> None: ...
 
 class QueryRequest(_message.Message):
-    __slots__ = ("id", "log_ratio", "suff_stats")
+    __slots__ = ("id", "log_ratio", "suff_stats", "gradient")
     ID_FIELD_NUMBER: _ClassVar[int]
     LOG_RATIO_FIELD_NUMBER: _ClassVar[int]
     SUFF_STATS_FIELD_NUMBER: _ClassVar[int]
+    GRADIENT_FIELD_NUMBER: _ClassVar[int]
     id: int
     log_ratio: LogRatioRequest
     suff_stats: SuffStatsRequest
-    def __init__(self, id: _Optional[int] = ..., log_ratio: _Optional[_Union[LogRatioRequest, _Mapping]] = ..., suff_stats: _Optional[_Union[SuffStatsRequest, _Mapping]] = ...) -> None: ...
+    gradient: GradientRequest
+    def __init__(self, id: _Optional[int] = ..., log_ratio: _Optional[_Union[LogRatioRequest, _Mapping]] = ..., suff_stats: _Optional[_Union[SuffStatsRequest, _Mapping]] = ..., gradient: _Optional[_Union[GradientRequest, _Mapping]] = ...) -> None: ...
 
 class QueryReply(_message.Message):
     __slots__ = ("id", "answers", "refusal")
@@ -161,16 +171,18 @@ class PrivacyReportRequest(_message.Message):
     def __init__(self, session: _Optional[str] = ...) -> None: ...
 
 class Spend(_message.Message):
-    __slots__ = ("answers", "mu", "epsilon", "epsilon_paper_bound")
+    __slots__ = ("answers", "mu", "epsilon", "epsilon_paper_bound", "accountant")
     ANSWERS_FIELD_NUMBER: _ClassVar[int]
     MU_FIELD_NUMBER: _ClassVar[int]
     EPSILON_FIELD_NUMBER: _ClassVar[int]
     EPSILON_PAPER_BOUND_FIELD_NUMBER: _ClassVar[int]
+    ACCOUNTANT_FIELD_NUMBER: _ClassVar[int]
     answers: int
     mu: float
     epsilon: float
     epsilon_paper_bound: float
-    def __init__(self, answers: _Optional[int] = ..., mu: _Optional[float] = ..., epsilon: _Optional[float] = ..., epsilon_paper_bound: _Optional[float] = ...) -> None: ...
+    accountant: str
+    def __init__(self, answers: _Optional[int] = ..., mu: _Optional[float] = ..., epsilon: _Optional[float] = ..., epsilon_paper_bound: _Optional[float] = ..., accountant: _Optional[str] = ...) -> None: ...
 
 class OwnerPrivacy(_message.Message):
     __slots__ = ("owner", "n", "delta", "budget_epsilon", "neighbour", "total", "session")

@@ -115,8 +115,7 @@ class OwnerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Gradient(self, request, context):
-        """Clipped, subsampled, noised gradients (federated SG-MCMC). Reserved for the SG-MCMC
-        work: servers answer UNIMPLEMENTED until it lands.
+        """Poisson-subsampled, clipped, noised gradient sums (algorithm "sgmcmc").
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -130,7 +129,7 @@ class OwnerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Query(self, request_iterator, context):
-        """The per-iteration fan-out: LogRatio / SuffStats requests on one long-lived stream,
+        """The per-iteration fan-out: LogRatio / SuffStats / Gradient requests on one long-lived stream,
         answered in order, each reply carrying the id of its request.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
