@@ -12,7 +12,7 @@ from fedpenalty.coordinator.grpc_oracle import GrpcOracle
 from fedpenalty.data import save_csv
 from fedpenalty.errors import ConfigError
 from fedpenalty.models import build_model
-from fedpenalty.owner import Ledger
+from fedpenalty.owner import Ledger, Policy
 from fedpenalty.owner.owner_config import load_owner_config
 
 MODEL_TABLE = {"name": "gaussian_mean", "dim": 1, "data_bound": 4.0, "theta_bound": 4.0}
@@ -32,6 +32,11 @@ def test_owner_file_resolves_paths_defaults_and_overrides(tmp_path):
     assert config.name == "bank" and config.model == MODEL
     assert config.data_path == tmp_path / "records.csv" and config.ledger == tmp_path / "bank-ledger.sqlite"
     assert (config.policy.sigma, config.policy.delta, config.policy.neighbour) == (2.0, 1e-5, "replace_one")
+    assert (config.policy.max_sampling_rate, config.policy.max_clip) == (Policy().max_sampling_rate, Policy().max_clip)
+    gradients = write(tmp_path, {"model": MODEL_TABLE, "data": {"path": "records.csv"},
+                                 "privacy": {"max_sampling_rate": 0.01, "max_clip": 2}})
+    policy = load_owner_config(gradients).policy
+    assert (policy.max_sampling_rate, policy.max_clip) == (0.01, 2.0)
     assert config.synchronous == "FULL" and config.tls is None and config.listen == "127.0.0.1:50051"
     other = load_owner_config(path, listen="127.0.0.1:6000", ledger=str(tmp_path / "x.sqlite"))
     assert other.listen == "127.0.0.1:6000" and other.ledger == tmp_path / "x.sqlite"
@@ -45,6 +50,9 @@ def test_owner_file_resolves_paths_defaults_and_overrides(tmp_path):
     ({"data": {"path": "r.csv"}}, r"needs a \[model\] table"),
     ({"model": {"name": "nope"}, "data": {"path": "r.csv"}}, "unknown model name"),
     ({"model": MODEL_TABLE, "data": {"path": "r.csv"}, "privacy": {"sigma": -1.0}}, "privacy.sigma must be"),
+    ({"model": MODEL_TABLE, "data": {"path": "r.csv"}, "privacy": {"max_sampling_rate": 1.5}},
+     r"privacy.max_sampling_rate must be a number in \(0, 1\]"),
+    ({"model": MODEL_TABLE, "data": {"path": "r.csv"}, "privacy": {"max_clip": 0}}, "privacy.max_clip must be"),
     ({"model": MODEL_TABLE, "data": {"path": "r.csv"}, "server": {"tls_ca": "ca.pem"}}, "TLS needs both"),
     ({"model": MODEL_TABLE, "data": {"path": "r.csv"}, "server": {"synchronous": "OFF"}}, "server.synchronous"),
 ])

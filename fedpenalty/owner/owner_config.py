@@ -2,8 +2,8 @@
 
     [model]    the scenario's [model] table (fedpenalty.models.build_model)
     [data]     path = "records.csv"            one CSV or NPZ file (fedpenalty.data.load_records)
-    [privacy]  sigma, max_step, budget_epsilon, delta, neighbour, max_answers_per_request
-               (the owner's Policy)
+    [privacy]  sigma, max_step, budget_epsilon, delta, neighbour, max_answers_per_request,
+               max_sampling_rate, max_clip (the owner's Policy; defaults are Policy's)
     [server]   name, listen, ledger, tls_cert, tls_key, tls_ca, synchronous,
                max_message_bytes
 
@@ -26,6 +26,14 @@ from ..models import Model, build_model
 from ..models.base import NEIGHBOURS
 from . import Ledger, OwnerNode, Policy
 
+
+def _sampling_rate(name: str, v: Any) -> float:
+    """A Poisson sampling rate q ∈ (0, 1]."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
+        raise ConfigError(f"{name} must be a number in (0, 1], got {v!r}")
+    return float(v)
+
+
 _POLICY = Policy()
 SCHEMA = {
     "data": {"path": (None, _string)},
@@ -34,6 +42,8 @@ SCHEMA = {
         "budget_epsilon": (_POLICY.budget_epsilon, _positive), "delta": (_POLICY.delta, _probability),
         "neighbour": (_POLICY.neighbour, _one_of(*NEIGHBOURS)),
         "max_answers_per_request": (_POLICY.max_answers_per_request, _positive_int),
+        "max_sampling_rate": (_POLICY.max_sampling_rate, _sampling_rate),
+        "max_clip": (_POLICY.max_clip, _positive),
     },
     "server": {
         "name": (None, _optional(_string)), "listen": ("127.0.0.1:50051", _string),
