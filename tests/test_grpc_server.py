@@ -30,7 +30,7 @@ from fedpenalty.proto import owner_pb2_grpc as pb_grpc
 
 MODEL_TABLE = {"name": "gaussian_mean", "dim": 1, "data_bound": 4.0, "theta_bound": 4.0}
 MODEL = build_model(MODEL_TABLE)
-POLICY = {"sigma": 1.0, "max_step": 0.05, "budget_epsilon": 100.0}
+POLICY = {"sigma": 1.0, "max_step": 0.05, "budget_epsilon": 100.0, "max_sampling_rate": 0.5, "max_clip": 1.0}
 
 
 @pytest.fixture
@@ -48,16 +48,21 @@ def owner_files(tmp_path, **server) -> tuple:
 
 
 @pytest.fixture
-def alice(tmp_path, procs):
-    """One owner process with a 64 KiB message limit and an open session "s" with one answer."""
+def served(tmp_path, procs):
+    """One owner process with a 64 KiB message limit, no session open yet."""
     toml, port = owner_files(tmp_path, max_message_bytes=65536)
     proc = procs.owner(toml, port)
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    stub = pb_grpc.OwnerStub(channel)
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        yield pb_grpc.OwnerStub(channel), proc, toml
+
+
+@pytest.fixture
+def alice(served):
+    """The owner process with an open session "s" with one answer."""
+    stub, _, _ = served
     stub.OpenSession(pb.OpenSessionRequest(session="s", algorithm="penalty", planned_answers=20), timeout=10)
     stub.LogRatio(request(iteration=0), timeout=10)
-    yield stub, proc, toml
-    channel.close()
+    return served
 
 
 def request(iteration=1, session="s", chains=(0, 1), theta=(0.0, 0.1), theta_prop=(0.01, 0.11)) -> pb.LogRatioRequest:
@@ -94,11 +99,68 @@ def test_hostile_requests_get_a_clear_status_and_leave_the_ledger_untouched(alic
         assert refused.value.code() == code, name
         assert re.search(message, refused.value.details()), name
         assert total_answers(stub) == 2, name
-    with pytest.raises(grpc.RpcError) as refused:
-        stub.Gradient(pb.GradientRequest(session="s"), timeout=10)
-    assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
     done = run_cli("owner", "report", str(toml), "--json", cwd=tmp_path)
     assert json.loads(done.stdout)["answers"] == 2  # read offline from the ledger file
+
+
+def gradient(iteration=1, session="g", chains=(0, 1), theta=(0.0, 0.1), clip=0.5) -> pb.GradientRequest:
+    return pb.GradientRequest(session=session, iteration=iteration, chains=list(chains), theta=list(theta), clip=clip)
+
+
+HOSTILE_GRADIENTS = {
+    "NaN θ": (gradient(theta=(float("nan"), 0.1)), grpc.StatusCode.INVALID_ARGUMENT, "NaN"),
+    "wrong dimension": (gradient(theta=(0.0, 0.1, 0.2, 0.3)), grpc.StatusCode.INVALID_ARGUMENT, r"shape \(2, 1\)"),
+    "ragged θ": (gradient(theta=(0.0, 0.1, 0.2)), grpc.StatusCode.INVALID_ARGUMENT, "not 2 rows"),
+    "θ outside Θ": (gradient(theta=(5.0, 0.1)), grpc.StatusCode.INVALID_ARGUMENT, "outside"),
+    "clip larger than the policy": (gradient(clip=1.5), grpc.StatusCode.INVALID_ARGUMENT, "max_clip 1"),
+    "no clip": (gradient(clip=0.0), grpc.StatusCode.INVALID_ARGUMENT, "clip must be a positive"),
+    "infinite clip": (gradient(clip=float("inf")), grpc.StatusCode.INVALID_ARGUMENT, "clip must be a positive"),
+    "oversized message": (gradient(chains=range(8000), theta=[0.0] * 8000), grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          "larger than max"),
+    "unknown session": (gradient(session="nope"), grpc.StatusCode.NOT_FOUND, "unknown or closed session"),
+    "replayed iteration with a different θ": (gradient(iteration=0, theta=(0.0, 0.2)),
+                                              grpc.StatusCode.FAILED_PRECONDITION, "different query"),
+    "replayed iteration with a different clip": (gradient(iteration=0, clip=0.4),
+                                                 grpc.StatusCode.FAILED_PRECONDITION, "different query"),
+}
+
+
+def test_hostile_gradient_requests_get_a_clear_status_and_leave_the_ledger_untouched(served):
+    """Unary and in-stream. The ledger's counts only grow, so one look at the end shows that no
+    refusal charged. (No log-ratio session is open: with one, opening a gradient session costs
+    the owner seconds of PLD bisection for its Gaussian-answer limit.)"""
+    stub, _, _ = served
+    owner = stub.Describe(pb.DescribeRequest(), timeout=10).owners[0]
+    assert (owner.policy.max_sampling_rate, owner.policy.max_clip) == (0.5, 1.0)  # read from OWNER.toml
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.OpenSession(pb.OpenSessionRequest(session="g", algorithm="sgmcmc", planned_answers=20,
+                                               sampling_rate=0.6), timeout=10)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "max_sampling_rate" in refused.value.details()
+    stub.OpenSession(pb.OpenSessionRequest(session="g", algorithm="sgmcmc", planned_answers=20, sampling_rate=0.1),
+                     timeout=10)
+    first = stub.Gradient(gradient(iteration=0), timeout=10)
+    assert list(first.shape) == [1, 2, 1] and list(first.noise_sd) == [0.5]
+    assert stub.Gradient(gradient(iteration=0), timeout=10) == first  # a retry: the stored answer, no charge
+    for name, (bad, code, message) in HOSTILE_GRADIENTS.items():
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Gradient(bad, timeout=10)
+        assert refused.value.code() == code, name
+        assert re.search(message, refused.value.details()), name
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.LogRatio(request(session="g"), timeout=10)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "not 'penalty'" in refused.value.details()
+    queries = [pb.QueryRequest(id=1, gradient=gradient(clip=2.0)),
+               pb.QueryRequest(id=2, gradient=gradient(iteration=0)),
+               pb.QueryRequest(id=3, gradient=gradient(iteration=0, clip=0.4))]
+    replies = list(stub.Query(iter(queries), timeout=10))
+    assert replies[0].refusal.code == "INVALID_ARGUMENT" and "max_clip" in replies[0].refusal.message
+    assert replies[1].answers == first
+    assert (replies[2].refusal.code, replies[2].refusal.error) == ("FAILED_PRECONDITION", "ReplayConflict")
+    stub.Gradient(gradient(), timeout=10)  # no refusal consumed the key (session, chain, iteration 1)
+    report = stub.PrivacyReport(pb.PrivacyReportRequest(session="g"), timeout=10).owners[0]
+    assert (report.total.answers, report.session.answers) == (4, 4)
+    assert (report.session.accountant, report.total.accountant) == ("pld", "pld")
 
 
 def test_stream_refusals_are_in_band_and_the_stream_stays_open(alice):

@@ -53,15 +53,22 @@ class OwnerServicer(pb_grpc.OwnerServicer):
         values = self.host.suff_stats(r.session, np.asarray(r.chains, dtype=np.int64), r.start, r.block)
         return wire.answers_message(values, self._noise_sd)
 
+    def _gradient(self, r: pb.GradientRequest) -> pb.Answers:
+        chains = np.asarray(r.chains, dtype=np.int64)
+        values = self.host.gradient(r.session, r.iteration, chains, wire.rows(r.theta, len(chains), "theta"), r.clip)
+        return wire.answers_message(values, self._noise_sd * r.clip)
+
     # --- unary RPCs -----------------------------------------------------------------------
     async def Describe(self, request, context):
         return pb.DescribeReply(owners=[wire.owner_info(d) for d in self.host.describe()])
 
     async def OpenSession(self, request, context):
+        rate = request.sampling_rate if request.HasField("sampling_rate") else None
         await _unary(context, lambda: self.host.open_session(request.session, request.algorithm,
-                                                             request.planned_answers))
-        log.info("session %s: %s, plan of %d answers per owner, %d owner(s) [%s], from %s", request.session,
-                 request.algorithm, request.planned_answers, len(self._names), ", ".join(self._names), context.peer())
+                                                             request.planned_answers, rate))
+        log.info("session %s: %s%s, plan of %d answers per owner, %d owner(s) [%s], from %s", request.session,
+                 request.algorithm, "" if rate is None else f" at sampling rate {rate:g}", request.planned_answers,
+                 len(self._names), ", ".join(self._names), context.peer())
         return pb.OpenSessionReply()
 
     async def CloseSession(self, request, context):
@@ -75,8 +82,7 @@ class OwnerServicer(pb_grpc.OwnerServicer):
         return await _unary(context, lambda: self._suff_stats(request))
 
     async def Gradient(self, request, context):
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED,
-                            "gradient queries (federated SG-MCMC) are part of the protocol but not served yet")
+        return await _unary(context, lambda: self._gradient(request))
 
     async def PrivacyReport(self, request, context):
         reports = await _unary(context, lambda: self.host.privacy_reports(request.session or None))
@@ -94,7 +100,9 @@ class OwnerServicer(pb_grpc.OwnerServicer):
                 return pb.QueryReply(id=request.id, answers=self._log_ratio(request.log_ratio))
             if kind == "suff_stats":
                 return pb.QueryReply(id=request.id, answers=self._suff_stats(request.suff_stats))
-            raise InvalidRequest("a query must carry log_ratio or suff_stats")
+            if kind == "gradient":
+                return pb.QueryReply(id=request.id, answers=self._gradient(request.gradient))
+            raise InvalidRequest("a query must carry log_ratio, suff_stats or gradient")
         except OwnerError as exc:
             return pb.QueryReply(id=request.id, refusal=wire.refusal(exc))
 

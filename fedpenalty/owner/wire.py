@@ -60,22 +60,25 @@ def owner_info(d: OwnerDescription) -> pb.OwnerInfo:
     return pb.OwnerInfo(name=d.name, model=d.model, model_params_json=json.dumps(d.model_params), dim=d.dim, n=d.n,
                         policy=pb.Policy(sigma=p.sigma, max_step=p.max_step, budget_epsilon=p.budget_epsilon,
                                          delta=p.delta, neighbour=p.neighbour,
-                                         max_answers_per_request=p.max_answers_per_request))
+                                         max_answers_per_request=p.max_answers_per_request,
+                                         max_sampling_rate=p.max_sampling_rate, max_clip=p.max_clip))
 
 
 def owner_description(msg: pb.OwnerInfo) -> OwnerDescription:
     p = msg.policy
     policy = Policy(sigma=p.sigma, max_step=p.max_step, budget_epsilon=p.budget_epsilon, delta=p.delta,
-                    neighbour=p.neighbour, max_answers_per_request=int(p.max_answers_per_request))
+                    neighbour=p.neighbour, max_answers_per_request=int(p.max_answers_per_request),
+                    max_sampling_rate=p.max_sampling_rate, max_clip=p.max_clip)
     return OwnerDescription(msg.name, msg.model, json.loads(msg.model_params_json), msg.dim, msg.n, policy)
 
 
 def _spend(s: SpendReport) -> pb.Spend:
-    return pb.Spend(answers=s.answers, mu=s.mu, epsilon=s.epsilon, epsilon_paper_bound=s.epsilon_paper_bound)
+    return pb.Spend(answers=s.answers, mu=s.mu, epsilon=s.epsilon, epsilon_paper_bound=s.epsilon_paper_bound,
+                    accountant=s.accountant)
 
 
 def _spend_report(s: pb.Spend) -> SpendReport:
-    return SpendReport(s.answers, s.mu, s.epsilon, s.epsilon_paper_bound)
+    return SpendReport(s.answers, s.mu, s.epsilon, s.epsilon_paper_bound, s.accountant)
 
 
 def owner_privacy(r: PrivacyReport) -> pb.OwnerPrivacy:
