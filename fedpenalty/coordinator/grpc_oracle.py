@@ -121,9 +121,12 @@ class GrpcOracle:
     def describe(self) -> list[OwnerDescription]:
         return [o for h in self._hosts for o in h.owners]
 
-    def open_session(self, algorithm: str, planned_answers: int, session: str | None = None) -> str:
+    def open_session(self, algorithm: str, planned_answers: int, session: str | None = None,
+                     sampling_rate: float | None = None) -> str:
         session = session or uuid.uuid4().hex
         request = pb.OpenSessionRequest(session=session, algorithm=algorithm, planned_answers=planned_answers)
+        if sampling_rate is not None:
+            request.sampling_rate = sampling_rate
         self._run(self._each(lambda h: self._unary(h, h.stub.OpenSession, request)))
         self.session = session
         return session
@@ -132,12 +135,17 @@ class GrpcOracle:
         query = pb.LogRatioRequest(session=self._require_session(), iteration=int(iteration),
                                    chains=np.asarray(chains).tolist(), theta=np.ravel(theta).tolist(),
                                    theta_prop=np.ravel(theta_prop).tolist())
-        return self._query(lambda r: r.log_ratio.CopyFrom(query))
+        return self._query(lambda r: r.log_ratio.CopyFrom(query), 1.0)
 
     def suff_stats(self, chains: np.ndarray, start: int, block: int) -> Answers:
         query = pb.SuffStatsRequest(session=self._require_session(), chains=np.asarray(chains).tolist(),
                                     start=int(start), block=int(block))
-        return self._query(lambda r: r.suff_stats.CopyFrom(query))
+        return self._query(lambda r: r.suff_stats.CopyFrom(query), 1.0)
+
+    def gradient(self, iteration: int, chains: np.ndarray, theta: np.ndarray, clip: float) -> Answers:
+        query = pb.GradientRequest(session=self._require_session(), iteration=int(iteration),
+                                   chains=np.asarray(chains).tolist(), theta=np.ravel(theta).tolist(), clip=clip)
+        return self._query(lambda r: r.gradient.CopyFrom(query), clip)
 
     def privacy_reports(self) -> list[PrivacyReport]:
         request = pb.PrivacyReportRequest(session=self.session or "")
@@ -181,7 +189,9 @@ class GrpcOracle:
                 raise r
         return results
 
-    def _query(self, fill: Callable[[pb.QueryRequest], None]) -> Answers:
+    def _query(self, fill: Callable[[pb.QueryRequest], None], noise_scale: float) -> Answers:
+        """One query on every host's stream. Each owner's noise sd must be its described σ_k
+        times ``noise_scale`` (1, or the clip of gradient answers)."""
         replies = self._run(self._each(lambda h: self._stream_query(h, fill)))
         values, noise = [], []
         for host, reply in zip(self._hosts, replies):
@@ -190,7 +200,14 @@ class GrpcOracle:
                 raise OwnerError(f"{host.label()} answered for {len(sd)} owners, it described {len(host.owners)}")
             values.append(v)
             noise.append(sd)
-        return Answers(np.concatenate(values), np.concatenate(noise))
+        noise_sd = np.concatenate(noise)
+        declared = self._noise_sd * noise_scale
+        wrong = ~np.isclose(noise_sd, declared, rtol=1e-12, atol=0.0)
+        if wrong.any():
+            k = int(np.argmax(wrong))
+            raise OwnerError(f"owner {self.describe()[k].name!r} answered with noise sd {noise_sd[k]:g}, but its "
+                             f"described policy gives {declared[k]:g}")
+        return Answers(np.concatenate(values), noise_sd)
 
     async def _stream_query(self, host: _Host, fill: Callable[[pb.QueryRequest], None]) -> pb.QueryReply:
         async def attempt() -> pb.QueryReply:
