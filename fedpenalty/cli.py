@@ -191,35 +191,107 @@ def cmd_owner_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_args(args: argparse.Namespace, *names: str) -> None:
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and (not math.isfinite(value) or value <= 0):
+            raise FedPenaltyError(f"--{name.replace('_', '-')} must be a positive finite number, got {value:g}")
+    if args.delta >= 1:
+        raise FedPenaltyError(f"--delta must be below 1, got {args.delta:g}")
+
+
 def cmd_account(args: argparse.Namespace) -> int:
+    """ε of Gaussian answers (``--sigma``) or of Poisson-subsampled Gaussian answers
+    (``--sampling-rate``), or the calibration of σ, of the noise multiplier or of the steps."""
+    if args.sampling_rate is not None:
+        return _account_subsampled(args)
+    given = [f"--{n.replace('_', '-')}" for n in ("noise_multiplier", "steps", "accountant", "neighbour")
+             if getattr(args, n) is not None]
+    if given:
+        raise FedPenaltyError(f"{', '.join(given)}: for subsampled gradient answers only; give --sampling-rate too")
     from .privacy import calibrate_sigma, epsilon_for_delta, paper_bound_epsilon
 
     if (args.sigma is None) == (args.epsilon is None):
         raise FedPenaltyError("give exactly one of --sigma (to get ε) or --epsilon (to get the calibrated σ)")
-    for name in ("sigma", "epsilon", "sensitivity", "delta"):
-        value = getattr(args, name)
-        if value is not None and (not math.isfinite(value) or value <= 0):
-            raise FedPenaltyError(f"--{name} must be a positive finite number, got {value:g}")
-    if args.delta >= 1:
-        raise FedPenaltyError(f"--delta must be below 1, got {args.delta:g}")
-    if args.queries < 1:
+    sensitivity = 1.0 if args.sensitivity is None else args.sensitivity
+    queries = 1 if args.queries is None else args.queries
+    _positive_args(args, "sigma", "epsilon", "sensitivity", "delta")
+    if queries < 1:
         raise FedPenaltyError("--queries must be a positive integer")
     if args.sigma is not None:
-        mu_answer = args.sensitivity / args.sigma
-        eps = epsilon_for_delta(mu_answer * math.sqrt(args.queries), args.delta)
-        paper = paper_bound_epsilon(mu_answer, args.queries, args.delta)
-        out = {"sigma": args.sigma, "sensitivity": args.sensitivity, "queries": args.queries, "delta": args.delta,
-               "mu": mu_answer * math.sqrt(args.queries), "epsilon": eps,
+        mu_answer = sensitivity / args.sigma
+        eps = epsilon_for_delta(mu_answer * math.sqrt(queries), args.delta)
+        paper = paper_bound_epsilon(mu_answer, queries, args.delta)
+        out = {"sigma": args.sigma, "sensitivity": sensitivity, "queries": queries, "delta": args.delta,
+               "mu": mu_answer * math.sqrt(queries), "epsilon": eps,
                "epsilon_paper_bound": paper if math.isfinite(paper) else None}
-        text = (f"{args.queries} Gaussian answers, sensitivity {args.sensitivity:g}, σ = {args.sigma:g}: "
+        text = (f"{queries} Gaussian answers, sensitivity {sensitivity:g}, σ = {args.sigma:g}: "
                 f"μ = {out['mu']:.6g}\n  ε = {eps:.10g} at δ = {args.delta:g} (exact, analytic Gaussian)\n"
                 f"  ε = {_fmt(paper, 10)} (paper's bound: classical Gaussian + advanced composition)")
     else:
-        sigma = calibrate_sigma(args.epsilon, args.delta, args.queries, args.sensitivity)
-        out = {"sigma": sigma, "epsilon": args.epsilon, "sensitivity": args.sensitivity, "queries": args.queries,
+        sigma = calibrate_sigma(args.epsilon, args.delta, queries, sensitivity)
+        out = {"sigma": sigma, "epsilon": args.epsilon, "sensitivity": sensitivity, "queries": queries,
                "delta": args.delta}
-        text = (f"σ = {sigma:.10g} gives ε = {args.epsilon:g} at δ = {args.delta:g} for {args.queries} answers "
-                f"of sensitivity {args.sensitivity:g} (exact)")
+        text = (f"σ = {sigma:.10g} gives ε = {args.epsilon:g} at δ = {args.delta:g} for {queries} answers "
+                f"of sensitivity {sensitivity:g} (exact)")
+    print(json.dumps(out) if args.json else text)
+    return 0
+
+
+#: How each neighbour relation is accounted for subsampled-Gaussian answers (privacy.subsampled).
+_SUBSAMPLED_NEIGHBOUR = {
+    "add_remove": "add_remove: one record added or removed (sensitivity clip)",
+    "replace_one": "replace_one: one record replaced (sensitivity 2·clip)",
+}
+
+
+def _account_subsampled(args: argparse.Namespace) -> int:
+    """``account --sampling-rate``: ε of T answers, or the calibrated noise multiplier
+    (``--epsilon``), or the largest T (``--epsilon`` and ``--noise-multiplier``)."""
+    from .privacy import subsampled
+
+    gaussian_only = [f"--{n}" for n in ("sigma", "sensitivity", "queries") if getattr(args, n) is not None]
+    if gaussian_only:
+        raise FedPenaltyError(f"{', '.join(gaussian_only)}: for Gaussian answers only; with --sampling-rate give "
+                              "two of --noise-multiplier, --steps and --epsilon")
+    _positive_args(args, "sampling_rate", "noise_multiplier", "epsilon", "delta")
+    if args.sampling_rate > 1:
+        raise FedPenaltyError(f"--sampling-rate must be in (0, 1], got {args.sampling_rate:g}")
+    if args.steps is not None and args.steps < 1:
+        raise FedPenaltyError("--steps must be a positive integer")
+    accountant = args.accountant or "pld"
+    neighbour = args.neighbour or "replace_one"
+    q, sigma, steps, eps = args.sampling_rate, args.noise_multiplier, args.steps, args.epsilon
+    out: dict[str, Any] = {"sampling_rate": q, "delta": args.delta, "accountant": accountant,
+                           "neighbour": neighbour}
+    how = (f"{accountant.upper()} accountant (dp-accounting), Poisson sampling, "
+           f"neighbour {_SUBSAMPLED_NEIGHBOUR[neighbour]}")
+    if accountant == "rdp" and neighbour == "replace_one":
+        how += "; RDP accounts it as add_remove at noise multiplier σ/2 (conservative)"
+    if eps is None:
+        if sigma is None or steps is None:
+            raise FedPenaltyError("with --sampling-rate give --noise-multiplier and --steps (ε), --epsilon and "
+                                  "--steps (noise multiplier), or --epsilon and --noise-multiplier (steps)")
+        out.update(noise_multiplier=sigma, steps=steps)
+        out["epsilon"] = subsampled.epsilon(subsampled.SubsampledGaussian(q, sigma, steps), args.delta,
+                                            neighbour=neighbour, accountant=accountant)
+        text = (f"{steps} answers at sampling rate {q:g}, noise multiplier {sigma:g} (noise sd σ·clip):\n"
+                f"  ε = {out['epsilon']:.10g} at δ = {args.delta:g}\n  {how}")
+    elif sigma is None:
+        if steps is None:
+            raise FedPenaltyError("--epsilon with --sampling-rate needs --steps (or --noise-multiplier for the steps)")
+        out.update(epsilon=eps, steps=steps)
+        out["noise_multiplier"] = subsampled.calibrate_noise_multiplier(eps, args.delta, q, steps,
+                                                                        neighbour=neighbour, accountant=accountant)
+        text = (f"noise multiplier σ = {out['noise_multiplier']:.10g} (noise sd σ·clip) gives ε = {eps:g} at "
+                f"δ = {args.delta:g} for {steps} answers at sampling rate {q:g}\n  {how}")
+    else:
+        if steps is not None:
+            raise FedPenaltyError("give at most two of --epsilon, --noise-multiplier and --steps")
+        out.update(epsilon=eps, noise_multiplier=sigma)
+        out["steps"] = subsampled.max_steps(sigma, q, eps, args.delta, neighbour=neighbour, accountant=accountant)
+        text = (f"at most {out['steps']} answers at sampling rate {q:g}, noise multiplier {sigma:g} stay within "
+                f"ε = {eps:g} at δ = {args.delta:g}\n  {how}")
     print(json.dumps(out) if args.json else text)
     return 0
 
@@ -261,11 +333,20 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--json", action="store_true", help="print JSON")
     report.set_defaults(func=cmd_owner_report)
 
-    acc = sub.add_parser("account", help="ε of T Gaussian answers, or σ for a target ε")
-    acc.add_argument("--sigma", type=float, help="noise sd of each answer")
-    acc.add_argument("--epsilon", type=float, help="target ε (prints the calibrated σ instead)")
-    acc.add_argument("--sensitivity", type=float, default=1.0, help="L2 sensitivity of each answer (default 1)")
-    acc.add_argument("--queries", type=int, default=1, help="number of answers T (default 1)")
+    acc = sub.add_parser("account", help="ε of T Gaussian or subsampled-Gaussian answers, or a calibration",
+                         description="Gaussian answers: --sigma (or --epsilon) with --sensitivity, --queries. "
+                                     "Poisson-subsampled Gaussian answers (SG-MCMC gradients): --sampling-rate with "
+                                     "two of --noise-multiplier, --steps, --epsilon; the third is computed.")
+    acc.add_argument("--sigma", type=float, help="Gaussian: noise sd of each answer")
+    acc.add_argument("--epsilon", type=float, help="target ε (prints the calibrated σ, noise multiplier or steps)")
+    acc.add_argument("--sensitivity", type=float, help="Gaussian: L2 sensitivity of each answer (default 1)")
+    acc.add_argument("--queries", type=int, help="Gaussian: number of answers T (default 1)")
+    acc.add_argument("--sampling-rate", type=float, help="subsampled: Poisson sampling rate q in (0, 1]")
+    acc.add_argument("--noise-multiplier", type=float, help="subsampled: noise sd / clip")
+    acc.add_argument("--steps", type=int, help="subsampled: number of answers T")
+    acc.add_argument("--accountant", choices=("pld", "rdp"), help="subsampled: pld (default) or rdp")
+    acc.add_argument("--neighbour", choices=("replace_one", "add_remove"),
+                     help="subsampled: neighbour relation (default replace_one, sensitivity 2·clip)")
     acc.add_argument("--delta", type=float, default=1e-5, help="δ (default 1e-5)")
     acc.add_argument("--json", action="store_true", help="print JSON")
     acc.set_defaults(func=cmd_account)
