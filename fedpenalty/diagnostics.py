@@ -11,8 +11,11 @@ from arviz_stats.base import array_stats
 from .models import Reference
 
 
-def summarize(theta: np.ndarray, accepted: np.ndarray, reference: Reference | None = None) -> dict[str, Any]:
+def summarize(theta: np.ndarray, accepted: np.ndarray | None, reference: Reference | None = None) -> dict[str, Any]:
     """theta ``(C, T, d)`` draws, accepted ``(C, T)`` → the ``diagnostics.json`` fields.
+
+    ``accepted`` is None for samplers without an accept step (SG-MCMC) and for independent
+    draws (the one-shot baselines): the acceptance fields are then null.
 
     ``error`` (with a reference): ``mean_abs`` |mean − ref mean| per dimension,
     ``mean_in_sd`` the same in reference sds, ``sd_ratio`` posterior sd / reference sd.
@@ -20,8 +23,8 @@ def summarize(theta: np.ndarray, accepted: np.ndarray, reference: Reference | No
     mean = theta.mean(axis=(0, 1))
     sd = theta.std(axis=(0, 1), ddof=1)
     out: dict[str, Any] = {
-        "acceptance_rate": float(np.mean(accepted)),
-        "acceptance_rate_per_chain": np.mean(accepted, axis=1).tolist(),
+        "acceptance_rate": None if accepted is None else float(np.mean(accepted)),
+        "acceptance_rate_per_chain": None if accepted is None else np.mean(accepted, axis=1).tolist(),
         "ess_bulk": np.atleast_1d(array_stats.ess(theta, chain_axis=0, draw_axis=1, method="bulk")).tolist(),
         "rhat": np.atleast_1d(array_stats.rhat(theta, chain_axis=0, draw_axis=1, method="rank")).tolist()
         if theta.shape[0] > 1 else None,

@@ -16,8 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import expfam, mh
-from .driver import Progress
+from . import expfam, mh, sgmcmc
+from .driver import Progress, State
+
+_SG_KINDS = {sgmcmc.SGLDState: "sgld", sgmcmc.SGHMCState: "sghmc", sgmcmc.SGNHTState: "sgnht"}
 
 FORMAT = "fedpenalty-checkpoint-1"
 
@@ -26,11 +28,19 @@ def save(path: Path, progress: Progress) -> None:
     """Write ``progress`` to ``path`` atomically."""
     state = progress.state
     chain = state.mh if isinstance(state, expfam.ExpFamState) else state
+    sg_kind = _SG_KINDS.get(type(state))
     meta = {"format": FORMAT, "done": progress.done, "warmup": progress.warmup, "rng_state": progress.rng_state,
             "noise_sum": progress.noise_sum, "noise_count": progress.noise_count, "iteration": chain.iteration,
+            "excess_max": progress.excess_max, "excess_steps": progress.excess_steps, "sgmcmc": sg_kind,
             "expfam": None if chain is state else {"stats_start": state.stats_start, "stats_var": state.stats_var}}
-    arrays = {"theta": progress.theta, "accepted": progress.accepted, "queried": progress.queried,
-              "state_theta": chain.theta, "state_log_prior": chain.log_prior}
+    arrays = {"theta": progress.theta, "queried": progress.queried, "state_theta": chain.theta}
+    if progress.accepted is not None:
+        arrays["accepted"] = progress.accepted
+    if sg_kind is None:
+        arrays["state_log_prior"] = chain.log_prior
+    for extra in ("momentum", "thermostat"):
+        if hasattr(state, extra):
+            arrays[f"state_{extra}"] = getattr(state, extra)
     if chain is not state:
         arrays["stats"] = state.stats
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -61,9 +71,21 @@ def load(path: Path) -> Progress:
         raise ValueError(f"{path} is not a readable checkpoint ({exc})") from exc
     if meta.get("format") != FORMAT:
         raise ValueError(f"{path} is not a {FORMAT} file")
-    chain = mh.MHState(arrays["state_theta"], arrays["state_log_prior"], meta["iteration"])
-    state: mh.MHState | expfam.ExpFamState = chain
-    if meta["expfam"] is not None:
-        state = expfam.ExpFamState(chain, arrays["stats"], meta["expfam"]["stats_start"], meta["expfam"]["stats_var"])
-    return Progress(meta["done"], meta["warmup"], state, meta["rng_state"], arrays["theta"].copy(),
-                    arrays["accepted"].copy(), arrays["queried"].copy(), meta["noise_sum"], meta["noise_count"])
+    theta, iteration = arrays["state_theta"], meta["iteration"]
+    kind = meta.get("sgmcmc")
+    state: State
+    if kind == "sgld":
+        state = sgmcmc.SGLDState(theta, iteration)
+    elif kind == "sghmc":
+        state = sgmcmc.SGHMCState(theta, arrays["state_momentum"], iteration)
+    elif kind == "sgnht":
+        state = sgmcmc.SGNHTState(theta, arrays["state_momentum"], arrays["state_thermostat"], iteration)
+    else:
+        state = mh.MHState(theta, arrays["state_log_prior"], iteration)
+        if meta["expfam"] is not None:
+            state = expfam.ExpFamState(state, arrays["stats"], meta["expfam"]["stats_start"],
+                                       meta["expfam"]["stats_var"])
+    accepted = arrays["accepted"].copy() if "accepted" in arrays else None
+    return Progress(meta["done"], meta["warmup"], state, meta["rng_state"], arrays["theta"].copy(), accepted,
+                    arrays["queried"].copy(), meta["noise_sum"], meta["noise_count"], meta.get("excess_max", 0.0),
+                    meta.get("excess_steps", 0))

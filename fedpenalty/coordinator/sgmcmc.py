@@ -64,12 +64,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from ..models import Model
 from ..owner.gradient import owner_gradient
+
+if TYPE_CHECKING:
+    from .oracle import Oracle
 
 #: (iteration, chains (m,), theta (m, d)) -> (Σ_k g̃_k/q_k (m, d), owner-noise variance s² (m,))
 GradFn = Callable[[int, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
@@ -168,11 +171,17 @@ def reflect(theta: np.ndarray, bound: float) -> tuple[np.ndarray, np.ndarray]:
     return np.clip(np.where(odd, width - r, r) - bound, -bound, bound), k
 
 
+#: Relative excess below which the owners' noise counts as fitting (floating-point rounding, as
+#: when the step is exactly the admissible one computed from the same σ, q and clip).
+EXCESS_TOLERANCE = 1e-12
+
+
 def _noise_split(design_var: float, owner_var: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Injected variance max(design − owner, 0) and excess ratio max(owner/design − 1, 0)."""
+    """Injected variance max(design − owner, 0) and excess ratio max(owner/design − 1, 0)
+    (0 within ``EXCESS_TOLERANCE``)."""
     injected = np.maximum(design_var - owner_var, 0.0)
-    excess = np.maximum(owner_var / design_var - 1.0, 0.0)
-    return injected, excess
+    excess = owner_var / design_var - 1.0
+    return injected, np.where(excess > EXCESS_TOLERANCE, excess, 0.0)
 
 
 def _gradient(state_theta: np.ndarray, iteration: int, model: Model, grad: GradFn) -> tuple[np.ndarray, np.ndarray]:
@@ -336,5 +345,19 @@ def simulated_gradient(model: Model, owners: list[SimulatedOwner] | tuple[Simula
             total += owner_gradient(model, o.records, theta, rng, o.sampling_rate, o.clip,
                                     o.noise_multiplier) / o.sampling_rate
         return total, np.full(len(chains), s2)
+
+    return grad
+
+
+def oracle_gradient(oracle: "Oracle", sampling_rate: float, clip: float) -> GradFn:
+    """The gradient function of owners behind ``oracle`` in an ``sgmcmc`` session opened at
+    ``sampling_rate`` q: each owner k answers Σ over its Poisson(q) sample of ∇ℓ clipped to L2
+    norm ``clip``, plus N(0, (σ_k·clip)² I), and declares its noise sd σ_k·clip. Returns
+    G = Σ_k answer_k / q ``(m, d)`` and s² = Σ_k (noise sd_k / q)² per chain ``(m,)``."""
+    q = float(sampling_rate)
+
+    def grad(iteration: int, chains: np.ndarray, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        total, variance = oracle.gradient(iteration, chains, theta, clip).total()
+        return total / q, np.full(len(chains), variance / q**2)
 
     return grad
