@@ -103,8 +103,10 @@ def test_plan_caps_the_answers_and_the_budget_caps_the_plan(tmp_path):
     node.open_session("g", "sgmcmc", 6, sampling_rate=0.05)
     ask(node, 0)
     ask(node, 1)
-    with pytest.raises(BudgetExhausted, match="plan of 6 gradient answers"):
+    with pytest.raises(BudgetExhausted, match="plan of 6 gradient answers") as refused:
         ask(node, 2)
+    spent = node.privacy_report().total.epsilon
+    assert refused.value.epsilon_left == pytest.approx(20.0 - spent)  # the budget itself is not used up
     assert node.privacy_report("g").session.answers == 6
 
 

@@ -249,7 +249,7 @@ class OwnerHost:
             return owner_gradient(self.model, node.records, theta[new], node.rng, q, float(clip), node.policy.sigma)
 
         sampled = SampledCharge(q, np.array([n.policy.sigma for n in self.nodes]),
-                                np.array([o.planned_answers for o in opened]))
+                                np.array([o.planned_answers for o in opened]), [n.policy.neighbour for n in self.nodes])
         zero_mus = np.zeros((len(self.nodes), len(chains)))
         return self._answer(session, chains, np.full(len(chains), iteration), digests, self.model.dim, fresh,
                             zero_mus, sampled)
@@ -281,8 +281,8 @@ class OwnerHost:
         for idx in self._by_ledger.values():
             if new[idx].any():
                 nodes = [self.nodes[k] for k in idx]
-                part = None if sampled is None else SampledCharge(sampled.q, sampled.noise_multiplier[idx],
-                                                                  sampled.plan[idx])
+                part = None if sampled is None else SampledCharge(
+                    sampled.q, sampled.noise_multiplier[idx], sampled.plan[idx], [sampled.neighbour[k] for k in idx])
                 nodes[0].ledger.charge(Charge(
                     session, [n.name for n in nodes], chains, iterations, digests, out[idx], mus[idx], new[idx],
                     np.array([n.max_mu_squared for n in nodes]), np.array([n.policy.budget_epsilon for n in nodes]),

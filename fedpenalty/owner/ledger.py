@@ -31,6 +31,7 @@ import numpy as np
 
 from ..errors import BudgetExhausted, InvalidRequest, UnknownSession
 from ..privacy import GaussianSpend
+from ..privacy.owner_epsilon import owner_epsilon
 from ..privacy.subsampled import SubsampledGaussian
 
 _ALL_SESSIONS = 0  # the spend rows that total every session (name ids start at 1)
@@ -100,11 +101,13 @@ class Charge:
 
 @dataclass(frozen=True)
 class SampledCharge:
-    """Subsampled-Gaussian charge parameters: rate ``q``, per-owner noise multipliers and plans."""
+    """Subsampled-Gaussian charge parameters: rate ``q``, per-owner noise multipliers, plans and
+    neighbour relations."""
 
     q: float
     noise_multiplier: np.ndarray
     plan: np.ndarray
+    neighbour: list[str]
 
 
 class Ledger:
@@ -292,10 +295,13 @@ class Ledger:
         over = used + add > c.sampled.plan
         if over.any():
             k = int(np.argmax(over))
+            spent, _ = owner_epsilon(self._spend_of(c.owners[k]), self._sampled(c.owners[k]), float(c.delta[k]),
+                                     c.sampled.neighbour[k])
+            left = max(float(c.budget_epsilon[k]) - spent, 0.0)
             raise BudgetExhausted(
                 f"privacy budget: this session's plan of {int(c.sampled.plan[k])} gradient answers (the most the "
-                f"owner's budget was checked for when the session opened) is used up ({int(used[k])} answered)",
-                c.owners[k], epsilon_left=0.0)
+                f"owner's budget was checked for when the session opened) is used up ({int(used[k])} answered; "
+                f"ε {left:.4g} left of the budget for a new session)", c.owners[k], epsilon_left=left)
         self._db.executemany(
             "INSERT INTO sampled(session_id, owner_id, sampling_rate, noise_multiplier, answers) VALUES (?,?,?,?,?) "
             "ON CONFLICT(session_id, owner_id, sampling_rate, noise_multiplier) DO UPDATE SET answers=answers+excluded.answers",

@@ -14,6 +14,7 @@ would set lies up there, and any request an owner receives may be hostile.
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 from .gaussian import mu_for_epsilon
@@ -25,8 +26,19 @@ PLD_EPSILON_LIMIT = 50.0
 
 def owner_epsilon(spend: GaussianSpend, sampled: Sequence[SubsampledGaussian], delta: float,
                   neighbour: str) -> tuple[float, str]:
-    """(ε at ``delta``, accountant name) of ``spend`` and ``sampled`` together."""
-    sampled = [e for e in sampled if e.count > 0]
+    """(ε at ``delta``, accountant name) of ``spend`` and ``sampled`` together. Memoised: the
+    owners of one host usually ask the very same question."""
+    return _owner_epsilon(spend, _canonical(sampled), delta, neighbour)
+
+
+def _canonical(sampled: Sequence[SubsampledGaussian]) -> tuple[SubsampledGaussian, ...]:
+    """The events that released something, in a fixed order (a hashable cache key)."""
+    return tuple(sorted((e for e in sampled if e.count > 0), key=lambda e: (e.sampling_rate, e.noise_multiplier, e.count)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _owner_epsilon(spend: GaussianSpend, sampled: tuple[SubsampledGaussian, ...], delta: float,
+                   neighbour: str) -> tuple[float, str]:
     if not sampled:
         return spend.epsilon(delta), "gdp"
     events = list(sampled)
@@ -47,8 +59,15 @@ def max_gdp_mu_squared(budget_epsilon: float, delta: float, neighbour: str,
     returns the lower end of its final bracket (relative width ``tolerance``), so it never
     overstates what fits. 0 when ``sampled`` alone already exceeds the budget.
     """
+    return _max_gdp_mu_squared(budget_epsilon, delta, neighbour, _canonical(sampled),
+                               tolerance)
+
+
+@functools.lru_cache(maxsize=1024)
+def _max_gdp_mu_squared(budget_epsilon: float, delta: float, neighbour: str, sampled: tuple[SubsampledGaussian, ...],
+                        tolerance: float) -> float:
     upper = mu_for_epsilon(budget_epsilon, delta)
-    if not any(e.count > 0 for e in sampled):
+    if not sampled:
         return upper**2
 
     def fits(mu: float) -> bool:
