@@ -27,11 +27,33 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join([line, "  ".join("-" * w for w in widths), *body])
 
 
+#: privacy.json owner keys shown per algorithm family: (key, header) in order.
+_PENALTY_COLUMNS = [("owner", "owner"), ("n", "n"), ("sigma", "sigma"), ("answers", "answers"), ("mu", "mu"),
+                    ("epsilon", "eps"), ("epsilon_paper_bound", "eps paper bound"), ("budget_epsilon", "budget")]
+_PRIVACY_COLUMNS = {
+    "sgmcmc": [("owner", "owner"), ("n", "n"), ("noise_multiplier", "noise mult."), ("sampling_rate", "q"),
+               ("clip", "clip"), ("answers", "answers"), ("epsilon", "eps"), ("budget_epsilon", "budget")],
+    "hybrid": [("owner", "owner"), ("n", "n"), ("noise_multiplier", "noise mult."), ("sampling_rate", "q"),
+               ("answers", "answers"), ("epsilon_ops", "eps OPS"), ("epsilon_sgld", "eps SGLD"), ("epsilon", "eps"),
+               ("budget_epsilon", "budget")],
+    "ops": [("owner", "owner"), ("n", "n"), ("draws", "draws"), ("rho", "rho"), ("epsilon", "eps")],
+    "noisy_stats": [("owner", "owner"), ("n", "n"), ("mechanism", "mechanism"), ("scale", "scale"),
+                    ("sensitivity", "sensitivity"), ("epsilon", "eps")],
+}
+
+
 def privacy_table(privacy: dict[str, Any]) -> str:
-    rows = [[o["owner"], str(o["n"]), _fmt(o["sigma"]), str(o["answers"]), _fmt(o["mu"]), _fmt(o["epsilon"]),
-             _fmt(o["epsilon_paper_bound"]), _fmt(o["budget_epsilon"])] for o in privacy["owners"]]
+    """The per-owner rows of a run's privacy.json, with the columns its algorithm has."""
+    algorithm = privacy["algorithm"]
+    family = "sgmcmc" if algorithm in ("sgld", "sghmc", "sgnht") else algorithm
+    columns = _PRIVACY_COLUMNS.get(family, _PENALTY_COLUMNS)
     eps = "eps@δ" if privacy["delta"] is None else f"eps@{privacy['delta']:g}"
-    return table(["owner", "n", "sigma", "answers", "mu", eps, "eps paper bound", "budget"], rows)
+
+    def cell(value: Any) -> str:
+        return value if isinstance(value, str) else str(value) if isinstance(value, int) else _fmt(value)
+
+    return table([eps if key == "epsilon" else header for key, header in columns],
+                 [[cell(o.get(key)) for key, _ in columns] for o in privacy["owners"]])
 
 
 def mixing_table(diag: dict[str, Any]) -> str:
@@ -57,15 +79,37 @@ def print_run(title: str, result) -> None:
     privacy, diag = result.privacy, result.diagnostics
     if privacy.get("owners"):
         delta = f"δ = {privacy['delta']:g}" if privacy["delta"] is not None else "each owner's own δ"
-        print(f"\nPer-owner privacy ({privacy['neighbour'] or 'owners differ'}, {delta}; each owner's own ledger):")
+        neighbour = privacy["neighbour"] or "owners differ"
+        print(f"\nPer-owner privacy ({neighbour}: {privacy.get('neighbour_meaning', '')}; {delta}; "
+              f"{privacy['release']}):")
         print(privacy_table(privacy))
+        if privacy.get("trusted_curator"):
+            print("trusted curator: this baseline pools every owner's records centrally")
     elif privacy.get("trusted_curator"):
         print("\nexact_mh is the non-private trusted-curator baseline: no owner privacy.")
     if diag["kept_draws"] > 1:
-        print(f"\nMixing: acceptance {diag['acceptance_rate']:.3f}, mean noise variance s² "
-              f"{diag['mean_noise_variance']:.3g}")
+        if diag.get("acceptance_rate") is not None:
+            print(f"\nMixing: acceptance {diag['acceptance_rate']:.3f}, mean noise variance s² "
+                  f"{diag['mean_noise_variance']:.3g}")
+        elif "excess_noise_ratio" in diag:
+            print(f"\nMixing (SG-MCMC, no accept step): owners' gradient-noise variance s² "
+                  f"{diag['mean_noise_variance']:.3g} per coordinate, excess noise ratio "
+                  f"{diag['excess_noise_ratio']:.3g}")
+        else:
+            print(f"\nIndependent draws ({privacy.get('algorithm', '')}):")
         print(mixing_table(diag))
     print(f"\nrun directory: {result.out}")
+
+
+def excess_warning(diag: dict[str, Any]) -> str | None:
+    """The warning of an SG-MCMC run whose owners' noise exceeded the design noise (else None)."""
+    ratio = diag.get("excess_noise_ratio") or 0.0
+    if ratio <= 0:
+        return None
+    return (f"warning: the owners' gradient noise exceeded the noise the dynamics needs (excess_noise_ratio "
+            f"{ratio:.3g}, in {diag['excess_noise_fraction']:.1%} of chain steps): the chain runs hotter than the "
+            "posterior; lower sampler.step (sghmc, sgnht: or raise sampler.friction), raise sampler.sampling_rate, "
+            "or give the owners less noise (privacy.sigma)")
 
 
 def stop_message(result, resumable: bool) -> str:
@@ -90,10 +134,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         scenario["run"]["progress"] = False
     result = run_scenario(scenario, args.out)
     model, sampler = scenario["model"], scenario["sampler"]
-    transport = "" if sampler["algorithm"] == "exact_mh" else f", {scenario['run']['transport']} transport"
+    one_shot = sampler["algorithm"] in ("exact_mh", "ops", "noisy_stats")
+    transport = "" if one_shot else f", {scenario['run']['transport']} transport"
+    warmup = "" if sampler["algorithm"] in ("ops", "noisy_stats") else f" (+{sampler['warmup']} warmup)"
     print_run(f"fedpenalty simulate: {sampler['algorithm']} on {model['name']} (dim {model.get('dim', 1)}), "
               f"{scenario['data']['owners']} owners{transport}, {sampler['chains']} chains × {sampler['iterations']} "
-              f"draws (+{sampler['warmup']} warmup)", result)
+              f"draws{warmup}", result)
+    if warning := excess_warning(result.diagnostics):
+        print(warning, file=sys.stderr)
     if result.stopped is not None:
         print(stop_message(result, resumable=False), file=sys.stderr)
         return 3
@@ -129,6 +177,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         result = run_deployed(scenario, owners, _tls(args), args.out)
     owners_n = len(result.privacy.get("owners", [])) or "the"
     print_run(f"fedpenalty run: {result.privacy.get('algorithm', '')} with {owners_n} deployed owners", result)
+    if warning := excess_warning(result.diagnostics):
+        print(warning, file=sys.stderr)
     if result.stopped is not None:
         print(stop_message(result, resumable=True), file=sys.stderr)
         return 3
@@ -357,7 +407,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (FedPenaltyError, ValueError, FileExistsError) as exc:
+    except (FedPenaltyError, ValueError, FileExistsError, FloatingPointError) as exc:
         print(f"fedpenalty: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

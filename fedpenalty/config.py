@@ -17,9 +17,17 @@ from typing import Any, Callable
 
 import tomli_w
 
+from .coordinator.driver import KERNELS, SG_KERNELS
 from .errors import ConfigError
 from .models import MODELS, ExpFamModel, build_model
 from .models.base import NEIGHBOURS
+
+#: The papers' one-shot and hybrid baselines, run by the simulation beside the kernels.
+BASELINES = ("ops", "noisy_stats", "hybrid")
+#: Every value of ``sampler.algorithm``.
+ALGORITHMS = (*KERNELS, *BASELINES)
+#: Models whose posterior given sufficient statistics is closed form (``noisy_stats``).
+CONJUGATE_MODELS = ("gaussian_mean", "bernoulli", "poisson")
 
 Check = Callable[[str, Any], Any]
 
@@ -45,6 +53,12 @@ def _positive(name: str, v: Any) -> float:
 def _probability(name: str, v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1:
         raise ConfigError(f"{name} must be a number strictly between 0 and 1, got {v!r}")
+    return float(v)
+
+
+def _rate(name: str, v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
+        raise ConfigError(f"{name} must be a number in (0, 1], got {v!r}")
     return float(v)
 
 
@@ -109,18 +123,37 @@ SCHEMA: dict[str, dict[str, tuple[Any, Check, str]]] = {
     },
     "privacy": {
         "delta": (1e-5, _probability, "δ at which ε is reported and budgets are enforced"),
-        "sigma": (1.0, _scalar_or_list(_positive), "owner noise sd: one number or one per owner"),
+        "sigma": (1.0, _scalar_or_list(_positive), "owner noise sd (sgld, sghmc, sgnht: noise multiplier, sd σ·clip): "
+                                                   "one number or one per owner"),
         "budget_epsilon": (10.0, _positive, "each owner refuses answers past this ε at δ"),
         "max_step": (None, _optional(_positive), "largest ‖θ'−θ‖ owners answer for (default: sampler.step)"),
         "neighbour": ("replace_one", _one_of(*NEIGHBOURS), "neighbouring relation of the DP guarantee"),
+        "epsilon": (1.0, _positive, "ops, noisy_stats, hybrid: each owner's target ε (at δ for noisy_stats with "
+                                    "mechanism 'gaussian' and for hybrid; δ = 0 otherwise)"),
+        "mechanism": ("laplace", _one_of("laplace", "gaussian"),
+                      "noisy_stats: noise of the one release (Laplace of L1 sensitivity, or exactly calibrated Gaussian)"),
+        "ops_form": ("wang", _one_of("wang", "foulds"),
+                     "ops, hybrid: OPS temperature min{1, ε/(4B)} (wang; ε/(2B) for add_remove) or min{1, ε/(2C)} "
+                     "(foulds; replace_one only)"),
     },
     "sampler": {
-        "algorithm": ("penalty", _one_of("penalty", "penalty_expfam", "exact_mh"), "which sampler to run"),
+        "algorithm": ("penalty", _one_of(*ALGORITHMS), "which sampler or baseline to run"),
         "iterations": (1000, _positive_int, "kept iterations per chain"),
         "warmup": (500, _non_negative_int, "discarded iterations per chain (still charged)"),
         "chains": (4, _positive_int, "number of chains"),
-        "step": (0.05, _positive, "radius of the uniform-in-ball random-walk proposal"),
+        "step": (0.05, _positive, "penalty, penalty_expfam, exact_mh: radius of the uniform-in-ball proposal; "
+                                  "sgld, sghmc, sgnht, hybrid: the step η (units of θ²), or a in η_t = a (b + t)^−γ"),
         "block": (1, _positive_int, "penalty_expfam: noisy statistic copies released per reply"),
+        "step_schedule": ("constant", _one_of("constant", "polynomial"),
+                          "sgld, sghmc, sgnht, hybrid: η_t = step, or η_t = step · (b + t)^−γ"),
+        "step_decay_b": (1.0, _positive, "polynomial schedule: b"),
+        "step_decay_gamma": (0.55, _positive, "polynomial schedule: γ"),
+        "sampling_rate": (0.01, _rate, "sgld, sghmc, sgnht, hybrid: each owner's Poisson sampling rate q per answer"),
+        "clip": (1.0, _positive, "sgld, sghmc, sgnht, hybrid: per-record gradient clip C (L2 norm); noise sd σ·C"),
+        "ops_mh_steps": (2000, _positive_int, "ops, hybrid on models without a closed-form tempered posterior: "
+                                              "exact-MH steps per released draw (after tuning)"),
+        "friction": (1.0, _positive, "sghmc: friction C; sgnht: diffusion A (per unit of h = √η; "
+                                     "needs h·friction ≤ 1 for sghmc, < ½ for sgnht)"),
         "init_scale": (0.25, _positive, "chains start uniform in init_scale × Θ (data independent)"),
     },
     "run": {
@@ -237,12 +270,28 @@ def _check_consistency(s: dict[str, dict[str, Any]], dim: int, theta_bound: floa
     values = true_theta if isinstance(true_theta, list) else [true_theta]
     if any(abs(v) > theta_bound for v in values):
         raise ConfigError(f"data.true_theta must lie inside Θ = [-{theta_bound:g}, {theta_bound:g}]^{dim}")
-    if privacy["max_step"] is not None and sampler["step"] > privacy["max_step"]:
+    algorithm = sampler["algorithm"]
+    mh_like = algorithm in ("penalty", "penalty_expfam", "exact_mh")
+    if mh_like and privacy["max_step"] is not None and sampler["step"] > privacy["max_step"]:
         raise ConfigError(f"sampler.step = {sampler['step']:g} exceeds privacy.max_step = {privacy['max_step']:g}; "
                           "owners would refuse every query")
-    if sampler["algorithm"] == "penalty_expfam" and not isinstance(build_model(s["model"]), ExpFamModel):
+    if algorithm == "penalty_expfam" and not isinstance(build_model(s["model"]), ExpFamModel):
         raise ConfigError(f"sampler.algorithm = 'penalty_expfam' needs an exponential-family model; "
                           f"{s['model']['name']!r} is not one")
+    if algorithm == "noisy_stats" and s["model"]["name"] not in CONJUGATE_MODELS:
+        raise ConfigError(f"sampler.algorithm = 'noisy_stats' needs a model with a conjugate posterior "
+                          f"({', '.join(CONJUGATE_MODELS)}); {s['model']['name']!r} has none")
+    if algorithm in ("ops", "hybrid") and privacy["ops_form"] == "foulds" and privacy["neighbour"] != "replace_one":
+        raise ConfigError("privacy.ops_form = 'foulds' (the 2C form) is for replace_one neighbours; "
+                          "use ops_form = 'wang' with add_remove")
+    if algorithm in ("sghmc", "sgnht"):
+        first_step = sampler["step"] * (sampler["step_decay_b"] ** -sampler["step_decay_gamma"]
+                                        if sampler["step_schedule"] == "polynomial" else 1.0)
+        per_step = math.sqrt(first_step) * sampler["friction"]
+        limit_ok, rule = (per_step <= 1.0, "at most 1") if algorithm == "sghmc" else (per_step < 0.5, "below 0.5")
+        if not limit_ok:
+            raise ConfigError(f"sampler.friction × √(first step) = {per_step:.4g} must be {rule} for {algorithm} "
+                              "(h·friction is the friction per step); reduce sampler.step or sampler.friction")
     if sampler["init_scale"] > 1:
         raise ConfigError("sampler.init_scale must be at most 1 (chains start inside Θ)")
 

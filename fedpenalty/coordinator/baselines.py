@@ -364,6 +364,22 @@ class HybridResult:
     excess_noise_ratio: np.ndarray
 
 
+def hybrid_start(rng: np.random.Generator, model: Model, pooled: np.ndarray, epsilon: float, delta: float, *,
+                 sampling_rate: float, answers: int, chains: int, neighbour: Neighbour,
+                 accountant: subsampled.Accountant = "pld", ops_form: OPSForm = "wang",
+                 mh_steps: int = 2000) -> tuple[OPSResult, float]:
+    """The first half of Wang et al.'s Algorithm 3 and the second half's noise: OPS at ε/2 on
+    the ``pooled`` records (``chains`` draws, ε/(2·chains) each; trusted curator) gives the
+    chains' starts, and the returned noise multiplier σ makes ``answers`` subsampled-Gaussian
+    gradient answers per owner at ``sampling_rate`` (ε/2, δ)-DP by ``accountant``."""
+    eps = gaussian.check_positive("epsilon", epsilon)
+    start = ops(rng, model, pooled, eps / (2 * chains), form=ops_form, neighbour=neighbour, samples=chains,
+                mh_steps=mh_steps)
+    sigma = subsampled.calibrate_noise_multiplier(eps / 2, delta, sampling_rate, answers, neighbour=neighbour,
+                                                  accountant=accountant)
+    return start, sigma
+
+
 def hybrid(rng: np.random.Generator, model: Model, owner_records: Sequence[np.ndarray], epsilon: float, delta: float,
            *, sampling_rate: float, clip: float, steps: int, schedule: sgmcmc.StepSchedule, chains: int = 1,
            neighbour: Neighbour = "replace_one", accountant: subsampled.Accountant = "pld",
@@ -372,13 +388,10 @@ def hybrid(rng: np.random.Generator, model: Model, owner_records: Sequence[np.nd
     then run ``steps`` iterations on in-process owners (``sgmcmc.simulated_gradient``), whose
     noise multiplier σ is calibrated so that chains × steps answers per owner are (ε/2, δ)-DP.
     Total per owner: (ε, δ) by basic composition."""
-    eps = gaussian.check_positive("epsilon", epsilon)
-    pooled = np.concatenate(list(owner_records))
-    start = ops(rng, model, pooled, eps / (2 * chains), form=ops_form, neighbour=neighbour, samples=chains,
-                mh_steps=mh_steps)
+    start, sigma = hybrid_start(rng, model, np.concatenate(list(owner_records)), epsilon, delta,
+                                sampling_rate=sampling_rate, answers=chains * steps, chains=chains, neighbour=neighbour,
+                                accountant=accountant, ops_form=ops_form, mh_steps=mh_steps)
     theta0 = np.atleast_2d(start.theta)
-    sigma = subsampled.calibrate_noise_multiplier(eps / 2, delta, sampling_rate, chains * steps, neighbour=neighbour,
-                                                  accountant=accountant)
     owners = [sgmcmc.SimulatedOwner(r, sampling_rate, clip, sigma) for r in owner_records]
     grad = sgmcmc.simulated_gradient(model, owners, rng)
     state = sgmcmc.sgld_init(theta0, model)
