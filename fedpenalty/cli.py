@@ -225,10 +225,11 @@ def cmd_owner_report(args: argparse.Namespace) -> int:
     ledger = Ledger(config.ledger, synchronous=config.synchronous)
     try:
         policy = config.policy
-        spend = SpendReport.of(ledger.total(config.name), policy.delta)
+        spend = SpendReport.of(ledger.total(config.name), ledger.sampled(config.name), policy.delta, policy.neighbour)
     finally:
         ledger.close()
     report = {"owner": config.name, "answers": spend.answers, "mu": spend.mu, "epsilon": spend.epsilon,
+              "accountant": spend.accountant,
               "epsilon_paper_bound": spend.epsilon_paper_bound if math.isfinite(spend.epsilon_paper_bound) else None,
               "delta": policy.delta, "budget_epsilon": policy.budget_epsilon,
               "budget_left": max(policy.budget_epsilon - spend.epsilon, 0.0), "ledger": str(config.ledger)}

@@ -48,7 +48,8 @@ def _owner_epsilon(spend: GaussianSpend, sampled: tuple[SubsampledGaussian, ...]
     bound = sampled_epsilon(events, delta, neighbour=neighbour, accountant="rdp")
     if bound > PLD_EPSILON_LIMIT:
         return bound, "rdp"
-    return min(sampled_epsilon(events, delta, neighbour=neighbour), bound), "pld"
+    pld = sampled_epsilon(events, delta, neighbour=neighbour)
+    return (pld, "pld") if pld <= bound else (bound, "rdp")
 
 
 def max_gdp_mu_squared(budget_epsilon: float, delta: float, neighbour: str,
