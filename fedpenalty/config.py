@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import tomli_w
 
-from .coordinator.driver import KERNELS, SG_KERNELS
+from .coordinator.driver import KERNELS
 from .errors import ConfigError
 from .models import MODELS, ExpFamModel, build_model
 from .models.base import NEIGHBOURS
@@ -159,7 +159,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, Check, str]]] = {
     "run": {
         "transport": ("grpc", _one_of("grpc", "inprocess"),
                       "simulate: 'grpc' (owners as local processes on loopback gRPC) or 'inprocess' (fastest)"),
-        "owner_hosts": (0, _non_negative_int, "grpc simulate: owner host processes (0: one per CPU core)"),
+        "owner_hosts": (0, _non_negative_int, "grpc simulate: owner host processes (0: one per CPU core but the coordinator's)"),
         "checkpoint_every": (500, _non_negative_int, "iterations between checkpoints of the chain (0: never)"),
         "retry_seconds": (20.0, _positive, "grpc: how long an unreachable owner is retried before the run stops"),
         "seed": (0, _non_negative_int, "seed of data simulation, owner noise and chains"),

@@ -24,7 +24,6 @@ written, with a checkpoint, and ``RunResult.stopped`` holds the owner's error.
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from .cluster.local import LocalCluster
+from .cluster.local import LocalCluster, default_owner_hosts
 from .config import Scenario, load_scenario
 from .coordinator import checkpoint
 from .coordinator import baselines, sgmcmc
@@ -187,7 +186,7 @@ def run_scenario(scenario: Scenario, out: str | Path | None = None) -> RunResult
         cleanup = ledger.close
     else:
         cluster = LocalCluster.start(out / "owners", model, records, policies, seeds,
-                                     hosts=run["owner_hosts"] or os.cpu_count() or 1)
+                                     hosts=run["owner_hosts"] or default_owner_hosts())
         try:
             oracle = GrpcOracle(cluster.addresses, model, retry_seconds=run["retry_seconds"])
         except BaseException:

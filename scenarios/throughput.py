@@ -4,7 +4,7 @@
 
 Transports: ``inprocess`` (one OwnerHost in this process), ``grpc-one-per-host`` (one owner
 host process per owner, only up to ``--max-processes`` owners), ``grpc-packed`` (owners packed
-into one host process per CPU core). Models: ``gaussian_mean`` (d = 1; O(1) answers from
+into ``--packed-hosts`` host processes; default one per CPU core but the coordinator's). Models: ``gaussian_mean`` (d = 1; O(1) answers from
 sufficient statistics) and ``logistic`` (d = 10; O(n) per answer, only up to
 ``--max-logistic-owners`` owners), n = 10,000 records per owner, 4 chains. Every iteration is a
 real ``penalty`` MH step: validated, noised, charged answers from every owner (ledgers with
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -24,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from fedpenalty.cli import table
-from fedpenalty.cluster.local import LocalCluster
+from fedpenalty.cluster.local import LocalCluster, default_owner_hosts
 from fedpenalty.coordinator import mh
 from fedpenalty.coordinator.grpc_oracle import GrpcOracle
 from fedpenalty.coordinator.oracle import InProcessOracle
@@ -51,7 +50,7 @@ def measure(oracle, model, seconds: float) -> float:
     return done / elapsed
 
 
-def run(transport: str, model_name: str, owners: int, seconds: float, folder: Path) -> float:
+def run(transport: str, model_name: str, owners: int, seconds: float, folder: Path, packed_hosts: int) -> float:
     model = build_model(MODELS[model_name])
     rng = np.random.default_rng(1)
     records = [model.simulate_records(rng, np.full(model.dim, 0.1), N_PER_OWNER) for _ in range(owners)]
@@ -66,7 +65,7 @@ def run(transport: str, model_name: str, owners: int, seconds: float, folder: Pa
         finally:
             oracle.close()
             ledger.close()
-    hosts = owners if transport == "grpc-one-per-host" else min(owners, os.cpu_count() or 1)
+    hosts = owners if transport == "grpc-one-per-host" else min(owners, packed_hosts)
     with LocalCluster.start(folder, model, records, policies, seeds, hosts=hosts) as cluster:
         del records
         oracle = GrpcOracle(cluster.addresses, model)
@@ -84,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=3.0, help="timed seconds per measurement")
     parser.add_argument("--max-processes", type=int, default=64, help="largest K run with one process per owner")
     parser.add_argument("--max-logistic-owners", type=int, default=64, help="largest K run with the logistic model")
+    parser.add_argument("--packed-hosts", type=int, default=default_owner_hosts(),
+                        help="host processes for grpc-packed (default: one per core but the coordinator's)")
     parser.add_argument("--json", type=Path, help="write the rows as JSON")
     args = parser.parse_args(argv)
     rows = []
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                 if model_name == "logistic" and owners > args.max_logistic_owners:
                     continue
                 with tempfile.TemporaryDirectory() as tmp:
-                    rate = run(transport, model_name, owners, args.seconds, Path(tmp))
+                    rate = run(transport, model_name, owners, args.seconds, Path(tmp), args.packed_hosts)
                 rows.append({"transport": transport, "owners": owners, "model": model_name,
                              "iterations_per_second": rate})
                 print(f"{model_name:>13} K={owners:<5} {transport:<18} {rate:10.1f} it/s", file=sys.stderr, flush=True)

@@ -14,7 +14,6 @@ requires the check to fail, so the tests are shown to catch the bugs they exist 
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from arviz_stats.base import array_stats
 
 from fedpenalty.coordinator.driver import sample

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -82,6 +83,12 @@ class LocalCluster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def default_owner_hosts() -> int:
+    """Owner host processes for a local run: one per CPU core, less the coordinator's core
+    (on 2 cores, one host: measured faster for cheap answers, see scenarios/throughput.py)."""
+    return max(1, (os.cpu_count() or 1) - 1)
 
 
 def _write_host(folder: Path, h: int, model: Model, names: list[str], records: list[np.ndarray],

@@ -183,6 +183,8 @@ class GrpcOracle:
 
     async def _each(self, call: Callable[[_Host], Awaitable]) -> list:
         """``call`` on every host concurrently; waits for all, then raises the first error."""
+        if len(self._hosts) == 1:
+            return [await call(self._hosts[0])]
         results = await asyncio.gather(*(call(h) for h in self._hosts), return_exceptions=True)
         for r in results:
             if isinstance(r, BaseException):
@@ -240,7 +242,8 @@ class GrpcOracle:
             tries += 1
             try:
                 if stream:
-                    return await asyncio.wait_for(attempt(), self.deadline)
+                    async with asyncio.timeout(self.deadline):
+                        return await attempt()
                 return await attempt()
             except grpc.aio.AioRpcError as exc:
                 if stream:
