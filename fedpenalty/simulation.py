@@ -202,7 +202,10 @@ def run_scenario(scenario: Scenario, out: str | Path | None = None) -> RunResult
     if nodes and algorithm in ("penalty", "penalty_expfam"):
         diag = [node.simulation_diagnostics() for node in nodes]
         extra["simulation_only"] = {
-            "note": "data-dependent counters kept by simulated owners only; deployed owners never release them",
+            "note": "data-dependent counters kept by simulated owners only; deployed owners never release them. "
+                    "Owners answering from sufficient statistics evaluate no per-record terms: for records inside "
+                    "the data domain the per-record clip cannot bind there",
+            "answered_from_sufficient_statistics": [not node.per_record for node in nodes],
             "clip_binds": [d.clip_binds for d in diag],
             "log_ratio_terms": [d.log_ratio_terms for d in diag],
         }
