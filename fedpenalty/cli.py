@@ -140,10 +140,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     print_run(f"fedpenalty simulate: {sampler['algorithm']} on {model['name']} (dim {model.get('dim', 1)}), "
               f"{scenario['data']['owners']} owners{transport}, {sampler['chains']} chains × {sampler['iterations']} "
               f"draws{warmup}", result)
+    return _exit_status(result, resumable=False)
+
+
+def _exit_status(result, resumable: bool) -> int:
+    """Warn about excess noise; 3 (with the one-line reason) when the run stopped early, else 0."""
     if warning := excess_warning(result.diagnostics):
         print(warning, file=sys.stderr)
     if result.stopped is not None:
-        print(stop_message(result, resumable=False), file=sys.stderr)
+        print(stop_message(result, resumable=resumable), file=sys.stderr)
         return 3
     return 0
 
@@ -177,12 +182,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         result = run_deployed(scenario, owners, _tls(args), args.out)
     owners_n = len(result.privacy.get("owners", [])) or "the"
     print_run(f"fedpenalty run: {result.privacy.get('algorithm', '')} with {owners_n} deployed owners", result)
-    if warning := excess_warning(result.diagnostics):
-        print(warning, file=sys.stderr)
-    if result.stopped is not None:
-        print(stop_message(result, resumable=True), file=sys.stderr)
-        return 3
-    return 0
+    return _exit_status(result, resumable=True)
 
 
 def cmd_owner_serve(args: argparse.Namespace) -> int:

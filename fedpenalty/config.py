@@ -57,6 +57,7 @@ def _probability(name: str, v: Any) -> float:
 
 
 def _rate(name: str, v: Any) -> float:
+    """A Poisson sampling rate q ∈ (0, 1]."""
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
         raise ConfigError(f"{name} must be a number in (0, 1], got {v!r}")
     return float(v)

@@ -19,19 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import _one_of, _optional, _positive, _positive_int, _probability, _string
+from ..config import _one_of, _optional, _positive, _positive_int, _probability, _rate, _string
 from ..data import load_records
 from ..errors import ConfigError
 from ..models import Model, build_model
 from ..models.base import NEIGHBOURS
 from . import Ledger, OwnerNode, Policy
-
-
-def _sampling_rate(name: str, v: Any) -> float:
-    """A Poisson sampling rate q ∈ (0, 1]."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
-        raise ConfigError(f"{name} must be a number in (0, 1], got {v!r}")
-    return float(v)
 
 
 _POLICY = Policy()
@@ -42,7 +35,7 @@ SCHEMA = {
         "budget_epsilon": (_POLICY.budget_epsilon, _positive), "delta": (_POLICY.delta, _probability),
         "neighbour": (_POLICY.neighbour, _one_of(*NEIGHBOURS)),
         "max_answers_per_request": (_POLICY.max_answers_per_request, _positive_int),
-        "max_sampling_rate": (_POLICY.max_sampling_rate, _sampling_rate),
+        "max_sampling_rate": (_POLICY.max_sampling_rate, _rate),
         "max_clip": (_POLICY.max_clip, _positive),
     },
     "server": {
