@@ -18,8 +18,8 @@ import pytest
 from scipy import stats
 
 from fedpenalty.coordinator import baselines as bl
-from fedpenalty.coordinator import sgmcmc as sg
 from fedpenalty.models import build_model
+from fedpenalty.privacy import subsampled
 from fedpenalty.privacy.gaussian import epsilon_for_delta
 
 Z = 4.5
@@ -248,16 +248,17 @@ def test_noisy_stats_draws_follow_the_posterior_given_the_released_sums(spec, th
 def test_hybrid_splits_the_budget():
     model = build_model({"name": "bernoulli"})
     rng = np.random.default_rng(11)
-    records = [model.simulate_records(rng, np.array([0.4]), n) for n in (150, 250)]
-    eps, delta, chains, steps = 3.0, 1e-5, 2, 100
-    out = bl.hybrid(rng, model, records, eps, delta, sampling_rate=0.2, clip=1.0, steps=steps,
-                    schedule=sg.StepSchedule.constant(0.002), chains=chains, accountant="rdp")
+    pooled = np.concatenate([model.simulate_records(rng, np.array([0.4]), n) for n in (150, 250)])
+    eps, delta, chains, steps, q = 3.0, 1e-5, 2, 100, 0.2
+    start, sigma = bl.hybrid_start(rng, model, pooled, eps, delta, sampling_rate=q, answers=chains * steps,
+                                   chains=chains, neighbour="replace_one", accountant="rdp")
     # OPS: `chains` samples at ε/(2·chains) each, i.e. ε/2 per owner; ρ from Wang et al.
-    assert out.epsilon_ops == pytest.approx(eps / 2)
-    assert out.rho == pytest.approx(bl.ops_temperature(model, eps / (2 * chains)))
-    # SGLD: chains × steps answers per owner, calibrated to the remaining ε/2 at δ
-    assert out.epsilon_sgld <= eps / 2 and out.epsilon_sgld == pytest.approx(eps / 2, rel=1e-3)
-    assert out.epsilon_ops + out.epsilon_sgld <= eps + 1e-12
-    assert out.theta0.shape == (chains, 1) and out.theta.shape == (chains, steps, 1)
-    assert out.excess_noise_ratio.shape == (steps, chains)
-    assert np.all(np.abs(out.theta) <= model.theta_bound)
+    assert start.epsilon_per_owner == pytest.approx(eps / 2)
+    assert start.rho == pytest.approx(bl.ops_temperature(model, eps / (2 * chains)))
+    theta0 = np.atleast_2d(start.theta)
+    assert theta0.shape == (chains, 1) and np.all(np.abs(theta0) <= model.theta_bound)
+    # SGLD: chains × steps answers per owner, σ calibrated to the remaining ε/2 at δ
+    spent = subsampled.epsilon(subsampled.SubsampledGaussian(q, sigma, chains * steps), delta,
+                               neighbour="replace_one", accountant="rdp")
+    assert spent <= eps / 2 and spent == pytest.approx(eps / 2, rel=1e-3)
+    assert start.epsilon_per_owner + spent <= eps + 1e-12

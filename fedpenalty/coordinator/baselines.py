@@ -40,7 +40,7 @@ from scipy import special, stats
 from ..models import Bernoulli, ExpFamModel, GaussianMean, Logistic, Model, Neighbour, Poisson
 from ..privacy import gaussian
 from ..privacy import subsampled
-from . import mh, sgmcmc
+from . import mh
 
 OPSForm = Literal["wang", "foulds"]
 Mechanism = Literal["laplace", "gaussian"]
@@ -342,28 +342,6 @@ def noisy_stats(rng: np.random.Generator, model: ExpFamModel, owner_records: Seq
 # ------------------------------------------------------------------ hybrid OPS + DP-SGLD
 
 
-@dataclass(frozen=True)
-class HybridResult:
-    """Wang et al.'s Algorithm 3. ``theta`` ``(C, steps, d)``: SGLD draws after the OPS starts
-    ``theta0`` ``(C, d)``. Per owner: ``epsilon_ops`` (δ = 0, trusted curator) plus
-    ``epsilon_sgld`` at ``delta`` (exact accountant, C·steps answers at ``sampling_rate``,
-    noise multiplier ``noise_multiplier``). ``excess_noise_ratio`` ``(steps, C)`` is from
-    the SGLD steps."""
-
-    theta: np.ndarray
-    theta0: np.ndarray
-    rho: float
-    epsilon_ops: float
-    epsilon_sgld: float
-    delta: float
-    noise_multiplier: float
-    sampling_rate: float
-    clip: float
-    neighbour: str
-    accountant: str
-    excess_noise_ratio: np.ndarray
-
-
 def hybrid_start(rng: np.random.Generator, model: Model, pooled: np.ndarray, epsilon: float, delta: float, *,
                  sampling_rate: float, answers: int, chains: int, neighbour: Neighbour,
                  accountant: subsampled.Accountant = "pld", ops_form: OPSForm = "wang",
@@ -378,30 +356,3 @@ def hybrid_start(rng: np.random.Generator, model: Model, pooled: np.ndarray, eps
     sigma = subsampled.calibrate_noise_multiplier(eps / 2, delta, sampling_rate, answers, neighbour=neighbour,
                                                   accountant=accountant)
     return start, sigma
-
-
-def hybrid(rng: np.random.Generator, model: Model, owner_records: Sequence[np.ndarray], epsilon: float, delta: float,
-           *, sampling_rate: float, clip: float, steps: int, schedule: sgmcmc.StepSchedule, chains: int = 1,
-           neighbour: Neighbour = "replace_one", accountant: subsampled.Accountant = "pld",
-           ops_form: OPSForm = "wang", mh_steps: int = 2000) -> HybridResult:
-    """OPS at ε/2 (``chains`` samples, ε/(2·chains) each) starts ``chains`` SGLD chains. These
-    then run ``steps`` iterations on in-process owners (``sgmcmc.simulated_gradient``), whose
-    noise multiplier σ is calibrated so that chains × steps answers per owner are (ε/2, δ)-DP.
-    Total per owner: (ε, δ) by basic composition."""
-    start, sigma = hybrid_start(rng, model, np.concatenate(list(owner_records)), epsilon, delta,
-                                sampling_rate=sampling_rate, answers=chains * steps, chains=chains, neighbour=neighbour,
-                                accountant=accountant, ops_form=ops_form, mh_steps=mh_steps)
-    theta0 = np.atleast_2d(start.theta)
-    owners = [sgmcmc.SimulatedOwner(r, sampling_rate, clip, sigma) for r in owner_records]
-    grad = sgmcmc.simulated_gradient(model, owners, rng)
-    state = sgmcmc.sgld_init(theta0, model)
-    draws = np.empty((chains, steps, model.dim))
-    excess = np.empty((steps, chains))
-    for t in range(steps):
-        state, info = sgmcmc.sgld_step(rng, state, model, schedule, grad)
-        draws[:, t] = state.theta
-        excess[t] = info.excess_noise_ratio
-    spent = subsampled.epsilon(subsampled.SubsampledGaussian(sampling_rate, sigma, chains * steps), delta,
-                               neighbour=neighbour, accountant=accountant)
-    return HybridResult(draws, theta0, start.rho, start.epsilon_per_owner, spent, float(delta), sigma,
-                        float(sampling_rate), float(clip), neighbour, accountant, excess)

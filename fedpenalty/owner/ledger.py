@@ -290,8 +290,9 @@ class Ledger:
     def _charge_sampled(self, c: Charge, owner_ids: np.ndarray, session_id: int, add: np.ndarray) -> None:
         """Count subsampled-Gaussian answers, refusing past any owner's session plan."""
         q = float(c.sampled.q)
-        used = np.array([self._db.execute("SELECT COALESCE(SUM(answers), 0) FROM sampled WHERE session_id=? AND owner_id=?",
-                                          (session_id, int(i))).fetchone()[0] for i in owner_ids])
+        counts = dict(self._db.execute("SELECT owner_id, SUM(answers) FROM sampled WHERE session_id=? GROUP BY owner_id",
+                                       (session_id,)).fetchall())
+        used = np.array([counts.get(int(i), 0) for i in owner_ids])
         over = used + add > c.sampled.plan
         if over.any():
             k = int(np.argmax(over))

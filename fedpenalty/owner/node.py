@@ -84,7 +84,6 @@ class SimulationDiagnostics:
     """Simulation-only counters. They depend on the data, so a deployed owner never keeps them."""
 
     clip_binds: int = 0
-    clipped_terms: int = 0
     log_ratio_terms: int = 0
 
 
@@ -233,7 +232,6 @@ class OwnerNode:
         if self.diagnostics is not None:
             binds = diffs != clipped
             self.diagnostics.clip_binds += int(binds.sum())
-            self.diagnostics.clipped_terms += int(np.any(binds, axis=1).sum())
             self.diagnostics.log_ratio_terms += diffs.size
         return clipped.sum(axis=1)
 
