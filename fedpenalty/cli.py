@@ -1,4 +1,4 @@
-"""Command line: ``fedpenalty simulate``, ``run``, ``owner serve``, ``owner report`` and ``account``."""
+"""Command line: ``fedpenalty simulate``, ``run``, ``owner serve``/``report``, ``account``."""
 
 from __future__ import annotations
 
@@ -6,11 +6,16 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .errors import FedPenaltyError
+
+if TYPE_CHECKING:
+    from .models.base import Neighbour
+    from .privacy.subsampled import Accountant
 
 
 def _fmt(x: float | None, digits: int = 4) -> str:
@@ -21,39 +26,82 @@ def _fmt(x: float | None, digits: int = 4) -> str:
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
     """A plain aligned text table."""
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
+    ]
     line = "  ".join(h.rjust(w) for h, w in zip(headers, widths))
     body = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
     return "\n".join([line, "  ".join("-" * w for w in widths), *body])
 
 
 #: privacy.json owner keys shown per algorithm family: (key, header) in order.
-_PENALTY_COLUMNS = [("owner", "owner"), ("n", "n"), ("sigma", "sigma"), ("answers", "answers"), ("mu", "mu"),
-                    ("epsilon", "eps"), ("epsilon_paper_bound", "eps paper bound"), ("budget_epsilon", "budget")]
+_PENALTY_COLUMNS = [
+    ("owner", "owner"),
+    ("n", "n"),
+    ("sigma", "sigma"),
+    ("answers", "answers"),
+    ("mu", "mu"),
+    ("epsilon", "eps"),
+    ("epsilon_paper_bound", "eps paper bound"),
+    ("budget_epsilon", "budget"),
+]
 _PRIVACY_COLUMNS = {
-    "sgmcmc": [("owner", "owner"), ("n", "n"), ("noise_multiplier", "noise mult."), ("sampling_rate", "q"),
-               ("clip", "clip"), ("answers", "answers"), ("epsilon", "eps"), ("budget_epsilon", "budget")],
-    "hybrid": [("owner", "owner"), ("n", "n"), ("noise_multiplier", "noise mult."), ("sampling_rate", "q"),
-               ("answers", "answers"), ("epsilon_ops", "eps OPS"), ("epsilon_sgld", "eps SGLD"), ("epsilon", "eps"),
-               ("budget_epsilon", "budget")],
+    "sgmcmc": [
+        ("owner", "owner"),
+        ("n", "n"),
+        ("noise_multiplier", "noise mult."),
+        ("sampling_rate", "q"),
+        ("clip", "clip"),
+        ("answers", "answers"),
+        ("epsilon", "eps"),
+        ("budget_epsilon", "budget"),
+    ],
+    "hybrid": [
+        ("owner", "owner"),
+        ("n", "n"),
+        ("noise_multiplier", "noise mult."),
+        ("sampling_rate", "q"),
+        ("answers", "answers"),
+        ("epsilon_ops", "eps OPS"),
+        ("epsilon_sgld", "eps SGLD"),
+        ("epsilon", "eps"),
+        ("budget_epsilon", "budget"),
+    ],
     "ops": [("owner", "owner"), ("n", "n"), ("draws", "draws"), ("rho", "rho"), ("epsilon", "eps")],
-    "noisy_stats": [("owner", "owner"), ("n", "n"), ("mechanism", "mechanism"), ("scale", "scale"),
-                    ("sensitivity", "sensitivity"), ("epsilon", "eps")],
+    "noisy_stats": [
+        ("owner", "owner"),
+        ("n", "n"),
+        ("mechanism", "mechanism"),
+        ("scale", "scale"),
+        ("sensitivity", "sensitivity"),
+        ("epsilon", "eps"),
+    ],
 }
 
 
 def privacy_table(privacy: dict[str, Any]) -> str:
     """The per-owner rows of a run's privacy.json, with the columns its algorithm has."""
-    algorithm = privacy["algorithm"]
-    family = "sgmcmc" if algorithm in ("sgld", "sghmc", "sgnht") else algorithm
-    columns = _PRIVACY_COLUMNS.get(family, _PENALTY_COLUMNS)
+    from .coordinator.algorithms import ALGORITHMS
+
+    algorithm = ALGORITHMS[privacy["algorithm"]]
+    columns = _PRIVACY_COLUMNS.get(algorithm.name) or _PRIVACY_COLUMNS.get(
+        algorithm.query or "", _PENALTY_COLUMNS
+    )
     eps = "eps@δ" if privacy["delta"] is None else f"eps@{privacy['delta']:g}"
 
     def cell(value: Any) -> str:
-        return value if isinstance(value, str) else str(value) if isinstance(value, int) else _fmt(value)
+        return (
+            value
+            if isinstance(value, str)
+            else str(value)
+            if isinstance(value, int)
+            else _fmt(value)
+        )
 
-    return table([eps if key == "epsilon" else header for key, header in columns],
-                 [[cell(o.get(key)) for key, _ in columns] for o in privacy["owners"]])
+    return table(
+        [eps if key == "epsilon" else header for key, header in columns],
+        [[cell(o.get(key)) for key, _ in columns] for o in privacy["owners"]],
+    )
 
 
 def mixing_table(diag: dict[str, Any]) -> str:
@@ -61,11 +109,19 @@ def mixing_table(diag: dict[str, Any]) -> str:
     shown = range(min(d, 10))
     rows = []
     for j in shown:
-        row = [f"θ[{j}]", _fmt(diag["posterior_mean"][j]), _fmt(diag["posterior_sd"][j]), _fmt(diag["ess_bulk"][j], 3),
-               _fmt(diag["rhat"][j]) if diag["rhat"] else "n/a"]
+        row = [
+            f"θ[{j}]",
+            _fmt(diag["posterior_mean"][j]),
+            _fmt(diag["posterior_sd"][j]),
+            _fmt(diag["ess_bulk"][j], 3),
+            _fmt(diag["rhat"][j]) if diag["rhat"] else "n/a",
+        ]
         if "reference" in diag:
-            row += [_fmt(diag["reference"]["mean"][j]), _fmt(diag["reference"]["sd"][j]),
-                    _fmt(diag["error"]["mean_in_sd"][j], 3)]
+            row += [
+                _fmt(diag["reference"]["mean"][j]),
+                _fmt(diag["reference"]["sd"][j]),
+                _fmt(diag["error"]["mean_in_sd"][j], 3),
+            ]
         rows.append(row)
     headers = ["param", "mean", "sd", "ess_bulk", "rhat"]
     if "reference" in diag:
@@ -78,10 +134,14 @@ def print_run(title: str, result) -> None:
     print(title)
     privacy, diag = result.privacy, result.diagnostics
     if privacy.get("owners"):
-        delta = f"δ = {privacy['delta']:g}" if privacy["delta"] is not None else "each owner's own δ"
+        delta = (
+            f"δ = {privacy['delta']:g}" if privacy["delta"] is not None else "each owner's own δ"
+        )
         neighbour = privacy["neighbour"] or "owners differ"
-        print(f"\nPer-owner privacy ({neighbour}: {privacy.get('neighbour_meaning', '')}; {delta}; "
-              f"{privacy['release']}):")
+        print(
+            f"\nPer-owner privacy ({neighbour}: {privacy.get('neighbour_meaning', '')}; {delta}; "
+            f"{privacy['release']}):"
+        )
         print(privacy_table(privacy))
         if privacy.get("trusted_curator"):
             print("trusted curator: this baseline pools every owner's records centrally")
@@ -89,12 +149,16 @@ def print_run(title: str, result) -> None:
         print("\nexact_mh is the non-private trusted-curator baseline: no owner privacy.")
     if diag["kept_draws"] > 1:
         if diag.get("acceptance_rate") is not None:
-            print(f"\nMixing: acceptance {diag['acceptance_rate']:.3f}, mean noise variance s² "
-                  f"{diag['mean_noise_variance']:.3g}")
+            print(
+                f"\nMixing: acceptance {diag['acceptance_rate']:.3f}, mean noise variance s² "
+                f"{diag['mean_noise_variance']:.3g}"
+            )
         elif "excess_noise_ratio" in diag:
-            print(f"\nMixing (SG-MCMC, no accept step): owners' gradient-noise variance s² "
-                  f"{diag['mean_noise_variance']:.3g} per coordinate, excess noise ratio "
-                  f"{diag['excess_noise_ratio']:.3g}")
+            print(
+                f"\nMixing (SG-MCMC, no accept step): owners' gradient-noise variance s² "
+                f"{diag['mean_noise_variance']:.3g} per coordinate, excess noise ratio "
+                f"{diag['excess_noise_ratio']:.3g}"
+            )
         else:
             print(f"\nIndependent draws ({privacy.get('algorithm', '')}):")
         print(mixing_table(diag))
@@ -106,10 +170,15 @@ def excess_warning(diag: dict[str, Any]) -> str | None:
     ratio = diag.get("excess_noise_ratio") or 0.0
     if ratio <= 0:
         return None
-    return (f"warning: the owners' gradient noise exceeded the noise the dynamics needs (excess_noise_ratio "
-            f"{ratio:.3g}, in {diag['excess_noise_fraction']:.1%} of chain steps): the chain runs hotter than the "
-            "posterior; lower sampler.step (sghmc, sgnht: or raise sampler.friction), raise sampler.sampling_rate, "
-            "or give the owners less noise (privacy.sigma)")
+    return (
+        f"warning: the owners' gradient noise exceeded the noise the dynamics needs "
+        f"(excess_noise_ratio "
+        f"{ratio:.3g}, in {diag['excess_noise_fraction']:.1%} of chain steps): the chain runs "
+        f"hotter than the "
+        "posterior; lower sampler.step (sghmc, sgnht: or raise sampler.friction), raise "
+        "sampler.sampling_rate, "
+        "or give the owners less noise (privacy.sigma)"
+    )
 
 
 def stop_message(result, resumable: bool) -> str:
@@ -118,15 +187,23 @@ def stop_message(result, resumable: bool) -> str:
 
     cause = result.stopped
     kept = f"kept {result.diagnostics['kept_draws']} draws per chain in {result.out}"
-    then = f"; `fedpenalty run --resume {result.out}` continues from its checkpoint" if resumable else ""
+    then = (
+        f"; `fedpenalty run --resume {result.out}` continues from its checkpoint"
+        if resumable
+        else ""
+    )
     if isinstance(cause, BudgetExhausted):
-        return (f"stopped: owner {cause.owner!r} refused to answer: its privacy budget is exhausted "
-                f"({cause.epsilon_left:.4g} ε left); {kept}{then} once the owner can answer again")
+        return (
+            f"stopped: owner {cause.owner!r} refused to answer: its privacy budget is exhausted "
+            f"({cause.epsilon_left:.4g} ε left); {kept}{then} once the owner can answer again"
+        )
     return f"stopped: {cause}; {kept}{then}"
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from .config import load_scenario
+    from .coordinator.algorithms import ALGORITHMS
+    from .coordinator.base import ReleaseAlgorithm
     from .simulation import run_scenario
 
     scenario = load_scenario(args.scenario, args.set or [])
@@ -134,12 +211,17 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         scenario["run"]["progress"] = False
     result = run_scenario(scenario, args.out)
     model, sampler = scenario["model"], scenario["sampler"]
-    one_shot = sampler["algorithm"] in ("exact_mh", "ops", "noisy_stats")
-    transport = "" if one_shot else f", {scenario['run']['transport']} transport"
-    warmup = "" if sampler["algorithm"] in ("ops", "noisy_stats") else f" (+{sampler['warmup']} warmup)"
-    print_run(f"fedpenalty simulate: {sampler['algorithm']} on {model['name']} (dim {model.get('dim', 1)}), "
-              f"{scenario['data']['owners']} owners{transport}, {sampler['chains']} chains × {sampler['iterations']} "
-              f"draws{warmup}", result)
+    algorithm = ALGORITHMS[sampler["algorithm"]]
+    transport = "" if algorithm.query is None else f", {scenario['run']['transport']} transport"
+    warmup = "" if isinstance(algorithm, ReleaseAlgorithm) else f" (+{sampler['warmup']} warmup)"
+    print_run(
+        f"fedpenalty simulate: {sampler['algorithm']} on {model['name']} (dim "
+        f"{model.get('dim', 1)}), "
+        f"{scenario['data']['owners']} owners{transport}, {sampler['chains']} chains × "
+        f"{sampler['iterations']} "
+        f"draws{warmup}",
+        result,
+    )
     return _exit_status(result, resumable=False)
 
 
@@ -171,17 +253,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     owners = [a.strip() for a in args.owners.split(",") if a.strip()] if args.owners else None
     if args.resume:
         if args.scenario or args.set or args.out:
-            raise FedPenaltyError("--resume continues a run as it was configured: give no scenario, --set or --out")
+            raise FedPenaltyError(
+                "--resume continues a run as it was configured: give no scenario, --set or --out"
+            )
         result = resume_run(args.resume, owners, _tls(args))
     else:
         if not args.scenario or not owners:
-            raise FedPenaltyError("give a scenario and --owners HOST:PORT[,HOST:PORT...] (or --resume DIR)")
+            raise FedPenaltyError(
+                "give a scenario and --owners HOST:PORT[,HOST:PORT...] (or --resume DIR)"
+            )
         scenario = load_scenario(args.scenario, args.set or [])
         if args.no_progress:
             scenario["run"]["progress"] = False
         result = run_deployed(scenario, owners, _tls(args), args.out)
     owners_n = len(result.privacy.get("owners", [])) or "the"
-    print_run(f"fedpenalty run: {result.privacy.get('algorithm', '')} with {owners_n} deployed owners", result)
+    print_run(
+        f"fedpenalty run: {result.privacy.get('algorithm', '')} with {owners_n} deployed owners",
+        result,
+    )
     return _exit_status(result, resumable=True)
 
 
@@ -198,8 +287,10 @@ def cmd_owner_serve(args: argparse.Namespace) -> int:
     for c in configs[1:]:
         for key in ("listen", "tls", "max_message_bytes"):
             if getattr(c, key) != getattr(first, key):
-                raise FedPenaltyError(f"owners served by one process must share server.{key}: "
-                                      f"{c.name!r} differs from {first.name!r}")
+                raise FedPenaltyError(
+                    f"owners served by one process must share server.{key}: "
+                    f"{c.name!r} differs from {first.name!r}"
+                )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s fedpenalty.owner %(message)s")
     ledgers: dict[Path, Ledger] = {}
     try:
@@ -216,29 +307,47 @@ def cmd_owner_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_owner_report(args: argparse.Namespace) -> int:
-    from .owner import Ledger, SpendReport
+    from .common import SpendReport
+    from .owner import Ledger
     from .owner.owner_config import load_owner_config
 
     config = load_owner_config(args.owner_file, ledger=args.ledger)
     if not config.ledger.is_file():
-        raise FedPenaltyError(f"no ledger at {config.ledger}: owner {config.name!r} has never served from it")
+        raise FedPenaltyError(
+            f"no ledger at {config.ledger}: owner {config.name!r} has never served from it"
+        )
     ledger = Ledger(config.ledger, synchronous=config.synchronous)
     try:
         policy = config.policy
-        spend = SpendReport.of(ledger.total(config.name), ledger.sampled(config.name), policy.delta, policy.neighbour)
+        spend = SpendReport.of(
+            ledger.total(config.name), ledger.sampled(config.name), policy.delta, policy.neighbour
+        )
     finally:
         ledger.close()
-    report = {"owner": config.name, "answers": spend.answers, "mu": spend.mu, "epsilon": spend.epsilon,
-              "accountant": spend.accountant,
-              "epsilon_paper_bound": spend.epsilon_paper_bound if math.isfinite(spend.epsilon_paper_bound) else None,
-              "delta": policy.delta, "budget_epsilon": policy.budget_epsilon,
-              "budget_left": max(policy.budget_epsilon - spend.epsilon, 0.0), "ledger": str(config.ledger)}
+    report = {
+        "owner": config.name,
+        "answers": spend.answers,
+        "mu": spend.mu,
+        "epsilon": spend.epsilon,
+        "accountant": spend.accountant,
+        "epsilon_paper_bound": spend.epsilon_paper_bound
+        if math.isfinite(spend.epsilon_paper_bound)
+        else None,
+        "delta": policy.delta,
+        "budget_epsilon": policy.budget_epsilon,
+        "budget_left": max(policy.budget_epsilon - spend.epsilon, 0.0),
+        "ledger": str(config.ledger),
+    }
     if args.json:
         print(json.dumps(report))
     else:
-        print(f"owner {config.name!r} (ledger {config.ledger}): {spend.answers} answers, μ = {spend.mu:.6g}, "
-              f"ε = {spend.epsilon:.6g} at δ = {policy.delta:g} (paper's bound: {_fmt(spend.epsilon_paper_bound)}); "
-              f"budget ε = {policy.budget_epsilon:g}, {report['budget_left']:.6g} left")
+        print(
+            f"owner {config.name!r} (ledger {config.ledger}): {spend.answers} answers, μ = "
+            f"{spend.mu:.6g}, "
+            f"ε = {spend.epsilon:.6g} at δ = {policy.delta:g} (paper's bound: "
+            f"{_fmt(spend.epsilon_paper_bound)}); "
+            f"budget ε = {policy.budget_epsilon:g}, {report['budget_left']:.6g} left"
+        )
     return 0
 
 
@@ -246,7 +355,9 @@ def _positive_args(args: argparse.Namespace, *names: str) -> None:
     for name in names:
         value = getattr(args, name)
         if value is not None and (not math.isfinite(value) or value <= 0):
-            raise FedPenaltyError(f"--{name.replace('_', '-')} must be a positive finite number, got {value:g}")
+            raise FedPenaltyError(
+                f"--{name.replace('_', '-')} must be a positive finite number, got {value:g}"
+            )
     if args.delta >= 1:
         raise FedPenaltyError(f"--delta must be below 1, got {args.delta:g}")
 
@@ -254,39 +365,59 @@ def _positive_args(args: argparse.Namespace, *names: str) -> None:
 def cmd_account(args: argparse.Namespace) -> int:
     """ε of Gaussian answers (``--sigma``) or of Poisson-subsampled Gaussian answers
     (``--sampling-rate``), or the calibration of σ, of the noise multiplier or of the steps."""
-    if args.sampling_rate is not None:
-        return _account_subsampled(args)
-    given = [f"--{n.replace('_', '-')}" for n in ("noise_multiplier", "steps", "accountant", "neighbour")
-             if getattr(args, n) is not None]
-    if given:
-        raise FedPenaltyError(f"{', '.join(given)}: for subsampled gradient answers only; give --sampling-rate too")
+    out, text = _account_subsampled(args) if args.sampling_rate is not None else _account(args)
+    print(json.dumps(out) if args.json else text)
+    return 0
+
+
+def _account(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    """``account --sigma`` (ε, exact and the paper's bound) or ``--epsilon`` (calibrated σ)."""
     from .privacy import calibrate_sigma, epsilon_for_delta, paper_bound_epsilon
 
+    given = [
+        f"--{n.replace('_', '-')}"
+        for n in ("noise_multiplier", "steps", "accountant", "neighbour")
+        if getattr(args, n) is not None
+    ]
+    if given:
+        raise FedPenaltyError(
+            f"{', '.join(given)}: for subsampled gradient answers only; give --sampling-rate too"
+        )
     if (args.sigma is None) == (args.epsilon is None):
-        raise FedPenaltyError("give exactly one of --sigma (to get ε) or --epsilon (to get the calibrated σ)")
+        raise FedPenaltyError(
+            "give exactly one of --sigma (to get ε) or --epsilon (to get the calibrated σ)"
+        )
     sensitivity = 1.0 if args.sensitivity is None else args.sensitivity
     queries = 1 if args.queries is None else args.queries
     _positive_args(args, "sigma", "epsilon", "sensitivity", "delta")
     if queries < 1:
         raise FedPenaltyError("--queries must be a positive integer")
-    if args.sigma is not None:
-        mu_answer = sensitivity / args.sigma
-        eps = epsilon_for_delta(mu_answer * math.sqrt(queries), args.delta)
-        paper = paper_bound_epsilon(mu_answer, queries, args.delta)
-        out = {"sigma": args.sigma, "sensitivity": sensitivity, "queries": queries, "delta": args.delta,
-               "mu": mu_answer * math.sqrt(queries), "epsilon": eps,
-               "epsilon_paper_bound": paper if math.isfinite(paper) else None}
-        text = (f"{queries} Gaussian answers, sensitivity {sensitivity:g}, σ = {args.sigma:g}: "
-                f"μ = {out['mu']:.6g}\n  ε = {eps:.10g} at δ = {args.delta:g} (exact, analytic Gaussian)\n"
-                f"  ε = {_fmt(paper, 10)} (paper's bound: classical Gaussian + advanced composition)")
-    else:
+    base = {"sensitivity": sensitivity, "queries": queries, "delta": args.delta}
+    if args.sigma is None:
         sigma = calibrate_sigma(args.epsilon, args.delta, queries, sensitivity)
-        out = {"sigma": sigma, "epsilon": args.epsilon, "sensitivity": sensitivity, "queries": queries,
-               "delta": args.delta}
-        text = (f"σ = {sigma:.10g} gives ε = {args.epsilon:g} at δ = {args.delta:g} for {queries} answers "
-                f"of sensitivity {sensitivity:g} (exact)")
-    print(json.dumps(out) if args.json else text)
-    return 0
+        text = (
+            f"σ = {sigma:.10g} gives ε = {args.epsilon:g} at δ = {args.delta:g} for {queries} "
+            f"answers of sensitivity {sensitivity:g} (exact)"
+        )
+        return {"sigma": sigma, "epsilon": args.epsilon, **base}, text
+    mu_answer = sensitivity / args.sigma
+    mu = mu_answer * math.sqrt(queries)
+    eps = epsilon_for_delta(mu, args.delta)
+    paper = paper_bound_epsilon(mu_answer, queries, args.delta)
+    paper_or_none = paper if math.isfinite(paper) else None
+    out = {
+        "sigma": args.sigma,
+        **base,
+        "mu": mu,
+        "epsilon": eps,
+        "epsilon_paper_bound": paper_or_none,
+    }
+    text = (
+        f"{queries} Gaussian answers, sensitivity {sensitivity:g}, σ = {args.sigma:g}: "
+        f"μ = {mu:.6g}\n  ε = {eps:.10g} at δ = {args.delta:g} (exact, analytic Gaussian)\n"
+        f"  ε = {_fmt(paper, 10)} (paper's bound: classical Gaussian + advanced composition)"
+    )
+    return out, text
 
 
 #: How each neighbour relation is accounted for subsampled-Gaussian answers (privacy.subsampled).
@@ -296,111 +427,185 @@ _SUBSAMPLED_NEIGHBOUR = {
 }
 
 
-def _account_subsampled(args: argparse.Namespace) -> int:
+def _account_subsampled(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     """``account --sampling-rate``: ε of T answers, or the calibrated noise multiplier
     (``--epsilon``), or the largest T (``--epsilon`` and ``--noise-multiplier``)."""
-    from .privacy import subsampled
-
-    gaussian_only = [f"--{n}" for n in ("sigma", "sensitivity", "queries") if getattr(args, n) is not None]
+    gaussian_only = [
+        f"--{n}" for n in ("sigma", "sensitivity", "queries") if getattr(args, n) is not None
+    ]
     if gaussian_only:
-        raise FedPenaltyError(f"{', '.join(gaussian_only)}: for Gaussian answers only; with --sampling-rate give "
-                              "two of --noise-multiplier, --steps and --epsilon")
+        raise FedPenaltyError(
+            f"{', '.join(gaussian_only)}: for Gaussian answers only; with --sampling-rate give "
+            "two of --noise-multiplier, --steps and --epsilon"
+        )
     _positive_args(args, "sampling_rate", "noise_multiplier", "epsilon", "delta")
     if args.sampling_rate > 1:
         raise FedPenaltyError(f"--sampling-rate must be in (0, 1], got {args.sampling_rate:g}")
     if args.steps is not None and args.steps < 1:
         raise FedPenaltyError("--steps must be a positive integer")
-    accountant = args.accountant or "pld"
-    neighbour = args.neighbour or "replace_one"
-    q, sigma, steps, eps = args.sampling_rate, args.noise_multiplier, args.steps, args.epsilon
-    out: dict[str, Any] = {"sampling_rate": q, "delta": args.delta, "accountant": accountant,
-                           "neighbour": neighbour}
-    how = (f"{accountant.upper()} accountant (dp-accounting), Poisson sampling, "
-           f"neighbour {_SUBSAMPLED_NEIGHBOUR[neighbour]}")
+    given = [args.noise_multiplier, args.steps, args.epsilon]
+    if all(v is not None for v in given):
+        raise FedPenaltyError("give at most two of --epsilon, --noise-multiplier and --steps")
+    if sum(v is not None for v in given) < 2:
+        raise FedPenaltyError(
+            "with --sampling-rate give --noise-multiplier and --steps (ε), --epsilon and --steps "
+            "(noise multiplier), or --epsilon and --noise-multiplier (steps)"
+        )
+    accountant: Accountant = args.accountant or "pld"
+    neighbour: Neighbour = args.neighbour or "replace_one"
+    how = (
+        f"{accountant.upper()} accountant (dp-accounting), Poisson sampling, "
+        f"neighbour {_SUBSAMPLED_NEIGHBOUR[neighbour]}"
+    )
     if accountant == "rdp" and neighbour == "replace_one":
         how += "; RDP accounts it as add_remove at noise multiplier σ/2 (conservative)"
+    out, text = _subsampled_figure(args, neighbour, accountant)
+    return out, f"{text}\n  {how}"
+
+
+def _subsampled_figure(
+    args: argparse.Namespace, neighbour: Neighbour, accountant: Accountant
+) -> tuple[dict[str, Any], str]:
+    """The one of (noise multiplier, steps, ε) that ``args`` leaves out, from the other two."""
+    from .privacy import subsampled
+
+    q, delta, sigma, steps, eps = (
+        args.sampling_rate,
+        args.delta,
+        args.noise_multiplier,
+        args.steps,
+        args.epsilon,
+    )
+    options: dict[str, Any] = {"neighbour": neighbour, "accountant": accountant}
+    out: dict[str, Any] = {"sampling_rate": q, "delta": delta, **options}
     if eps is None:
-        if sigma is None or steps is None:
-            raise FedPenaltyError("with --sampling-rate give --noise-multiplier and --steps (ε), --epsilon and "
-                                  "--steps (noise multiplier), or --epsilon and --noise-multiplier (steps)")
-        out.update(noise_multiplier=sigma, steps=steps)
-        out["epsilon"] = subsampled.epsilon(subsampled.SubsampledGaussian(q, sigma, steps), args.delta,
-                                            neighbour=neighbour, accountant=accountant)
-        text = (f"{steps} answers at sampling rate {q:g}, noise multiplier {sigma:g} (noise sd σ·clip):\n"
-                f"  ε = {out['epsilon']:.10g} at δ = {args.delta:g}\n  {how}")
+        event = subsampled.SubsampledGaussian(q, sigma, steps)
+        eps = subsampled.epsilon(event, delta, **options)
+        text = (
+            f"{steps} answers at sampling rate {q:g}, noise multiplier {sigma:g} (noise sd "
+            f"σ·clip):\n  ε = {eps:.10g} at δ = {delta:g}"
+        )
     elif sigma is None:
-        if steps is None:
-            raise FedPenaltyError("--epsilon with --sampling-rate needs --steps (or --noise-multiplier for the steps)")
-        out.update(epsilon=eps, steps=steps)
-        out["noise_multiplier"] = subsampled.calibrate_noise_multiplier(eps, args.delta, q, steps,
-                                                                        neighbour=neighbour, accountant=accountant)
-        text = (f"noise multiplier σ = {out['noise_multiplier']:.10g} (noise sd σ·clip) gives ε = {eps:g} at "
-                f"δ = {args.delta:g} for {steps} answers at sampling rate {q:g}\n  {how}")
+        sigma = subsampled.calibrate_noise_multiplier(eps, delta, q, steps, **options)
+        text = (
+            f"noise multiplier σ = {sigma:.10g} (noise sd σ·clip) gives ε = {eps:g} at "
+            f"δ = {delta:g} for {steps} answers at sampling rate {q:g}"
+        )
     else:
-        if steps is not None:
-            raise FedPenaltyError("give at most two of --epsilon, --noise-multiplier and --steps")
-        out.update(epsilon=eps, noise_multiplier=sigma)
-        out["steps"] = subsampled.max_steps(sigma, q, eps, args.delta, neighbour=neighbour, accountant=accountant)
-        text = (f"at most {out['steps']} answers at sampling rate {q:g}, noise multiplier {sigma:g} stay within "
-                f"ε = {eps:g} at δ = {args.delta:g}\n  {how}")
-    print(json.dumps(out) if args.json else text)
-    return 0
+        steps = subsampled.max_steps(sigma, q, eps, delta, **options)
+        text = (
+            f"at most {steps} answers at sampling rate {q:g}, noise multiplier {sigma:g} stay "
+            f"within ε = {eps:g} at δ = {delta:g}"
+        )
+    out.update(noise_multiplier=sigma, steps=steps, epsilon=eps)
+    return out, text
+
+
+def _add_simulate(sub: argparse._SubParsersAction) -> None:
+    sim = sub.add_parser(
+        "simulate", help="run a local multi-owner simulation (default: the embedded scenario)"
+    )
+    sim.add_argument(
+        "scenario", nargs="?", help="scenario TOML file (default: embedded default scenario)"
+    )
+    sim.add_argument(
+        "--set", action="append", metavar="SECTION.KEY=VALUE", help="override a scenario key"
+    )
+    sim.add_argument("--out", help="run directory (default: run.out or runs/<algorithm>-<time>)")
+    sim.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    sim.set_defaults(func=cmd_simulate)
+
+
+def _add_run(sub: argparse._SubParsersAction) -> None:
+    run = sub.add_parser(
+        "run", help="run the coordinator against deployed owners (or --resume a stopped run)"
+    )
+    run.add_argument(
+        "scenario",
+        nargs="?",
+        help="scenario TOML ([model] and [sampler]; owners' policies govern privacy)",
+    )
+    run.add_argument(
+        "--owners", help="owner hosts HOST:PORT[,HOST:PORT...] (with --resume: where they are now)"
+    )
+    run.add_argument(
+        "--tls-cert", help="this coordinator's client certificate (PEM) for mutual TLS"
+    )
+    run.add_argument("--tls-key", help="its private key (PEM)")
+    run.add_argument(
+        "--tls-ca", help="CA certificate (PEM) that signed the owners' server certificates"
+    )
+    run.add_argument(
+        "--set", action="append", metavar="SECTION.KEY=VALUE", help="override a scenario key"
+    )
+    run.add_argument("--out", help="run directory (default: run.out or runs/<algorithm>-<time>)")
+    run.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its checkpoint")
+    run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    run.set_defaults(func=cmd_run)
+
+
+def _add_owner(sub: argparse._SubParsersAction) -> None:
+    owner = sub.add_parser("owner", help="serve an owner, or read its ledger").add_subparsers(
+        dest="owner_command", required=True
+    )
+    serve = owner.add_parser(
+        "serve", help="serve OWNER.toml (several files: one process hosts them all)"
+    )
+    serve.add_argument("owner_files", nargs="+", metavar="OWNER.toml")
+    serve.add_argument("--listen", help="HOST:PORT (overrides server.listen)")
+    serve.add_argument("--ledger", help="ledger file (overrides server.ledger)")
+    serve.set_defaults(func=cmd_owner_serve)
+    report = owner.add_parser(
+        "report", help="an owner's privacy spend, read offline from its ledger"
+    )
+    report.add_argument("owner_file", metavar="OWNER.toml")
+    report.add_argument("--ledger", help="ledger file (overrides server.ledger)")
+    report.add_argument("--json", action="store_true", help="print JSON")
+    report.set_defaults(func=cmd_owner_report)
+
+
+def _add_account(sub: argparse._SubParsersAction) -> None:
+    acc = sub.add_parser(
+        "account",
+        help="ε of T Gaussian or subsampled-Gaussian answers, or a calibration",
+        description="Gaussian answers: --sigma (or --epsilon) with --sensitivity, --queries. "
+        "Poisson-subsampled Gaussian answers (SG-MCMC gradients): --sampling-rate with "
+        "two of --noise-multiplier, --steps, --epsilon; the third is computed.",
+    )
+    acc.add_argument("--sigma", type=float, help="Gaussian: noise sd of each answer")
+    acc.add_argument(
+        "--epsilon",
+        type=float,
+        help="target ε (prints the calibrated σ, noise multiplier or steps)",
+    )
+    acc.add_argument(
+        "--sensitivity", type=float, help="Gaussian: L2 sensitivity of each answer (default 1)"
+    )
+    acc.add_argument("--queries", type=int, help="Gaussian: number of answers T (default 1)")
+    acc.add_argument(
+        "--sampling-rate", type=float, help="subsampled: Poisson sampling rate q in (0, 1]"
+    )
+    acc.add_argument("--noise-multiplier", type=float, help="subsampled: noise sd / clip")
+    acc.add_argument("--steps", type=int, help="subsampled: number of answers T")
+    acc.add_argument(
+        "--accountant", choices=("pld", "rdp"), help="subsampled: pld (default) or rdp"
+    )
+    acc.add_argument(
+        "--neighbour",
+        choices=("replace_one", "add_remove"),
+        help="subsampled: neighbour relation (default replace_one, sensitivity 2·clip)",
+    )
+    acc.add_argument("--delta", type=float, default=1e-5, help="δ (default 1e-5)")
+    acc.add_argument("--json", action="store_true", help="print JSON")
+    acc.set_defaults(func=cmd_account)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedpenalty", description=__doc__)
     parser.add_argument("--version", action="version", version=f"fedpenalty {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-
-    sim = sub.add_parser("simulate", help="run a local multi-owner simulation (default: the embedded scenario)")
-    sim.add_argument("scenario", nargs="?", help="scenario TOML file (default: embedded default scenario)")
-    sim.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a scenario key")
-    sim.add_argument("--out", help="run directory (default: run.out or runs/<algorithm>-<time>)")
-    sim.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    sim.set_defaults(func=cmd_simulate)
-
-    run = sub.add_parser("run", help="run the coordinator against deployed owners (or --resume a stopped run)")
-    run.add_argument("scenario", nargs="?", help="scenario TOML ([model] and [sampler]; owners' policies govern privacy)")
-    run.add_argument("--owners", help="owner hosts HOST:PORT[,HOST:PORT...] (with --resume: where they are now)")
-    run.add_argument("--tls-cert", help="this coordinator's client certificate (PEM) for mutual TLS")
-    run.add_argument("--tls-key", help="its private key (PEM)")
-    run.add_argument("--tls-ca", help="CA certificate (PEM) that signed the owners' server certificates")
-    run.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a scenario key")
-    run.add_argument("--out", help="run directory (default: run.out or runs/<algorithm>-<time>)")
-    run.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its checkpoint")
-    run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    run.set_defaults(func=cmd_run)
-
-    owner = sub.add_parser("owner", help="serve an owner, or read its ledger").add_subparsers(dest="owner_command",
-                                                                                               required=True)
-    serve = owner.add_parser("serve", help="serve OWNER.toml (several files: one process hosts them all)")
-    serve.add_argument("owner_files", nargs="+", metavar="OWNER.toml")
-    serve.add_argument("--listen", help="HOST:PORT (overrides server.listen)")
-    serve.add_argument("--ledger", help="ledger file (overrides server.ledger)")
-    serve.set_defaults(func=cmd_owner_serve)
-    report = owner.add_parser("report", help="an owner's privacy spend, read offline from its ledger")
-    report.add_argument("owner_file", metavar="OWNER.toml")
-    report.add_argument("--ledger", help="ledger file (overrides server.ledger)")
-    report.add_argument("--json", action="store_true", help="print JSON")
-    report.set_defaults(func=cmd_owner_report)
-
-    acc = sub.add_parser("account", help="ε of T Gaussian or subsampled-Gaussian answers, or a calibration",
-                         description="Gaussian answers: --sigma (or --epsilon) with --sensitivity, --queries. "
-                                     "Poisson-subsampled Gaussian answers (SG-MCMC gradients): --sampling-rate with "
-                                     "two of --noise-multiplier, --steps, --epsilon; the third is computed.")
-    acc.add_argument("--sigma", type=float, help="Gaussian: noise sd of each answer")
-    acc.add_argument("--epsilon", type=float, help="target ε (prints the calibrated σ, noise multiplier or steps)")
-    acc.add_argument("--sensitivity", type=float, help="Gaussian: L2 sensitivity of each answer (default 1)")
-    acc.add_argument("--queries", type=int, help="Gaussian: number of answers T (default 1)")
-    acc.add_argument("--sampling-rate", type=float, help="subsampled: Poisson sampling rate q in (0, 1]")
-    acc.add_argument("--noise-multiplier", type=float, help="subsampled: noise sd / clip")
-    acc.add_argument("--steps", type=int, help="subsampled: number of answers T")
-    acc.add_argument("--accountant", choices=("pld", "rdp"), help="subsampled: pld (default) or rdp")
-    acc.add_argument("--neighbour", choices=("replace_one", "add_remove"),
-                     help="subsampled: neighbour relation (default replace_one, sensitivity 2·clip)")
-    acc.add_argument("--delta", type=float, default=1e-5, help="δ (default 1e-5)")
-    acc.add_argument("--json", action="store_true", help="print JSON")
-    acc.set_defaults(func=cmd_account)
+    for add in (_add_simulate, _add_run, _add_owner, _add_account):
+        add(sub)
     return parser
 
 

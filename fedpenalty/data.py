@@ -42,15 +42,19 @@ def _read_csv(path: Path, columns: list[str]) -> np.ndarray:
             header = [h.strip() for h in next(reader, [])]
             missing = [c for c in columns if c not in header]
             if missing:
-                raise DataError(f"{path}: missing column(s) {', '.join(missing)}; the header must name "
-                                f"{', '.join(columns)}")
+                raise DataError(
+                    f"{path}: missing column(s) {', '.join(missing)}; the header must name "
+                    f"{', '.join(columns)}"
+                )
             idx = [header.index(c) for c in columns]
             rows = []
             for line_no, row in enumerate(reader, start=2):
                 if not row or all(not cell.strip() for cell in row):
                     continue
                 if len(row) != len(header):
-                    raise DataError(f"{path}:{line_no}: expected {len(header)} fields, found {len(row)}")
+                    raise DataError(
+                        f"{path}:{line_no}: expected {len(header)} fields, found {len(row)}"
+                    )
                 try:
                     rows.append([float(row[i]) for i in idx])
                 except ValueError as exc:
@@ -74,7 +78,10 @@ def _read_npz(path: Path, columns: list[str]) -> np.ndarray:
     else:
         missing = [c for c in features if c not in arrays]
         if missing:
-            raise DataError(f"{path}: missing array(s) {', '.join(missing)}; found {', '.join(arrays) or 'none'}")
+            raise DataError(
+                f"{path}: missing array(s) {', '.join(missing)}; found "
+                f"{', '.join(arrays) or 'none'}"
+            )
         parts = [arrays[c].reshape(-1, 1) for c in features]
     if "y" in columns:
         if "y" not in arrays:
@@ -88,12 +95,8 @@ def _read_npz(path: Path, columns: list[str]) -> np.ndarray:
         raise DataError(f"{path}: arrays must be numeric ({exc})") from exc
 
 
-def save_csv(path: str | Path, records: np.ndarray, model: Model) -> None:
-    """Write records with the model's column header (the format ``load_records`` reads)."""
-    np.savetxt(path, records, delimiter=",", header=",".join(model.column_names), comments="", fmt="%.17g")
-
-
-def synthetic_owners(model: Model, rng: np.random.Generator, true_theta: np.ndarray,
-                     n_per_owner: list[int]) -> list[np.ndarray]:
+def synthetic_owners(
+    model: Model, rng: np.random.Generator, true_theta: np.ndarray, n_per_owner: list[int]
+) -> list[np.ndarray]:
     """One record array per owner, simulated at ``true_theta`` ``(d,)``."""
     return [model.simulate_records(rng, true_theta, n) for n in n_per_owner]

@@ -11,7 +11,9 @@ from arviz_stats.base import array_stats
 from .models import Reference
 
 
-def summarize(theta: np.ndarray, accepted: np.ndarray | None, reference: Reference | None = None) -> dict[str, Any]:
+def summarize(
+    theta: np.ndarray, accepted: np.ndarray | None, reference: Reference | None = None
+) -> dict[str, Any]:
     """theta ``(C, T, d)`` draws, accepted ``(C, T)`` → the ``diagnostics.json`` fields.
 
     ``accepted`` is None for samplers without an accept step (SG-MCMC) and for independent
@@ -24,16 +26,29 @@ def summarize(theta: np.ndarray, accepted: np.ndarray | None, reference: Referen
     sd = theta.std(axis=(0, 1), ddof=1)
     out: dict[str, Any] = {
         "acceptance_rate": None if accepted is None else float(np.mean(accepted)),
-        "acceptance_rate_per_chain": None if accepted is None else np.mean(accepted, axis=1).tolist(),
-        "ess_bulk": np.atleast_1d(array_stats.ess(theta, chain_axis=0, draw_axis=1, method="bulk")).tolist(),
-        "rhat": np.atleast_1d(array_stats.rhat(theta, chain_axis=0, draw_axis=1, method="rank")).tolist()
-        if theta.shape[0] > 1 else None,
+        "acceptance_rate_per_chain": None
+        if accepted is None
+        else np.mean(accepted, axis=1).tolist(),
+        "ess_bulk": np.atleast_1d(
+            array_stats.ess(theta, chain_axis=0, draw_axis=1, method="bulk")
+        ).tolist(),
+        "rhat": np.atleast_1d(
+            array_stats.rhat(theta, chain_axis=0, draw_axis=1, method="rank")
+        ).tolist()
+        if theta.shape[0] > 1
+        else None,
         "posterior_mean": mean.tolist(),
         "posterior_sd": sd.tolist(),
-        "mcse_mean": np.atleast_1d(array_stats.mcse(theta, chain_axis=0, draw_axis=1, method="mean")).tolist(),
+        "mcse_mean": np.atleast_1d(
+            array_stats.mcse(theta, chain_axis=0, draw_axis=1, method="mean")
+        ).tolist(),
     }
     if reference is not None:
-        out["reference"] = {"mean": reference.mean.tolist(), "sd": reference.sd.tolist(), "source": reference.source}
+        out["reference"] = {
+            "mean": reference.mean.tolist(),
+            "sd": reference.sd.tolist(),
+            "source": reference.source,
+        }
         out["error"] = {
             "mean_abs": np.abs(mean - reference.mean).tolist(),
             "mean_in_sd": (np.abs(mean - reference.mean) / reference.sd).tolist(),

@@ -35,7 +35,7 @@ from typing import Any
 
 from fedpenalty.cli import table
 from fedpenalty.config import resolve
-from fedpenalty.coordinator.driver import planned_answers
+from fedpenalty.coordinator.algorithms import ALGORITHMS
 from fedpenalty.models import build_model
 from fedpenalty.privacy import mu_for_epsilon
 from fedpenalty.privacy.subsampled import calibrate_noise_multiplier
@@ -46,43 +46,68 @@ LOGISTIC = {"name": "logistic", "dim": 2}
 SAMPLING_RATE, CLIP, PENALTY_S2 = 0.02, 1.0, 1.0
 
 
-NOTES = """notes: penalty is calibrated for its worst case (every proposal at the full radius); each owner charges
-an answer by the step actually proposed, so its ledger reports less. Its random walk pays privacy for every
-step, so at a fixed ε it can travel only so far from its data-independent starts; sgld's drift follows the
-gradient. ops releases 10 draws of a tempered posterior; noisy_stats runs on a Bernoulli model (labelled),
-since logistic regression has no sufficient statistics."""
+NOTES = """notes: penalty is calibrated for its worst case (every proposal at the full radius);
+each owner charges an answer by the step actually proposed, so its ledger reports less. Its
+random walk pays privacy for every step, so at a fixed ε it can travel only so far from its
+data-independent starts; sgld's drift follows the gradient. ops releases 10 draws of a tempered
+posterior; noisy_stats runs on a Bernoulli model (labelled), since logistic regression has no
+sufficient statistics."""
 
 
-def base(args: argparse.Namespace, algorithm: str, model: dict[str, Any] = LOGISTIC,
-         true_theta: Any = (1.0, -0.5)) -> dict[str, dict[str, Any]]:
+def base(
+    args: argparse.Namespace,
+    algorithm: str,
+    model: dict[str, Any] = LOGISTIC,
+    true_theta: Any = (1.0, -0.5),
+) -> dict[str, dict[str, Any]]:
     """The shared scenario (unresolved) for ``algorithm``."""
     return {
         "model": dict(model),
         "data": {"owners": OWNERS, "n_per_owner": N_PER_OWNER, "true_theta": list(true_theta)},
-        "privacy": {"delta": args.delta, "epsilon": args.epsilon, "budget_epsilon": args.epsilon * 1.01,
-                    "neighbour": "replace_one"},
-        "sampler": {"algorithm": algorithm, "chains": CHAINS, "iterations": ITERATIONS, "warmup": WARMUP,
-                    "init_scale": 0.1},
+        "privacy": {
+            "delta": args.delta,
+            "epsilon": args.epsilon,
+            "budget_epsilon": args.epsilon * 1.01,
+            "neighbour": "replace_one",
+        },
+        "sampler": {
+            "algorithm": algorithm,
+            "chains": CHAINS,
+            "iterations": ITERATIONS,
+            "warmup": WARMUP,
+            "init_scale": 0.1,
+        },
         "run": {"transport": "inprocess", "progress": False, "seed": args.seed},
     }
 
 
 def scenarios(args: argparse.Namespace) -> list[tuple[str, dict]]:
     """(label, scenario) of every method, each calibrated to the target (ε, δ)."""
-    answers = planned_answers("penalty", CHAINS, ITERATIONS, WARMUP)
+    answers = ALGORITHMS["penalty"].planned_answers(
+        {"chains": CHAINS, "iterations": ITERATIONS, "warmup": WARMUP}
+    )
     model = build_model(LOGISTIC)
     penalty = base(args, "penalty")
     sigma = math.sqrt(PENALTY_S2 / OWNERS)
     # T answers of sensitivity 2·L·step at noise σ compose to μ = 2 L step √T / σ = μ(ε, δ)
-    step = mu_for_epsilon(args.epsilon, args.delta) * sigma / (2 * model.lipschitz * math.sqrt(answers))
+    step = (
+        mu_for_epsilon(args.epsilon, args.delta)
+        * sigma
+        / (2 * model.lipschitz * math.sqrt(answers))
+    )
     penalty["privacy"]["sigma"] = sigma
     penalty["sampler"]["step"] = step
 
     sgld = base(args, "sgld")
-    noise = calibrate_noise_multiplier(args.epsilon, args.delta, SAMPLING_RATE, answers, neighbour="replace_one")
+    noise = calibrate_noise_multiplier(
+        args.epsilon, args.delta, SAMPLING_RATE, answers, neighbour="replace_one"
+    )
     sgld["privacy"]["sigma"] = noise
-    sgld["sampler"].update(sampling_rate=SAMPLING_RATE, clip=CLIP,
-                           step=4 * SAMPLING_RATE**2 / (OWNERS * (noise * CLIP) ** 2))
+    sgld["sampler"].update(
+        sampling_rate=SAMPLING_RATE,
+        clip=CLIP,
+        step=4 * SAMPLING_RATE**2 / (OWNERS * (noise * CLIP) ** 2),
+    )
 
     ops = base(args, "ops")
     ops["sampler"].update(iterations=5, warmup=0)
@@ -92,8 +117,13 @@ def scenarios(args: argparse.Namespace) -> list[tuple[str, dict]]:
 
     exact = base(args, "exact_mh")
     exact["sampler"]["step"] = 0.02
-    return [("exact_mh (non-private)", exact), ("penalty", penalty), ("sgld", sgld), ("ops", ops),
-            ("noisy_stats [bernoulli, not logistic]", noisy)]
+    return [
+        ("exact_mh (non-private)", exact),
+        ("penalty", penalty),
+        ("sgld", sgld),
+        ("ops", ops),
+        ("noisy_stats [bernoulli, not logistic]", noisy),
+    ]
 
 
 def row(label: str, scenario: dict, result) -> dict[str, Any]:
@@ -101,22 +131,33 @@ def row(label: str, scenario: dict, result) -> dict[str, Any]:
     privacy, diag = result.privacy, result.diagnostics
     owners = privacy.get("owners", [])
     return {
-        "method": label, "model": scenario["model"]["name"],
+        "method": label,
+        "model": scenario["model"]["name"],
         "epsilon_per_owner": max((o["epsilon"] for o in owners), default=None),
-        "delta": privacy.get("delta"), "neighbour": privacy.get("neighbour"),
+        "delta": privacy.get("delta"),
+        "neighbour": privacy.get("neighbour"),
         "trusted_curator": privacy.get("trusted_curator"),
         "draws": diag["kept_draws"] * scenario["sampler"]["chains"],
-        "ess_bulk": min(diag["ess_bulk"]), "rhat": max(diag["rhat"]) if diag["rhat"] else None,
-        "error_mean_in_sd": max(diag["error"]["mean_in_sd"]), "sd_ratio": max(diag["error"]["sd_ratio"]),
-        "settings": {"step": scenario["sampler"].get("step"), "sigma": scenario["privacy"].get("sigma"),
-                     "sampling_rate": scenario["sampler"].get("sampling_rate")},
+        "ess_bulk": min(diag["ess_bulk"]),
+        "rhat": max(diag["rhat"]) if diag["rhat"] else None,
+        "error_mean_in_sd": max(diag["error"]["mean_in_sd"]),
+        "sd_ratio": max(diag["error"]["sd_ratio"]),
+        "settings": {
+            "step": scenario["sampler"].get("step"),
+            "sigma": scenario["privacy"].get("sigma"),
+            "sampling_rate": scenario["sampler"].get("sampling_rate"),
+        },
     }
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--epsilon", type=float, default=2.0, help="target ε per owner (default 2)")
-    parser.add_argument("--delta", type=float, default=1e-5, help="δ for every method (default 1e-5)")
+    parser.add_argument(
+        "--delta", type=float, default=1e-5, help="δ for every method (default 1e-5)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="also write the rows as JSON")
     args = parser.parse_args(argv)
@@ -125,21 +166,56 @@ def main(argv: list[str] | None = None) -> int:
         for label, raw in scenarios(args):
             print(f"running {label} ...", file=sys.stderr, flush=True)
             scenario = resolve(raw)
-            rows.append(row(label, raw, run_scenario(scenario, Path(tmp) / raw["sampler"]["algorithm"])))
-    print(f"logistic d=2, {OWNERS} owners × {N_PER_OWNER} records; target ε = {args.epsilon:g} per owner, "
-          f"δ = {args.delta:g} (δ = 0 for ops and Laplace noisy_stats), replace_one neighbours\n")
+            rows.append(
+                row(label, raw, run_scenario(scenario, Path(tmp) / raw["sampler"]["algorithm"]))
+            )
+    print(
+        f"logistic d=2, {OWNERS} owners × {N_PER_OWNER} records; target ε = {args.epsilon:g} per "
+        f"owner, "
+        f"δ = {args.delta:g} (δ = 0 for ops and Laplace noisy_stats), replace_one neighbours\n"
+    )
 
     def fmt(x: Any, spec: str) -> str:
         return "n/a" if x is None else format(x, spec)
 
-    print(table(["method", "ε/owner", "δ", "trusted curator", "draws", "min ESS", "max R-hat", "max |err|/ref sd",
-                 "max sd ratio"],
-                [[r["method"], fmt(r["epsilon_per_owner"], ".4g"), fmt(r["delta"], "g"),
-                  "yes" if r["trusted_curator"] else "no", str(r["draws"]), fmt(r["ess_bulk"], ".0f"),
-                  fmt(r["rhat"], ".3f"), fmt(r["error_mean_in_sd"], ".3g"), fmt(r["sd_ratio"], ".3g")]
-                 for r in rows]))
-    print("\nsettings: " + "; ".join(f"{r['method'].split()[0]}: " + ", ".join(
-        f"{k} {v:.4g}" for k, v in r["settings"].items() if v is not None) for r in rows if any(r["settings"].values())))
+    print(
+        table(
+            [
+                "method",
+                "ε/owner",
+                "δ",
+                "trusted curator",
+                "draws",
+                "min ESS",
+                "max R-hat",
+                "max |err|/ref sd",
+                "max sd ratio",
+            ],
+            [
+                [
+                    r["method"],
+                    fmt(r["epsilon_per_owner"], ".4g"),
+                    fmt(r["delta"], "g"),
+                    "yes" if r["trusted_curator"] else "no",
+                    str(r["draws"]),
+                    fmt(r["ess_bulk"], ".0f"),
+                    fmt(r["rhat"], ".3f"),
+                    fmt(r["error_mean_in_sd"], ".3g"),
+                    fmt(r["sd_ratio"], ".3g"),
+                ]
+                for r in rows
+            ],
+        )
+    )
+    print(
+        "\nsettings: "
+        + "; ".join(
+            f"{r['method'].split()[0]}: "
+            + ", ".join(f"{k} {v:.4g}" for k, v in r["settings"].items() if v is not None)
+            for r in rows
+            if any(r["settings"].values())
+        )
+    )
     print(NOTES)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))

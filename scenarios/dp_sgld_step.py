@@ -40,54 +40,116 @@ def scenario(args: argparse.Namespace, sigma: float, step: float) -> dict:
     return {
         "model": {"name": "logistic", "dim": 2},
         "data": {"owners": OWNERS, "n_per_owner": N_PER_OWNER, "true_theta": [1.0, -0.5]},
-        "privacy": {"delta": args.delta, "sigma": sigma, "budget_epsilon": args.epsilon * 1.01,
-                    "neighbour": "replace_one"},
-        "sampler": {"algorithm": "sgld", "chains": CHAINS, "iterations": args.iterations, "warmup": args.warmup,
-                    "step": step, "sampling_rate": args.sampling_rate, "clip": CLIP, "init_scale": 0.1},
+        "privacy": {
+            "delta": args.delta,
+            "sigma": sigma,
+            "budget_epsilon": args.epsilon * 1.01,
+            "neighbour": "replace_one",
+        },
+        "sampler": {
+            "algorithm": "sgld",
+            "chains": CHAINS,
+            "iterations": args.iterations,
+            "warmup": args.warmup,
+            "step": step,
+            "sampling_rate": args.sampling_rate,
+            "clip": CLIP,
+            "init_scale": 0.1,
+        },
         "run": {"transport": "inprocess", "progress": False, "seed": args.seed},
     }
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--epsilon", type=float, default=2.0, help="target ε per owner (default 2)")
     parser.add_argument("--delta", type=float, default=1e-5, help="δ (default 1e-5)")
-    parser.add_argument("--sampling-rate", type=float, default=0.02, help="Poisson sampling rate q (default 0.02)")
-    parser.add_argument("--iterations", type=int, default=1500, help="kept iterations per chain (default 1500)")
-    parser.add_argument("--warmup", type=int, default=1000, help="warmup iterations per chain (default 1000)")
+    parser.add_argument(
+        "--sampling-rate", type=float, default=0.02, help="Poisson sampling rate q (default 0.02)"
+    )
+    parser.add_argument(
+        "--iterations", type=int, default=1500, help="kept iterations per chain (default 1500)"
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=1000, help="warmup iterations per chain (default 1000)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="also write the rows as JSON")
     args = parser.parse_args(argv)
 
     answers = CHAINS * (args.iterations + args.warmup)
-    c = compare_admissible_steps(args.epsilon, args.delta, args.sampling_rate, answers, CLIP, owners=OWNERS)
-    print(f"logistic d=2, {OWNERS} owners × {N_PER_OWNER} records, {CHAINS} chains × "
-          f"({args.warmup} + {args.iterations}) iterations = {answers} gradient answers per owner, "
-          f"q = {args.sampling_rate:g}, clip {CLIP:g}, target ε = {args.epsilon:g} at δ = {args.delta:g} "
-          f"per owner ({c.neighbour}: one record replaced; sensitivity 2·clip)\n")
-    print(f"Wang et al. (Thm 4): noise multiplier {c.wang_noise_multiplier:.4g}, admissible step "
-          f"{c.wang_step:.4g}; the exact accountant says that noise spends only ε = {c.wang_exact_epsilon:.4g}")
-    print(f"PLD accountant:      noise multiplier {c.accountant_noise_multiplier:.4g}, admissible step "
-          f"{c.accountant_step:.4g}  (gain {c.gain:.1f}×)\n")
+    c = compare_admissible_steps(
+        args.epsilon, args.delta, args.sampling_rate, answers, CLIP, owners=OWNERS
+    )
+    print(
+        f"logistic d=2, {OWNERS} owners × {N_PER_OWNER} records, {CHAINS} chains × "
+        f"({args.warmup} + {args.iterations}) iterations = {answers} gradient answers per owner, "
+        f"q = {args.sampling_rate:g}, clip {CLIP:g}, target ε = {args.epsilon:g} at δ = "
+        f"{args.delta:g} "
+        f"per owner ({c.neighbour}: one record replaced; sensitivity 2·clip)\n"
+    )
+    print(
+        f"Wang et al. (Thm 4): noise multiplier {c.wang_noise_multiplier:.4g}, admissible step "
+        f"{c.wang_step:.4g}; the exact accountant says that noise spends only ε = "
+        f"{c.wang_exact_epsilon:.4g}"
+    )
+    print(
+        f"PLD accountant:      noise multiplier {c.accountant_noise_multiplier:.4g}, admissible "
+        f"step "
+        f"{c.accountant_step:.4g}  (gain {c.gain:.1f}×)\n"
+    )
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, sigma, step in (("Wang et al.", c.wang_noise_multiplier, c.wang_step),
-                                  ("PLD", c.accountant_noise_multiplier, c.accountant_step)):
+        for name, sigma, step in (
+            ("Wang et al.", c.wang_noise_multiplier, c.wang_step),
+            ("PLD", c.accountant_noise_multiplier, c.accountant_step),
+        ):
             print(f"running DP-SGLD at the {name} step ...", file=sys.stderr, flush=True)
             result = run_scenario(resolve(scenario(args, sigma, step)), Path(tmp) / name.split()[0])
             diag, owners = result.diagnostics, result.privacy["owners"]
-            rows.append({
-                "calibration": name, "noise_multiplier": sigma, "step": step,
-                "epsilon_per_owner": max(o["epsilon"] for o in owners), "accountant": owners[0]["accountant"],
-                "excess_noise_ratio": diag["excess_noise_ratio"], "ess_bulk": min(diag["ess_bulk"]),
-                "rhat": max(diag["rhat"]), "error_mean_in_sd": max(diag["error"]["mean_in_sd"]),
-                "sd_ratio": diag["error"]["sd_ratio"],
-            })
-    print(table(["calibration", "noise mult.", "step η", "ε/owner (ledger)", "excess", "min ESS", "max R-hat",
-                 "max |err|/ref sd"],
-                [[r["calibration"], f"{r['noise_multiplier']:.4g}", f"{r['step']:.3g}",
-                  f"{r['epsilon_per_owner']:.4g} ({r['accountant']})", f"{r['excess_noise_ratio']:.2g}",
-                  f"{r['ess_bulk']:.0f}", f"{r['rhat']:.3f}", f"{r['error_mean_in_sd']:.3g}"] for r in rows]))
+            rows.append(
+                {
+                    "calibration": name,
+                    "noise_multiplier": sigma,
+                    "step": step,
+                    "epsilon_per_owner": max(o["epsilon"] for o in owners),
+                    "accountant": owners[0]["accountant"],
+                    "excess_noise_ratio": diag["excess_noise_ratio"],
+                    "ess_bulk": min(diag["ess_bulk"]),
+                    "rhat": max(diag["rhat"]),
+                    "error_mean_in_sd": max(diag["error"]["mean_in_sd"]),
+                    "sd_ratio": diag["error"]["sd_ratio"],
+                }
+            )
+    print(
+        table(
+            [
+                "calibration",
+                "noise mult.",
+                "step η",
+                "ε/owner (ledger)",
+                "excess",
+                "min ESS",
+                "max R-hat",
+                "max |err|/ref sd",
+            ],
+            [
+                [
+                    r["calibration"],
+                    f"{r['noise_multiplier']:.4g}",
+                    f"{r['step']:.3g}",
+                    f"{r['epsilon_per_owner']:.4g} ({r['accountant']})",
+                    f"{r['excess_noise_ratio']:.2g}",
+                    f"{r['ess_bulk']:.0f}",
+                    f"{r['rhat']:.3f}",
+                    f"{r['error_mean_in_sd']:.3g}",
+                ]
+                for r in rows
+            ],
+        )
+    )
     if args.json:
         args.json.write_text(json.dumps({"comparison": c.__dict__, "runs": rows}, indent=2))
     return 0

@@ -3,12 +3,13 @@
     python scenarios/throughput.py [--owners 1,4,16,64,256,1024] [--json FILE] [--seconds 3]
 
 Transports: ``inprocess`` (one OwnerHost in this process), ``grpc-one-per-host`` (one owner
-host process per owner, only up to ``--max-processes`` owners), ``grpc-packed`` (owners packed
-into ``--packed-hosts`` host processes; default one per CPU core but the coordinator's). Models: ``gaussian_mean`` (d = 1; O(1) answers from
-sufficient statistics) and ``logistic`` (d = 10; O(n) per answer, only up to
-``--max-logistic-owners`` owners), n = 10,000 records per owner, 4 chains. Every iteration is a
-real ``penalty`` MH step: validated, noised, charged answers from every owner (ledgers with
-synchronous=NORMAL, as in local simulation). Start-up is not timed.
+host process per owner, only up to ``--max-processes`` owners), ``grpc-packed`` (owners
+packed into ``--packed-hosts`` host processes; default one per CPU core but the
+coordinator's). Models: ``gaussian_mean`` (d = 1; O(1) answers from sufficient statistics)
+and ``logistic`` (d = 10; O(n) per answer, only up to ``--max-logistic-owners`` owners), n =
+10,000 records per owner, 4 chains. Every iteration is a real ``penalty`` MH step:
+validated, noised, charged answers from every owner (ledgers with synchronous=NORMAL, as in
+local simulation). Start-up is not timed.
 """
 
 from __future__ import annotations
@@ -24,14 +25,17 @@ import numpy as np
 
 from fedpenalty.cli import table
 from fedpenalty.cluster.local import LocalCluster, default_owner_hosts
+from fedpenalty.common import Policy
 from fedpenalty.coordinator import mh
 from fedpenalty.coordinator.grpc_oracle import GrpcOracle
-from fedpenalty.coordinator.oracle import InProcessOracle
+from fedpenalty.coordinator.inprocess import InProcessOracle
 from fedpenalty.models import build_model
-from fedpenalty.owner import Ledger, OwnerNode, Policy
+from fedpenalty.owner import Ledger, OwnerNode
 
-MODELS = {"gaussian_mean": {"name": "gaussian_mean", "dim": 1},
-          "logistic": {"name": "logistic", "dim": 10}}
+MODELS = {
+    "gaussian_mean": {"name": "gaussian_mean", "dim": 1},
+    "logistic": {"name": "logistic", "dim": 10},
+}
 N_PER_OWNER, CHAINS, STEP = 10_000, 4, 0.001
 
 
@@ -50,16 +54,24 @@ def measure(oracle, model, seconds: float) -> float:
     return done / elapsed
 
 
-def run(transport: str, model_name: str, owners: int, seconds: float, folder: Path, packed_hosts: int) -> float:
+def run(
+    transport: str, model_name: str, owners: int, seconds: float, folder: Path, packed_hosts: int
+) -> float:
     model = build_model(MODELS[model_name])
     rng = np.random.default_rng(1)
-    records = [model.simulate_records(rng, np.full(model.dim, 0.1), N_PER_OWNER) for _ in range(owners)]
+    records = [
+        model.simulate_records(rng, np.full(model.dim, 0.1), N_PER_OWNER) for _ in range(owners)
+    ]
     policies = [Policy(sigma=1.0, max_step=STEP, budget_epsilon=1e12)] * owners
     seeds = np.random.SeedSequence(2).spawn(owners)
     if transport == "inprocess":
         ledger = Ledger(folder / "ledger.sqlite", synchronous="NORMAL")
-        oracle = InProcessOracle([OwnerNode(f"owner-{k}", model, r, p, ledger, np.random.default_rng(s))
-                                  for k, (r, p, s) in enumerate(zip(records, policies, seeds))])
+        oracle = InProcessOracle(
+            [
+                OwnerNode(f"owner-{k}", model, r, p, ledger, np.random.default_rng(s))
+                for k, (r, p, s) in enumerate(zip(records, policies, seeds))
+            ]
+        )
         try:
             return measure(oracle, model, seconds)
         finally:
@@ -76,15 +88,31 @@ def run(transport: str, model_name: str, owners: int, seconds: float, folder: Pa
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--owners", default="1,4,16,64,256,1024", help="comma-separated owner counts")
-    parser.add_argument("--models", default="gaussian_mean,logistic", help="comma-separated: gaussian_mean, logistic")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--owners", default="1,4,16,64,256,1024", help="comma-separated owner counts"
+    )
+    parser.add_argument(
+        "--models",
+        default="gaussian_mean,logistic",
+        help="comma-separated: gaussian_mean, logistic",
+    )
     parser.add_argument("--transports", default="inprocess,grpc-one-per-host,grpc-packed")
     parser.add_argument("--seconds", type=float, default=3.0, help="timed seconds per measurement")
-    parser.add_argument("--max-processes", type=int, default=64, help="largest K run with one process per owner")
-    parser.add_argument("--max-logistic-owners", type=int, default=64, help="largest K run with the logistic model")
-    parser.add_argument("--packed-hosts", type=int, default=default_owner_hosts(),
-                        help="host processes for grpc-packed (default: one per core but the coordinator's)")
+    parser.add_argument(
+        "--max-processes", type=int, default=64, help="largest K run with one process per owner"
+    )
+    parser.add_argument(
+        "--max-logistic-owners", type=int, default=64, help="largest K run with the logistic model"
+    )
+    parser.add_argument(
+        "--packed-hosts",
+        type=int,
+        default=default_owner_hosts(),
+        help="host processes for grpc-packed (default: one per core but the coordinator's)",
+    )
     parser.add_argument("--json", type=Path, help="write the rows as JSON")
     args = parser.parse_args(argv)
     rows = []
@@ -96,12 +124,31 @@ def main(argv: list[str] | None = None) -> int:
                 if model_name == "logistic" and owners > args.max_logistic_owners:
                     continue
                 with tempfile.TemporaryDirectory() as tmp:
-                    rate = run(transport, model_name, owners, args.seconds, Path(tmp), args.packed_hosts)
-                rows.append({"transport": transport, "owners": owners, "model": model_name,
-                             "iterations_per_second": rate})
-                print(f"{model_name:>13} K={owners:<5} {transport:<18} {rate:10.1f} it/s", file=sys.stderr, flush=True)
-    print(table(["model", "owners", "transport", "it/s"],
-                [[r["model"], str(r["owners"]), r["transport"], f"{r['iterations_per_second']:.1f}"] for r in rows]))
+                    rate = run(
+                        transport, model_name, owners, args.seconds, Path(tmp), args.packed_hosts
+                    )
+                rows.append(
+                    {
+                        "transport": transport,
+                        "owners": owners,
+                        "model": model_name,
+                        "iterations_per_second": rate,
+                    }
+                )
+                print(
+                    f"{model_name:>13} K={owners:<5} {transport:<18} {rate:10.1f} it/s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    print(
+        table(
+            ["model", "owners", "transport", "it/s"],
+            [
+                [r["model"], str(r["owners"]), r["transport"], f"{r['iterations_per_second']:.1f}"]
+                for r in rows
+            ],
+        )
+    )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return 0

@@ -28,14 +28,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def write_owner(folder: Path, name: str, data: Path, port: int, privacy: dict, model: dict, **server) -> Path:
+def write_owner(
+    folder: Path, name: str, data: Path, port: int, privacy: dict, model: dict, **server
+) -> Path:
     """An OWNER.toml for ``name`` serving ``data`` on 127.0.0.1:``port``."""
     path = folder / f"{name}.toml"
-    path.write_text(tomli_w.dumps({
-        "model": model, "data": {"path": str(data)}, "privacy": privacy,
-        "server": {"name": name, "listen": f"127.0.0.1:{port}", "ledger": f"{name}.sqlite", "synchronous": "NORMAL",
-                   **server},
-    }))
+    path.write_text(
+        tomli_w.dumps(
+            {
+                "model": model,
+                "data": {"path": str(data)},
+                "privacy": privacy,
+                "server": {
+                    "name": name,
+                    "listen": f"127.0.0.1:{port}",
+                    "ledger": f"{name}.sqlite",
+                    "synchronous": "NORMAL",
+                    **server,
+                },
+            }
+        )
+    )
     return path
 
 
@@ -48,11 +61,15 @@ class Processes:
 
     def start(self, args: list[str], log: str) -> subprocess.Popen:
         with (self.folder / log).open("ab") as f:
-            proc = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            proc = subprocess.Popen(
+                args, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
         self.running.append(proc)
         return proc
 
-    def owner(self, toml: Path, port: int, credentials: grpc.ChannelCredentials | None = None) -> subprocess.Popen:
+    def owner(
+        self, toml: Path, port: int, credentials: grpc.ChannelCredentials | None = None
+    ) -> subprocess.Popen:
         """``fedpenalty owner serve TOML``, waited for until it reports SERVING."""
         proc = self.start([*FEDPENALTY, "owner", "serve", str(toml)], f"{toml.stem}.log")
         wait_serving(f"127.0.0.1:{port}", proc, credentials, self.folder / f"{toml.stem}.log")
@@ -70,16 +87,23 @@ class Processes:
                 proc.wait(timeout=15)
 
 
-def wait_serving(address: str, proc: subprocess.Popen, credentials: grpc.ChannelCredentials | None,
-                 log: Path) -> None:
+def wait_serving(
+    address: str, proc: subprocess.Popen, credentials: grpc.ChannelCredentials | None, log: Path
+) -> None:
     deadline = time.monotonic() + TIMEOUT
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"owner exited with {proc.returncode}:\n{log.read_text()}")
-        channel = grpc.secure_channel(address, credentials) if credentials else grpc.insecure_channel(address)
+        channel = (
+            grpc.secure_channel(address, credentials)
+            if credentials
+            else grpc.insecure_channel(address)
+        )
         with channel:
             try:
-                reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
+                reply = health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(), timeout=1
+                )
                 if reply.status == health_pb2.HealthCheckResponse.SERVING:
                     return
             except grpc.RpcError:
@@ -90,8 +114,14 @@ def wait_serving(address: str, proc: subprocess.Popen, credentials: grpc.Channel
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     """Run ``fedpenalty ARGS`` to completion (bounded)."""
-    return subprocess.run([*FEDPENALTY, *args], cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return subprocess.run(
+        [*FEDPENALTY, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
 
 
 def wait_for(predicate, what: str, timeout: float = TIMEOUT) -> None:

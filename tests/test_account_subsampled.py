@@ -28,25 +28,49 @@ def account_json(capsys, *args: str) -> dict:
     return json.loads(out)
 
 
-@pytest.mark.parametrize("q,sigma,steps,accountant,expected,rel", [
-    ("0.01", "4", "10000", "rdp", 1.03549, 1e-5),
-    ("0.01", "4", "10000", "pld", 0.947, 5e-4),
-    (str(150 / 60000), "1.3", "6000", "rdp", 0.7242234026, 1e-9),
-    (str(150 / 60000), "1.3", "6000", "pld", 0.640, 5e-4),
-])
+@pytest.mark.parametrize(
+    "q,sigma,steps,accountant,expected,rel",
+    [
+        ("0.01", "4", "10000", "rdp", 1.03549, 1e-5),
+        ("0.01", "4", "10000", "pld", 0.947, 5e-4),
+        (str(150 / 60000), "1.3", "6000", "rdp", 0.7242234026, 1e-9),
+        (str(150 / 60000), "1.3", "6000", "pld", 0.640, 5e-4),
+    ],
+)
 def test_reference_values(capsys, q, sigma, steps, accountant, expected, rel):
-    result = account_json(capsys, "--sampling-rate", q, "--noise-multiplier", sigma, "--steps", steps,
-                          "--delta", "1e-5", "--accountant", accountant, "--neighbour", "add_remove")
+    result = account_json(
+        capsys,
+        "--sampling-rate",
+        q,
+        "--noise-multiplier",
+        sigma,
+        "--steps",
+        steps,
+        "--delta",
+        "1e-5",
+        "--accountant",
+        accountant,
+        "--neighbour",
+        "add_remove",
+    )
     assert result["epsilon"] == pytest.approx(expected, rel=rel)
     assert result["accountant"] == accountant and result["neighbour"] == "add_remove"
 
 
 def test_defaults_are_pld_and_replace_one_and_the_text_states_them(capsys):
-    result = account_json(capsys, "--sampling-rate", "0.01", "--noise-multiplier", "4", "--steps", "1000")
+    result = account_json(
+        capsys, "--sampling-rate", "0.01", "--noise-multiplier", "4", "--steps", "1000"
+    )
     assert result["accountant"] == "pld" and result["neighbour"] == "replace_one"
-    assert result["epsilon"] == subsampled.epsilon(subsampled.SubsampledGaussian(0.01, 4.0, 1000), 1e-5,
-                                                   neighbour="replace_one", accountant="pld")
-    code, out, _ = account(capsys, "--sampling-rate", "0.01", "--noise-multiplier", "4", "--steps", "1000")
+    assert result["epsilon"] == subsampled.epsilon(
+        subsampled.SubsampledGaussian(0.01, 4.0, 1000),
+        1e-5,
+        neighbour="replace_one",
+        accountant="pld",
+    )
+    code, out, _ = account(
+        capsys, "--sampling-rate", "0.01", "--noise-multiplier", "4", "--steps", "1000"
+    )
     assert code == 0 and "PLD accountant" in out and "replace_one: one record replaced" in out
     assert "2·clip" in out
 
@@ -60,7 +84,16 @@ def test_replace_one_costs_more_than_add_remove(capsys):
 
 @pytest.mark.parametrize("accountant,neighbour", [("pld", "add_remove"), ("rdp", "replace_one")])
 def test_calibrated_noise_multiplier_round_trips(capsys, accountant, neighbour):
-    common = ["--sampling-rate", "0.02", "--steps", "2000", "--accountant", accountant, "--neighbour", neighbour]
+    common = [
+        "--sampling-rate",
+        "0.02",
+        "--steps",
+        "2000",
+        "--accountant",
+        accountant,
+        "--neighbour",
+        neighbour,
+    ]
     sigma = account_json(capsys, *common, "--epsilon", "1.5")["noise_multiplier"]
     eps = account_json(capsys, *common, "--noise-multiplier", repr(sigma))["epsilon"]
     assert eps <= 1.5 and eps == pytest.approx(1.5, rel=1e-3)
@@ -76,16 +109,43 @@ def test_largest_steps_round_trip(capsys):
     assert account_json(capsys, *common, "--steps", str(steps + 1))["epsilon"] > 1.0
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--sampling-rate", "0.01", "--noise-multiplier", "4"], "give --noise-multiplier and --steps"),
-    (["--sampling-rate", "0.01", "--epsilon", "1", "--noise-multiplier", "4", "--steps", "10"], "at most two"),
-    (["--sampling-rate", "1.5", "--noise-multiplier", "4", "--steps", "10"], "--sampling-rate must be in (0, 1]"),
-    (["--sampling-rate", "0.01", "--noise-multiplier", "-1", "--steps", "10"], "--noise-multiplier must be"),
-    (["--sampling-rate", "0.01", "--noise-multiplier", "4", "--steps", "0"], "--steps must be"),
-    (["--sampling-rate", "0.01", "--noise-multiplier", "4", "--steps", "10", "--sigma", "1"], "--sigma"),
-    (["--noise-multiplier", "4", "--steps", "10"], "give --sampling-rate too"),
-    (["--sigma", "1", "--neighbour", "add_remove"], "give --sampling-rate too"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (
+            ["--sampling-rate", "0.01", "--noise-multiplier", "4"],
+            "give --noise-multiplier and --steps",
+        ),
+        (
+            [
+                "--sampling-rate",
+                "0.01",
+                "--epsilon",
+                "1",
+                "--noise-multiplier",
+                "4",
+                "--steps",
+                "10",
+            ],
+            "at most two",
+        ),
+        (
+            ["--sampling-rate", "1.5", "--noise-multiplier", "4", "--steps", "10"],
+            "--sampling-rate must be in (0, 1]",
+        ),
+        (
+            ["--sampling-rate", "0.01", "--noise-multiplier", "-1", "--steps", "10"],
+            "--noise-multiplier must be",
+        ),
+        (["--sampling-rate", "0.01", "--noise-multiplier", "4", "--steps", "0"], "--steps must be"),
+        (
+            ["--sampling-rate", "0.01", "--noise-multiplier", "4", "--steps", "10", "--sigma", "1"],
+            "--sigma",
+        ),
+        (["--noise-multiplier", "4", "--steps", "10"], "give --sampling-rate too"),
+        (["--sigma", "1", "--neighbour", "add_remove"], "give --sampling-rate too"),
+    ],
+)
 def test_errors_name_the_problem(capsys, args, message):
     code, out, err = account(capsys, *args)
     assert code == 2 and message in err and out == ""

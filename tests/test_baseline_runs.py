@@ -46,20 +46,33 @@ transport = "inprocess"
 
 def simulate_file(capsys, tmp_path, text: str, *extra: str) -> tuple[int, str, str]:
     (tmp_path / "s.toml").write_text(text)
-    code = main(["simulate", str(tmp_path / "s.toml"), *extra, "--no-progress", "--out", str(tmp_path / "run")])
+    code = main(
+        [
+            "simulate",
+            str(tmp_path / "s.toml"),
+            *extra,
+            "--no-progress",
+            "--out",
+            str(tmp_path / "run"),
+        ]
+    )
     out, err = capsys.readouterr()
     return code, out, err
 
 
 def simulate(capsys, tmp_path, algorithm: str, *extra: str) -> tuple[int, str, str, dict, dict]:
-    code, out, err = simulate_file(capsys, tmp_path, BERNOULLI, "--set", f"sampler.algorithm='{algorithm}'", *extra)
+    code, out, err = simulate_file(
+        capsys, tmp_path, BERNOULLI, "--set", f"sampler.algorithm='{algorithm}'", *extra
+    )
     run = tmp_path / "run"
     privacy = json.loads((run / "privacy.json").read_text()) if code == 0 else {}
     diagnostics = json.loads((run / "diagnostics.json").read_text()) if code == 0 else {}
     return code, out, err, privacy, diagnostics
 
 
-def _common_checks(privacy: dict, diagnostics: dict, algorithm: str, neighbour: str = "replace_one") -> None:
+def _common_checks(
+    privacy: dict, diagnostics: dict, algorithm: str, neighbour: str = "replace_one"
+) -> None:
     assert privacy["algorithm"] == algorithm and privacy["neighbour"] == neighbour
     assert privacy["neighbour_meaning"] and privacy["release"] and privacy["accounting"]
     assert [o["n"] for o in privacy["owners"]] == [N] * OWNERS
@@ -68,14 +81,24 @@ def _common_checks(privacy: dict, diagnostics: dict, algorithm: str, neighbour: 
     assert diagnostics["error"]["mean_in_sd"][0] >= 0
 
 
-@pytest.mark.parametrize("form,neighbour,denominator", [
-    ("wang", "replace_one", 4 * math.log1p(math.exp(6.0))),
-    ("wang", "add_remove", 2 * math.log1p(math.exp(6.0))),
-    ("foulds", "replace_one", 2 * 6.0),
-])
+@pytest.mark.parametrize(
+    "form,neighbour,denominator",
+    [
+        ("wang", "replace_one", 4 * math.log1p(math.exp(6.0))),
+        ("wang", "add_remove", 2 * math.log1p(math.exp(6.0))),
+        ("foulds", "replace_one", 2 * 6.0),
+    ],
+)
 def test_ops_privacy_is_the_papers_temperature(capsys, tmp_path, form, neighbour, denominator):
-    code, out, err, privacy, diagnostics = simulate(capsys, tmp_path, "ops", "--set", f"privacy.ops_form='{form}'",
-                                                    "--set", f"privacy.neighbour='{neighbour}'")
+    code, out, err, privacy, diagnostics = simulate(
+        capsys,
+        tmp_path,
+        "ops",
+        "--set",
+        f"privacy.ops_form='{form}'",
+        "--set",
+        f"privacy.neighbour='{neighbour}'",
+    )
     assert code == 0, err
     _common_checks(privacy, diagnostics, "ops", neighbour)
     draws = CHAINS * ITERATIONS
@@ -91,52 +114,99 @@ def test_ops_privacy_is_the_papers_temperature(capsys, tmp_path, form, neighbour
 
 @pytest.mark.parametrize("mechanism", ["laplace", "gaussian"])
 def test_noisy_stats_privacy_is_the_papers_noise(capsys, tmp_path, mechanism):
-    code, out, err, privacy, diagnostics = simulate(capsys, tmp_path, "noisy_stats",
-                                                    "--set", f"privacy.mechanism='{mechanism}'")
+    code, out, err, privacy, diagnostics = simulate(
+        capsys, tmp_path, "noisy_stats", "--set", f"privacy.mechanism='{mechanism}'"
+    )
     assert code == 0, err
     _common_checks(privacy, diagnostics, "noisy_stats")
     assert privacy["trusted_curator"] is False and "not involved" in privacy["release"]
     for owner in privacy["owners"]:
-        assert owner["epsilon"] == EPS and owner["mechanism"] == mechanism and owner["sensitivity"] == 1.0
+        assert (
+            owner["epsilon"] == EPS
+            and owner["mechanism"] == mechanism
+            and owner["sensitivity"] == 1.0
+        )
         if mechanism == "laplace":
             assert owner["scale"] == pytest.approx(1.0 / EPS, rel=1e-12) and owner["delta"] == 0.0
             assert owner["mu"] is None
         else:
-            assert owner["delta"] == DELTA and owner["mu"] == pytest.approx(1.0 / owner["scale"], rel=1e-12)
+            assert owner["delta"] == DELTA and owner["mu"] == pytest.approx(
+                1.0 / owner["scale"], rel=1e-12
+            )
             assert delta_for_epsilon(owner["mu"], EPS) == pytest.approx(DELTA, rel=1e-6)
     assert f"{mechanism}" in out
 
 
 def test_hybrid_splits_epsilon_between_ops_and_the_owners_ledgers(capsys, tmp_path):
     q = 0.1
-    code, _, err, privacy, diagnostics = simulate(capsys, tmp_path, "hybrid", "--set", f"sampler.sampling_rate={q}",
-                                                  "--set", "sampler.step=1e-6")
+    code, _, err, privacy, diagnostics = simulate(
+        capsys,
+        tmp_path,
+        "hybrid",
+        "--set",
+        f"sampler.sampling_rate={q}",
+        "--set",
+        "sampler.step=1e-6",
+    )
     assert code == 0, err
     _common_checks(privacy, diagnostics, "hybrid")
     assert privacy["trusted_curator"] is True and "ledger" in privacy["release"]
-    assert privacy["ops_rho"] == pytest.approx(min(1.0, EPS / 2 / CHAINS / (4 * math.log1p(math.exp(6.0)))))
+    assert privacy["ops_rho"] == pytest.approx(
+        min(1.0, EPS / 2 / CHAINS / (4 * math.log1p(math.exp(6.0))))
+    )
     answers = CHAINS * (ITERATIONS + 10)
     for owner in privacy["owners"]:
         assert owner["answers"] == answers and owner["sampling_rate"] == q
         sigma = owner["noise_multiplier"]
-        spent = subsampled.epsilon(subsampled.SubsampledGaussian(q, sigma, answers), DELTA, neighbour="replace_one")
+        spent = subsampled.epsilon(
+            subsampled.SubsampledGaussian(q, sigma, answers), DELTA, neighbour="replace_one"
+        )
         assert owner["epsilon_sgld"] == pytest.approx(spent, rel=1e-9) and spent <= EPS / 2
         assert spent == pytest.approx(EPS / 2, rel=1e-4)  # σ is calibrated to ε/2, not looser
         assert owner["epsilon_ops"] == pytest.approx(EPS / 2, rel=1e-12)
-        assert owner["epsilon"] == pytest.approx(owner["epsilon_ops"] + owner["epsilon_sgld"], rel=1e-12)
+        assert owner["epsilon"] == pytest.approx(
+            owner["epsilon_ops"] + owner["epsilon_sgld"], rel=1e-12
+        )
     assert "excess_noise_ratio" in diagnostics
 
 
-@pytest.mark.parametrize("setting,message", [
-    (["--set", "model.name='logistic'", "--set", "sampler.algorithm='noisy_stats'"],
-     "noisy_stats' needs a model with a conjugate posterior"),
-    (["--set", "sampler.algorithm='ops'", "--set", "privacy.ops_form='foulds'",
-      "--set", "privacy.neighbour='add_remove'"], "ops_form = 'foulds'"),
-    (["--set", "sampler.algorithm='noisy_stats'", "--set", "privacy.mechanism='exponential'"],
-     "privacy.mechanism must be one of 'laplace', 'gaussian'"),
-    (["--set", "sampler.algorithm='ops'", "--set", "privacy.epsilon=0"], "privacy.epsilon must be a positive"),
-    (["--set", "sampler.algorithm='ops'", "--set", "sampler.ops_mh_steps=0"], "sampler.ops_mh_steps must be a positive"),
-])
+@pytest.mark.parametrize(
+    "setting,message",
+    [
+        (
+            ["--set", "model.name='logistic'", "--set", "sampler.algorithm='noisy_stats'"],
+            "noisy_stats' needs a model with a conjugate posterior",
+        ),
+        (
+            [
+                "--set",
+                "sampler.algorithm='ops'",
+                "--set",
+                "privacy.ops_form='foulds'",
+                "--set",
+                "privacy.neighbour='add_remove'",
+            ],
+            "ops_form = 'foulds'",
+        ),
+        (
+            [
+                "--set",
+                "sampler.algorithm='noisy_stats'",
+                "--set",
+                "privacy.mechanism='exponential'",
+            ],
+            "privacy.mechanism must be one of 'laplace', 'gaussian'",
+        ),
+        (
+            ["--set", "sampler.algorithm='ops'", "--set", "privacy.epsilon=0"],
+            "privacy.epsilon must be a positive",
+        ),
+        (
+            ["--set", "sampler.algorithm='ops'", "--set", "sampler.ops_mh_steps=0"],
+            "sampler.ops_mh_steps must be a positive",
+        ),
+    ],
+)
 def test_bad_baseline_settings_are_named(capsys, tmp_path, setting, message):
     code, _, err = simulate_file(capsys, tmp_path, BERNOULLI, *setting)
     assert code == 2 and message in err, err
@@ -146,14 +216,17 @@ def test_bad_baseline_settings_are_named(capsys, tmp_path, setting, message):
 @pytest.mark.parametrize("algorithm", ["ops", "hybrid", "noisy_stats"])
 def test_deployed_runs_refuse_the_simulated_baselines(tmp_path, algorithm):
     scenario = load_scenario(None, [f"sampler.algorithm='{algorithm}'"])
-    with pytest.raises(ValueError, match="trusted curator|simulation only"):
+    with pytest.raises(ValueError, match=r"trusted curator|simulation only"):
         run_deployed(scenario, ["127.0.0.1:1"], out=tmp_path / "run")
     assert not (tmp_path / "run").exists()
 
 
 def test_ops_without_closed_form_says_its_draws_are_mh(capsys, tmp_path):
-    text = ('[model]\nname = "logistic"\ndim = 1\n[data]\ntrue_theta = 0.5\nowners = 2\nn_per_owner = 50\n'
-            '[sampler]\nalgorithm = "ops"\nchains = 2\niterations = 3\nops_mh_steps = 50\n')
+    text = (
+        '[model]\nname = "logistic"\ndim = 1\n[data]\ntrue_theta = 0.5\nowners = 2\nn_per_owner = '
+        "50\n"
+        '[sampler]\nalgorithm = "ops"\nchains = 2\niterations = 3\nops_mh_steps = 50\n'
+    )
     code, _, err = simulate_file(capsys, tmp_path, text)
     assert code == 0, err
     privacy = json.loads((tmp_path / "run" / "privacy.json").read_text())

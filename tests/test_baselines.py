@@ -98,7 +98,9 @@ def test_ops_temperature_formulas():
     b, c = math.log1p(math.exp(5.0)), 5.0
     assert bl.ops_temperature(model, 1.0) == pytest.approx(1.0 / (4 * b))  # Wang et al. Alg. 1
     assert bl.ops_temperature(model, 1.0, neighbour="add_remove") == pytest.approx(1.0 / (2 * b))
-    assert bl.ops_temperature(model, 1.0, form="foulds") == pytest.approx(1.0 / (2 * c))  # Foulds Thm 2
+    assert bl.ops_temperature(model, 1.0, form="foulds") == pytest.approx(
+        1.0 / (2 * c)
+    )  # Foulds Thm 2
     assert bl.ops_temperature(model, 100.0) == 1.0
     with pytest.raises(ValueError, match="replace-one"):
         bl.ops_temperature(model, 1.0, form="foulds", neighbour="add_remove")
@@ -117,10 +119,18 @@ def _tempered_reference(model, n, stat_sum, rho):
         scaled = build_model({"name": model.name, **p, "prior_sd": p["prior_sd"] / math.sqrt(rho)})
         # precision ρ/s² + ρn/σ², mean unchanged: pass n' = ρn and Σ' = ρΣ
     elif model.name == "bernoulli":
-        scaled = build_model({"name": model.name, **p, "prior_a": rho * p["prior_a"], "prior_b": rho * p["prior_b"]})
+        scaled = build_model(
+            {"name": model.name, **p, "prior_a": rho * p["prior_a"], "prior_b": rho * p["prior_b"]}
+        )
     else:
-        scaled = build_model({"name": model.name, **p, "prior_shape": rho * p["prior_shape"],
-                              "prior_rate": rho * p["prior_rate"]})
+        scaled = build_model(
+            {
+                "name": model.name,
+                **p,
+                "prior_shape": rho * p["prior_shape"],
+                "prior_rate": rho * p["prior_rate"],
+            }
+        )
     return scaled.reference_from_stats(rho * n, rho * np.asarray(stat_sum, dtype=float))
 
 
@@ -131,7 +141,9 @@ CONJUGATE = [
 ]
 
 
-@pytest.mark.parametrize("spec, theta", CONJUGATE, ids=lambda v: v["name"] if isinstance(v, dict) else "")
+@pytest.mark.parametrize(
+    "spec, theta", CONJUGATE, ids=lambda v: v["name"] if isinstance(v, dict) else ""
+)
 @pytest.mark.parametrize("rho", [1.0, 0.05])
 def test_conjugate_draws_match_tempered_posterior(spec, theta, rho):
     model = build_model(spec)
@@ -172,8 +184,18 @@ def test_ops_releases_one_labelled_sample():
     assert out.method == "mh" and out.trusted_curator
     assert out.rho == pytest.approx(2.0 / (4 * bl.log_lik_bound(model)))
     assert out.epsilon_per_owner == 2.0
-    three = bl.ops(np.random.default_rng(6), build_model({"name": "bernoulli"}), np.ones((10, 1)), 0.5, samples=3)
-    assert three.theta.shape == (3, 1) and three.method == "closed_form" and three.epsilon_per_owner == 1.5
+    three = bl.ops(
+        np.random.default_rng(6),
+        build_model({"name": "bernoulli"}),
+        np.ones((10, 1)),
+        0.5,
+        samples=3,
+    )
+    assert (
+        three.theta.shape == (3, 1)
+        and three.method == "closed_form"
+        and three.epsilon_per_owner == 1.5
+    )
 
 
 # ------------------------------------------------------------------ noisy statistics
@@ -183,8 +205,13 @@ def test_laplace_scale_is_l1_sensitivity_over_epsilon():
     gm = build_model({"name": "gaussian_mean", "dim": 3, "data_bound": 2.0})
     assert bl.laplace_scale(gm, 0.5, "replace_one") == pytest.approx(2 * 2.0 * math.sqrt(3) / 0.5)
     assert bl.laplace_scale(gm, 0.5, "add_remove") == pytest.approx(2.0 * math.sqrt(3) / 0.5)
-    assert bl.laplace_scale(build_model({"name": "bernoulli"}), 0.2, "replace_one") == pytest.approx(5.0)
-    assert bl.laplace_scale(build_model({"name": "poisson", "count_bound": 7}), 1.0, "add_remove") == 7.0
+    assert bl.laplace_scale(
+        build_model({"name": "bernoulli"}), 0.2, "replace_one"
+    ) == pytest.approx(5.0)
+    assert (
+        bl.laplace_scale(build_model({"name": "poisson", "count_bound": 7}), 1.0, "add_remove")
+        == 7.0
+    )
 
 
 def test_released_noise_is_laplace_with_that_scale():
@@ -194,8 +221,17 @@ def test_released_noise_is_laplace_with_that_scale():
     model = build_model({"name": "bernoulli"})
     records = np.r_[np.ones(400), np.zeros(600)][:, None]
     rng = np.random.default_rng(7)
-    noise = np.array([bl.noisy_stats(rng, model, [records], 0.5, neighbour="replace_one", draws=1).released[0, 0]
-                      for _ in range(3000)]) - 400.0
+    noise = (
+        np.array(
+            [
+                bl.noisy_stats(
+                    rng, model, [records], 0.5, neighbour="replace_one", draws=1
+                ).released[0, 0]
+                for _ in range(3000)
+            ]
+        )
+        - 400.0
+    )
     assert stats.kstest(noise, stats.laplace(scale=2.0).cdf).pvalue > 1e-4
     assert stats.kstest(noise, stats.laplace(scale=1.0).cdf).pvalue < 1e-6
     assert stats.kstest(noise, stats.laplace(scale=4.0).cdf).pvalue < 1e-6
@@ -204,27 +240,49 @@ def test_released_noise_is_laplace_with_that_scale():
 def test_gaussian_variant_is_calibrated_exactly():
     model = build_model({"name": "gaussian_mean", "dim": 2})
     records = [model.simulate_records(np.random.default_rng(8), np.array([0.0, 1.0]), 50)]
-    out = bl.noisy_stats(np.random.default_rng(9), model, records, 1.0, neighbour="replace_one", draws=10,
-                         mechanism="gaussian", delta=1e-5)
+    out = bl.noisy_stats(
+        np.random.default_rng(9),
+        model,
+        records,
+        1.0,
+        neighbour="replace_one",
+        draws=10,
+        mechanism="gaussian",
+        delta=1e-5,
+    )
     assert out.sensitivity == model.stat_sensitivity("replace_one")
     assert out.mu == pytest.approx(out.sensitivity / out.scale)
     assert epsilon_for_delta(out.mu, 1e-5) == pytest.approx(1.0, rel=1e-9)
     with pytest.raises(ValueError, match="delta"):
-        bl.noisy_stats(np.random.default_rng(9), model, records, 1.0, neighbour="replace_one", draws=1,
-                       mechanism="gaussian")
+        bl.noisy_stats(
+            np.random.default_rng(9),
+            model,
+            records,
+            1.0,
+            neighbour="replace_one",
+            draws=1,
+            mechanism="gaussian",
+        )
 
 
 def test_projection_to_attainable_sums():
     assert bl.project_stats(build_model({"name": "bernoulli"}), np.array([-3.2]), 10)[0] == 0.0
     assert bl.project_stats(build_model({"name": "bernoulli"}), np.array([12.5]), 10)[0] == 10.0
-    assert bl.project_stats(build_model({"name": "poisson", "count_bound": 5}), np.array([60.0]), 10)[0] == 50.0
+    assert (
+        bl.project_stats(build_model({"name": "poisson", "count_bound": 5}), np.array([60.0]), 10)[
+            0
+        ]
+        == 50.0
+    )
     gm = build_model({"name": "gaussian_mean", "dim": 2, "data_bound": 1.0})
     out = bl.project_stats(gm, np.array([30.0, 40.0]), 10)
     np.testing.assert_allclose(out, [6.0, 8.0])
     np.testing.assert_allclose(bl.project_stats(gm, np.array([3.0, 4.0]), 10), [3.0, 4.0])
 
 
-@pytest.mark.parametrize("spec, theta", CONJUGATE, ids=lambda v: v["name"] if isinstance(v, dict) else "")
+@pytest.mark.parametrize(
+    "spec, theta", CONJUGATE, ids=lambda v: v["name"] if isinstance(v, dict) else ""
+)
 def test_noisy_stats_draws_follow_the_posterior_given_the_released_sums(spec, theta):
     # small ε so the released total differs visibly from the true one; the draws must follow
     # the conjugate posterior given the *released* total, not the true one
@@ -250,15 +308,29 @@ def test_hybrid_splits_the_budget():
     rng = np.random.default_rng(11)
     pooled = np.concatenate([model.simulate_records(rng, np.array([0.4]), n) for n in (150, 250)])
     eps, delta, chains, steps, q = 3.0, 1e-5, 2, 100, 0.2
-    start, sigma = bl.hybrid_start(rng, model, pooled, eps, delta, sampling_rate=q, answers=chains * steps,
-                                   chains=chains, neighbour="replace_one", accountant="rdp")
+    start, sigma = bl.hybrid_start(
+        rng,
+        model,
+        pooled,
+        eps,
+        delta,
+        sampling_rate=q,
+        answers=chains * steps,
+        chains=chains,
+        neighbour="replace_one",
+        accountant="rdp",
+    )
     # OPS: `chains` samples at ε/(2·chains) each, i.e. ε/2 per owner; ρ from Wang et al.
     assert start.epsilon_per_owner == pytest.approx(eps / 2)
     assert start.rho == pytest.approx(bl.ops_temperature(model, eps / (2 * chains)))
     theta0 = np.atleast_2d(start.theta)
     assert theta0.shape == (chains, 1) and np.all(np.abs(theta0) <= model.theta_bound)
     # SGLD: chains × steps answers per owner, σ calibrated to the remaining ε/2 at δ
-    spent = subsampled.epsilon(subsampled.SubsampledGaussian(q, sigma, chains * steps), delta,
-                               neighbour="replace_one", accountant="rdp")
+    spent = subsampled.epsilon(
+        subsampled.SubsampledGaussian(q, sigma, chains * steps),
+        delta,
+        neighbour="replace_one",
+        accountant="rdp",
+    )
     assert spent <= eps / 2 and spent == pytest.approx(eps / 2, rel=1e-3)
     assert start.epsilon_per_owner + spent <= eps + 1e-12

@@ -7,15 +7,27 @@ import tomllib
 
 import numpy as np
 import pytest
+from owners import save_csv
 
 from fedpenalty.cli import main
 from fedpenalty.config import load_scenario, resolve
-from fedpenalty.data import save_csv
 from fedpenalty.models import build_model
 
-SMALL = ["--set", "run.transport='inprocess'", "--set", "data.n_per_owner=2000", "--set", "sampler.iterations=300",
-         "--set", "sampler.warmup=50", "--set", "sampler.step=0.02", "--set", "privacy.budget_epsilon=1000",
-         "--no-progress"]
+SMALL = [
+    "--set",
+    "run.transport='inprocess'",
+    "--set",
+    "data.n_per_owner=2000",
+    "--set",
+    "sampler.iterations=300",
+    "--set",
+    "sampler.warmup=50",
+    "--set",
+    "sampler.step=0.02",
+    "--set",
+    "privacy.budget_epsilon=1000",
+    "--no-progress",
+]
 
 
 def run_cli(capsys, *args: str) -> tuple[int, str, str]:
@@ -24,37 +36,81 @@ def run_cli(capsys, *args: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-@pytest.mark.parametrize("sigma,queries,delta,expected", [
-    (1.0, 1, 1e-5, 4.3771780957), (2.0, 1, 1e-5, 1.9930914044), (10.0, 1, 1e-5, 0.3406693647),
-    (5.0, 1, 1e-6, 0.8341175486), (10.0, 100, 1e-5, 4.3771780957)])
+@pytest.mark.parametrize(
+    "sigma,queries,delta,expected",
+    [
+        (1.0, 1, 1e-5, 4.3771780957),
+        (2.0, 1, 1e-5, 1.9930914044),
+        (10.0, 1, 1e-5, 0.3406693647),
+        (5.0, 1, 1e-6, 0.8341175486),
+        (10.0, 100, 1e-5, 4.3771780957),
+    ],
+)
 def test_account_reference_values(capsys, sigma, queries, delta, expected):
-    code, out, _ = run_cli(capsys, "account", "--sigma", str(sigma), "--sensitivity", "1", "--queries", str(queries),
-                           "--delta", str(delta), "--json")
+    code, out, _ = run_cli(
+        capsys,
+        "account",
+        "--sigma",
+        str(sigma),
+        "--sensitivity",
+        "1",
+        "--queries",
+        str(queries),
+        "--delta",
+        str(delta),
+        "--json",
+    )
     assert code == 0
     result = json.loads(out)
     assert result["epsilon"] == pytest.approx(expected, rel=1e-9)
-    assert result["epsilon_paper_bound"] is None or result["epsilon_paper_bound"] > result["epsilon"]
+    assert (
+        result["epsilon_paper_bound"] is None or result["epsilon_paper_bound"] > result["epsilon"]
+    )
 
 
 def test_account_calibrates_sigma(capsys):
-    code, out, _ = run_cli(capsys, "account", "--epsilon", "1", "--sensitivity", "1", "--queries", "1",
-                           "--delta", "1e-5", "--json")
+    code, out, _ = run_cli(
+        capsys,
+        "account",
+        "--epsilon",
+        "1",
+        "--sensitivity",
+        "1",
+        "--queries",
+        "1",
+        "--delta",
+        "1e-5",
+        "--json",
+    )
     assert code == 0 and json.loads(out)["sigma"] == pytest.approx(3.73063163, rel=1e-8)
 
 
 def test_account_text_shows_both_accountings(capsys):
-    code, out, _ = run_cli(capsys, "account", "--sigma", "50", "--sensitivity", "1", "--queries", "10000",
-                           "--delta", "1e-5")
+    code, out, _ = run_cli(
+        capsys,
+        "account",
+        "--sigma",
+        "50",
+        "--sensitivity",
+        "1",
+        "--queries",
+        "10000",
+        "--delta",
+        "1e-5",
+    )
     assert code == 0 and "exact" in out and "paper's bound" in out
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--sensitivity", "1", "--queries", "1", "--delta", "1e-5"], "exactly one of --sigma"),
-    (["--sigma", "1", "--epsilon", "1"], "exactly one of --sigma"),
-    (["--sigma", "1", "--delta", "0"], "--delta"),
-    (["--sigma", "1", "--queries", "0"], "--queries"),
-    (["--sigma", "-1"], "sigma"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--sensitivity", "1", "--queries", "1", "--delta", "1e-5"], "exactly one of --sigma"),
+        (["--sigma", "1", "--epsilon", "1"], "exactly one of --sigma"),
+        (["--sigma", "1", "--delta", "0"], "--delta"),
+        (["--sigma", "1", "--queries", "0"], "--queries"),
+        (["--sigma", "-1"], "sigma"),
+    ],
+)
 def test_account_errors(capsys, args, message):
     code, _, err = run_cli(capsys, "account", *args)
     assert code == 2 and message in err
@@ -70,7 +126,15 @@ def test_simulate_writes_the_run_directory(capsys, tmp_path):
     privacy = json.loads((out / "privacy.json").read_text())
     assert privacy["delta"] == 1e-5 and len(privacy["owners"]) == 4
     for owner in privacy["owners"]:
-        assert {"owner", "n", "answers", "mu", "epsilon", "epsilon_paper_bound", "budget_epsilon"} <= set(owner)
+        assert {
+            "owner",
+            "n",
+            "answers",
+            "mu",
+            "epsilon",
+            "epsilon_paper_bound",
+            "budget_epsilon",
+        } <= set(owner)
         assert 0 < owner["answers"] <= 4 * 350 and owner["epsilon"] > 0
     diagnostics = json.loads((out / "diagnostics.json").read_text())
     for key in ("acceptance_rate", "ess_bulk", "rhat", "posterior_mean", "posterior_sd"):
@@ -98,10 +162,14 @@ def test_simulate_from_csv_files(capsys, tmp_path):
         save_csv(path, model.simulate_records(rng, np.array([1.0, -1.0]), 300), model)
         paths.append(str(path))
     scenario = tmp_path / "s.toml"
-    scenario.write_text(f'[model]\nname = "logistic"\ndim = 2\n[data]\npaths = {json.dumps(paths)}\n'
-                        '[privacy]\nsigma = [1.0, 2.0, 3.0]\nbudget_epsilon = 1e6\n'
-                        '[sampler]\niterations = 200\nwarmup = 20\nstep = 0.2\n[run]\ntransport = "inprocess"\n')
-    code, stdout, _ = run_cli(capsys, "simulate", str(scenario), "--out", str(tmp_path / "run"), "--no-progress")
+    scenario.write_text(
+        f'[model]\nname = "logistic"\ndim = 2\n[data]\npaths = {json.dumps(paths)}\n'
+        "[privacy]\nsigma = [1.0, 2.0, 3.0]\nbudget_epsilon = 1e6\n"
+        '[sampler]\niterations = 200\nwarmup = 20\nstep = 0.2\n[run]\ntransport = "inprocess"\n'
+    )
+    code, stdout, _ = run_cli(
+        capsys, "simulate", str(scenario), "--out", str(tmp_path / "run"), "--no-progress"
+    )
     assert code == 0, stdout
     privacy = json.loads((tmp_path / "run" / "privacy.json").read_text())
     assert [o["n"] for o in privacy["owners"]] == [300, 300, 300]
@@ -110,33 +178,43 @@ def test_simulate_from_csv_files(capsys, tmp_path):
     assert diagnostics["reference"]["source"] == "exact_mh"
 
 
-@pytest.mark.parametrize("text,message", [
-    ("[modle]\nname='bernoulli'", "unknown section [modle]"),
-    ("[sampler]\nsteps = 3", "unknown key sampler.steps"),
-    ("[sampler]\nchains = 0", "sampler.chains must be a positive integer"),
-    ("[sampler]\nalgorithm = 'gibbs'", "sampler.algorithm must be one of"),
-    ("[privacy]\ndelta = 2", "privacy.delta must be a number strictly between 0 and 1"),
-    ("[privacy]\nsigma = [1.0, 2.0]", "privacy.sigma lists 2 values for 4 owners"),
-    ("[privacy]\nsigma = -1.0", "privacy.sigma must be a positive finite number"),
-    ("[privacy]\nneighbour = 'swap'", "privacy.neighbour must be one of"),
-    ("[model]\nname = 'weibull'", "model.name must be one of"),
-    ("[model]\nname = 'bernoulli'\ndim = 2", "dim"),
-    ("[model]\nname = 'logistic'\n[sampler]\nalgorithm = 'penalty_expfam'", "exponential-family"),
-    ("[data]\ntrue_theta = 99.0", "true_theta must lie inside"),
-    ("[data]\nsource = 'files'", "needs data.paths"),
-    ("[sampler]\nstep = 0.5\n[privacy]\nmax_step = 0.1", "exceeds privacy.max_step"),
-    ("[sampler\nchains = 2", "not valid TOML"),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("[modle]\nname='bernoulli'", "unknown section [modle]"),
+        ("[sampler]\nsteps = 3", "unknown key sampler.steps"),
+        ("[sampler]\nchains = 0", "sampler.chains must be a positive integer"),
+        ("[sampler]\nalgorithm = 'gibbs'", "sampler.algorithm must be one of"),
+        ("[privacy]\ndelta = 2", "privacy.delta must be a number strictly between 0 and 1"),
+        ("[privacy]\nsigma = [1.0, 2.0]", "privacy.sigma lists 2 values for 4 owners"),
+        ("[privacy]\nsigma = -1.0", "privacy.sigma must be a positive finite number"),
+        ("[privacy]\nneighbour = 'swap'", "privacy.neighbour must be one of"),
+        ("[model]\nname = 'weibull'", "model.name must be one of"),
+        ("[model]\nname = 'bernoulli'\ndim = 2", "dim"),
+        (
+            "[model]\nname = 'logistic'\n[sampler]\nalgorithm = 'penalty_expfam'",
+            "exponential-family",
+        ),
+        ("[data]\ntrue_theta = 99.0", "true_theta must lie inside"),
+        ("[data]\nsource = 'files'", "needs data.paths"),
+        ("[sampler]\nstep = 0.5\n[privacy]\nmax_step = 0.1", "exceeds privacy.max_step"),
+        ("[sampler\nchains = 2", "not valid TOML"),
+    ],
+)
 def test_scenario_errors_name_the_problem(capsys, tmp_path, text, message):
     path = tmp_path / "bad.toml"
     path.write_text(text)
-    code, _, err = run_cli(capsys, "simulate", str(path), "--out", str(tmp_path / "run"), "--no-progress")
+    code, _, err = run_cli(
+        capsys, "simulate", str(path), "--out", str(tmp_path / "run"), "--no-progress"
+    )
     assert code == 2 and message in err, err
     assert not (tmp_path / "run").exists()
 
 
 def test_override_errors_and_missing_files(capsys, tmp_path):
-    code, _, err = run_cli(capsys, "simulate", "--set", "sampler.chain=3", "--out", str(tmp_path / "r"))
+    code, _, err = run_cli(
+        capsys, "simulate", "--set", "sampler.chain=3", "--out", str(tmp_path / "r")
+    )
     assert code == 2 and "unknown key sampler.chain" in err
     code, _, err = run_cli(capsys, "simulate", "--set", "nonsense", "--out", str(tmp_path / "r"))
     assert code == 2 and "section.key=value" in err
@@ -147,12 +225,23 @@ def test_override_errors_and_missing_files(capsys, tmp_path):
 def test_malformed_data_files_are_reported(capsys, tmp_path):
     bad = tmp_path / "bad.csv"
     bad.write_text("x\n1.0\nnot-a-number\n")
-    code, _, err = run_cli(capsys, "simulate", "--set", f"data.paths=['{bad}']", "--set", "privacy.sigma=1.0",
-                           "--out", str(tmp_path / "r"), "--no-progress")
+    code, _, err = run_cli(
+        capsys,
+        "simulate",
+        "--set",
+        f"data.paths=['{bad}']",
+        "--set",
+        "privacy.sigma=1.0",
+        "--out",
+        str(tmp_path / "r"),
+        "--no-progress",
+    )
     assert code == 2 and "bad.csv:3" in err and "not a number" in err
     wrong = tmp_path / "wrong.csv"
     wrong.write_text("z\n1.0\n")
-    code, _, err = run_cli(capsys, "simulate", "--set", f"data.paths=['{wrong}']", "--out", str(tmp_path / "r2"))
+    code, _, err = run_cli(
+        capsys, "simulate", "--set", f"data.paths=['{wrong}']", "--out", str(tmp_path / "r2")
+    )
     assert code == 2 and "missing column(s) x" in err
 
 
@@ -160,5 +249,9 @@ def test_embedded_default_is_sized_for_single_digit_epsilon():
     """The default scenario's worst-case plan must fit each owner's budget and its typical
     spend must be single-digit ε (checked by running it in the simulate test of the README)."""
     s = load_scenario()
-    assert s["data"]["owners"] >= 4 and s["sampler"]["chains"] >= 2 and s["sampler"]["algorithm"] == "penalty"
+    assert (
+        s["data"]["owners"] >= 4
+        and s["sampler"]["chains"] >= 2
+        and s["sampler"]["algorithm"] == "penalty"
+    )
     assert s["privacy"]["delta"] == 1e-5 and s["privacy"]["budget_epsilon"] < 10.0 + 1e-9

@@ -12,12 +12,12 @@ import grpc
 import numpy as np
 import pytest
 from grpc_processes import FEDPENALTY, Processes, free_port, run_cli, wait_for, write_owner
+from owners import kernel, save_csv
 
 from fedpenalty.config import load_scenario
 from fedpenalty.coordinator.driver import sample
 from fedpenalty.coordinator.grpc_oracle import GrpcOracle
 from fedpenalty.coordinator.oracle import Answers
-from fedpenalty.data import save_csv
 from fedpenalty.errors import BudgetExhausted
 from fedpenalty.models import build_model
 from fedpenalty.owner import Ledger
@@ -51,7 +51,9 @@ def deploy(tmp_path, procs: Processes, privacy: dict, n: int = 2000) -> dict[str
     return owners
 
 
-def scenario(tmp_path, iterations: int, warmup: int = 0, step: float = 0.01, checkpoint_every: int = 100) -> str:
+def scenario(
+    tmp_path, iterations: int, warmup: int = 0, step: float = 0.01, checkpoint_every: int = 100
+) -> str:
     path = tmp_path / "scenario.toml"
     path.write_text(f"""
 [model]
@@ -86,25 +88,44 @@ def report(owner: dict, tmp_path) -> dict:
     return json.loads(done.stdout)
 
 
+@pytest.mark.slow
 def test_three_owners_from_csv_and_a_coordinator_run(tmp_path, procs):
     owners = deploy(tmp_path, procs, {"sigma": 1.0, "max_step": 0.02, "budget_epsilon": 500.0})
     out = tmp_path / "run"
-    done = run_cli("run", scenario(tmp_path, iterations=300, warmup=300, step=0.02), "--owners", addresses(owners), "--out",
-                   str(out), "--no-progress", cwd=tmp_path)
+    done = run_cli(
+        "run",
+        scenario(tmp_path, iterations=300, warmup=300, step=0.02),
+        "--owners",
+        addresses(owners),
+        "--out",
+        str(out),
+        "--no-progress",
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr
     assert "alice" in done.stdout and "eps@1e-05" in done.stdout
     privacy = json.loads((out / "privacy.json").read_text())
     assert [o["owner"] for o in privacy["owners"]] == list(NAMES)
     for o in privacy["owners"]:
-        assert o["answers"] == 2 * 600  # every proposal stays inside Θ: one answer per chain and iteration
-        assert o["ledger_epsilon"] == pytest.approx(o["epsilon"])  # a fresh ledger: this session is all it spent
+        assert (
+            o["answers"] == 2 * 600
+        )  # every proposal stays inside Θ: one answer per chain and iteration
+        assert o["ledger_epsilon"] == pytest.approx(
+            o["epsilon"]
+        )  # a fresh ledger: this session is all it spent
         offline = report(owners[o["owner"]], tmp_path)
-        assert offline["answers"] == o["answers"] and offline["epsilon"] == pytest.approx(o["epsilon"])
+        assert offline["answers"] == o["answers"] and offline["epsilon"] == pytest.approx(
+            o["epsilon"]
+        )
         assert set(offline) >= {"answers", "mu", "epsilon", "delta", "budget_epsilon"}
     samples = np.load(out / "samples.npz")
     assert samples["theta"].shape == (2, 300, 1)
-    pooled_mean = np.mean([np.loadtxt(o["data"], delimiter=",", skiprows=1).mean() for o in owners.values()])
-    assert abs(samples["theta"][:, 100:].mean() - pooled_mean) < 0.1  # posterior sd ≈ 0.013; a loose sanity bound
+    pooled_mean = np.mean(
+        [np.loadtxt(o["data"], delimiter=",", skiprows=1).mean() for o in owners.values()]
+    )
+    assert (
+        abs(samples["theta"][:, 100:].mean() - pooled_mean) < 0.1
+    )  # posterior sd ≈ 0.013; a loose sanity bound
     assert not (out / "checkpoint.npz").exists()  # a finished run leaves no checkpoint
     done = run_cli("run", "--resume", str(out), cwd=tmp_path)
     assert done.returncode == 2 and "finished run" in done.stderr
@@ -114,14 +135,21 @@ class LedgerReplay:
     """An oracle that only reads the owners' ledgers: a query never answered is an error."""
 
     def __init__(self, owners: dict, session: str):
-        self.ledgers = [(Ledger(o["toml"].parent / f"{name}.sqlite"), name) for name, o in owners.items()]
+        self.ledgers = [
+            (Ledger(o["toml"].parent / f"{name}.sqlite"), name) for name, o in owners.items()
+        ]
         self.session = session
 
     def log_ratio(self, iteration, chains, theta, theta_prop) -> Answers:
         values = []
         for ledger, name in self.ledgers:
             stored = ledger.stored([name], self.session, iteration, iteration)
-            values.append([np.frombuffer(stored[(name, int(c), iteration)][1], dtype="<f8")[0] for c in chains])
+            values.append(
+                [
+                    np.frombuffer(stored[(name, int(c), iteration)][1], dtype="<f8")[0]
+                    for c in chains
+                ]
+            )
         return Answers(np.array(values), np.ones(len(self.ledgers)))
 
     def close(self):
@@ -129,12 +157,26 @@ class LedgerReplay:
             ledger.close()
 
 
-def test_kill_9_of_an_owner_then_resume_charges_nothing_twice_and_gives_the_same_chain(tmp_path, procs):
+@pytest.mark.slow
+def test_kill_9_of_an_owner_then_resume_charges_nothing_twice_and_gives_the_same_chain(
+    tmp_path, procs
+):
     owners = deploy(tmp_path, procs, {"sigma": 1.0, "max_step": 0.02, "budget_epsilon": 1000.0})
     out = tmp_path / "run"
     total = 6000
-    coordinator = procs.start([*FEDPENALTY, "run", scenario(tmp_path, total),
-                               "--owners", addresses(owners), "--out", str(out), "--no-progress"], "coordinator.log")
+    coordinator = procs.start(
+        [
+            *FEDPENALTY,
+            "run",
+            scenario(tmp_path, total),
+            "--owners",
+            addresses(owners),
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+        "coordinator.log",
+    )
     wait_for(lambda: (out / "checkpoint.npz").exists(), "the first checkpoint")
     bob = owners["bob"]
     bob["proc"].send_signal(signal.SIGKILL)
@@ -161,8 +203,14 @@ def test_kill_9_of_an_owner_then_resume_charges_nothing_twice_and_gives_the_same
     try:
         config = load_scenario(out / "config.toml")
         rng, theta0 = chain_start(config, MODEL)
-        uninterrupted = sample("penalty", MODEL, rng, theta0, oracle=replay, iterations=total, warmup=0, step=0.01,
-                               progress=False)
+        uninterrupted = sample(
+            kernel("penalty", MODEL, oracle=replay, step=0.01),
+            rng,
+            theta0,
+            iterations=total,
+            warmup=0,
+            progress=False,
+        )
     finally:
         replay.close()
     samples = np.load(out / "samples.npz")
@@ -170,26 +218,41 @@ def test_kill_9_of_an_owner_then_resume_charges_nothing_twice_and_gives_the_same
     np.testing.assert_array_equal(samples["accepted"], uninterrupted.accepted)
 
 
+@pytest.mark.slow
 def test_an_owner_past_its_budget_refuses_and_the_run_stops_resumably(tmp_path, procs):
     # Worst-case answers cost μ_w = 2·L·max_step/σ each; the budget covers 40,000 of them, so the
     # run's session (10,000 answers) and a second session (40,000) each fit alone, not together.
     mu_w = 2 * MODEL.lipschitz * 0.02 / 100.0
-    budget = epsilon_for_delta(math.sqrt(40_000) * mu_w * (1 + 1e-9), 1e-5)  # 40,000 fit despite rounding
+    budget = epsilon_for_delta(
+        math.sqrt(40_000) * mu_w * (1 + 1e-9), 1e-5
+    )  # 40,000 fit despite rounding
     owners = deploy(tmp_path, procs, {"sigma": 100.0, "max_step": 0.02, "budget_epsilon": budget})
     carol = owners["carol"]
     out = tmp_path / "run"
     other = GrpcOracle([f"127.0.0.1:{carol['port']}"], MODEL, retry_seconds=2)
     try:
         other.open_session("penalty", 40_000)
-        coordinator = procs.start([*FEDPENALTY, "run", scenario(tmp_path, 5000, step=0.005, checkpoint_every=50),
-                                   "--owners", addresses(owners), "--out", str(out), "--no-progress"],
-                                  "coordinator.log")
+        coordinator = procs.start(
+            [
+                *FEDPENALTY,
+                "run",
+                scenario(tmp_path, 5000, step=0.005, checkpoint_every=50),
+                "--owners",
+                addresses(owners),
+                "--out",
+                str(out),
+                "--no-progress",
+            ],
+            "coordinator.log",
+        )
         wait_for(lambda: (out / "checkpoint.npz").exists(), "the first checkpoint")
         t = 0
         for chunk in (4000, 400, 40, 4, 1):  # the other session spends what carol has left
             with pytest.raises(BudgetExhausted):
                 while True:
-                    other.log_ratio(t, np.arange(chunk), np.zeros((chunk, 1)), np.full((chunk, 1), 0.02))
+                    other.log_ratio(
+                        t, np.arange(chunk), np.zeros((chunk, 1)), np.full((chunk, 1), 0.02)
+                    )
                     t += 1
             t += 1
         assert coordinator.wait(timeout=60) == 3
@@ -206,20 +269,33 @@ def test_an_owner_past_its_budget_refuses_and_the_run_stops_resumably(tmp_path, 
     # carol's own status for a request past its budget is RESOURCE_EXHAUSTED, naming her.
     with grpc.insecure_channel(f"127.0.0.1:{carol['port']}") as channel:
         with pytest.raises(grpc.RpcError) as refused:
-            pb_grpc.OwnerStub(channel).LogRatio(pb.LogRatioRequest(
-                session=json.loads((out / "run.json").read_text())["session"], iteration=10**6, chains=[0],
-                theta=[0.0], theta_prop=[0.02]), timeout=30)
+            pb_grpc.OwnerStub(channel).LogRatio(
+                pb.LogRatioRequest(
+                    session=json.loads((out / "run.json").read_text())["session"],
+                    iteration=10**6,
+                    chains=[0],
+                    theta=[0.0],
+                    theta_prop=[0.02],
+                ),
+                timeout=30,
+            )
     assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert dict(refused.value.trailing_metadata())["fedpenalty-owner"] == "carol"
 
     # The checkpoint is resumable: once carol's policy allows more, the run completes.
     carol["proc"].send_signal(signal.SIGTERM)
     assert carol["proc"].wait(timeout=30) == 0
-    write_owner(tmp_path, "carol", carol["data"], carol["port"],
-                {"sigma": 100.0, "max_step": 0.02, "budget_epsilon": 10 * budget}, MODEL_TABLE)
+    write_owner(
+        tmp_path,
+        "carol",
+        carol["data"],
+        carol["port"],
+        {"sigma": 100.0, "max_step": 0.02, "budget_epsilon": 10 * budget},
+        MODEL_TABLE,
+    )
     carol["proc"] = procs.owner(carol["toml"], carol["port"])
     done = run_cli("run", "--resume", str(out), "--no-progress", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     resumed = np.load(out / "samples.npz")["theta"]
     assert resumed.shape == (2, 5000, 1)
-    np.testing.assert_array_equal(resumed[:, :kept.shape[1]], kept)
+    np.testing.assert_array_equal(resumed[:, : kept.shape[1]], kept)

@@ -14,14 +14,20 @@ PACKAGE = Path(fedpenalty.proto.__file__).parent
 
 
 def test_generated_code_matches_the_protos(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "fedpenalty.proto.generate", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "fedpenalty.proto.generate", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     fresh = sorted(p.name for p in tmp_path.iterdir())
     assert fresh == ["owner_pb2.py", "owner_pb2.pyi", "owner_pb2_grpc.py"]
     for name in fresh:
         assert (tmp_path / name).read_text() == (PACKAGE / name).read_text(), (
-            f"fedpenalty/proto/{name} is stale: run python -m fedpenalty.proto.generate and commit the result")
+            f"fedpenalty/proto/{name} is stale: run python -m fedpenalty.proto.generate and commit "
+            f"the result"
+        )
 
 
 def test_a_changed_proto_is_noticed(tmp_path):
@@ -30,6 +36,9 @@ def test_a_changed_proto_is_noticed(tmp_path):
     changed = tmp_path / "fedpenalty" / "v1"
     changed.mkdir(parents=True)
     text = (protos / "fedpenalty" / "v1" / "owner.proto").read_text()
-    (changed / "owner.proto").write_text(text.replace("message CloseSessionReply {}",
-                                                      "message CloseSessionReply { int64 closed = 1; }"))
+    (changed / "owner.proto").write_text(
+        text.replace(
+            "message CloseSessionReply {}", "message CloseSessionReply { int64 closed = 1; }"
+        )
+    )
     assert generated_files(tmp_path)["owner_pb2.py"] != (PACKAGE / "owner_pb2.py").read_text()

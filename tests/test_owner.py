@@ -1,4 +1,5 @@
-"""Owner invariants (DESIGN §3): validation, charge-before-answer, budget, replay, crash safety."""
+"""Owner invariants (docs/design.md §3): validation, charge-before-answer, budget, replay and
+crash safety."""
 
 from __future__ import annotations
 
@@ -8,20 +9,26 @@ import textwrap
 
 import numpy as np
 import pytest
+from owners import SoloOwner
 
+from fedpenalty.common import Policy
 from fedpenalty.errors import BudgetExhausted, InvalidRequest, ReplayConflict, UnknownSession
 from fedpenalty.models import build_model
-from fedpenalty.owner import Ledger, OwnerNode, Policy
+from fedpenalty.owner import Ledger, OwnerHost, OwnerNode
 from fedpenalty.privacy import GaussianSpend
 
 MODEL = build_model({"name": "gaussian_mean", "dim": 2, "data_bound": 3.0, "theta_bound": 2.0})
 RECORDS = MODEL.simulate_records(np.random.default_rng(1), np.array([0.3, -0.2]), 500)
 
 
-def make_node(tmp_path, name="alice", **policy) -> OwnerNode:
+def make_node(tmp_path, name="alice", **policy) -> SoloOwner:
     defaults = dict(sigma=1.0, max_step=0.05, budget_epsilon=50.0, delta=1e-5)
     ledger = Ledger(tmp_path / "ledger.sqlite", synchronous="NORMAL")
-    return OwnerNode(name, MODEL, RECORDS, Policy(**{**defaults, **policy}), ledger, np.random.default_rng(7))
+    return SoloOwner(
+        OwnerNode(
+            name, MODEL, RECORDS, Policy(**{**defaults, **policy}), ledger, np.random.default_rng(7)
+        )
+    )
 
 
 def query(rng, chains=3, step=0.05):
@@ -31,7 +38,7 @@ def query(rng, chains=3, step=0.05):
     return np.arange(chains), theta, theta + u
 
 
-def spent(node: OwnerNode) -> GaussianSpend:
+def spent(node: SoloOwner) -> GaussianSpend:
     return node.ledger.total(node.name)
 
 
@@ -78,12 +85,18 @@ def test_sufficient_statistic_path_equals_per_record_clipped_sum(name):
     rng = np.random.default_rng(5)
     records = model.simulate_records(rng, np.full(model.dim, 0.3), 2000)
     fast = OwnerNode("f", model, records, Policy(), Ledger(":memory:"))
-    slow = OwnerNode("s", model, records, Policy(), Ledger(":memory:"), simulation=True, per_record=True)
+    slow = OwnerNode(
+        "s", model, records, Policy(), Ledger(":memory:"), simulation=True, per_record=True
+    )
     theta = rng.uniform(-1, 1, (6, model.dim))
     prop = theta + rng.uniform(-0.03, 0.03, (6, model.dim))
     step = np.linalg.norm(prop - theta, axis=1)
-    np.testing.assert_allclose(fast._solo._clipped_log_ratio_sums(theta, prop, step)[0],
-                               slow.clipped_log_ratio_sum(theta, prop, step), rtol=1e-9, atol=1e-8)
+    np.testing.assert_allclose(
+        OwnerHost([fast])._clipped_log_ratio_sums(theta, prop, step)[0],
+        slow.clipped_log_ratio_sum(theta, prop, step),
+        rtol=1e-9,
+        atol=1e-8,
+    )
     assert slow.simulation_diagnostics().clip_binds == 0
 
 
@@ -94,8 +107,18 @@ def test_clip_binds_when_lipschitz_bound_is_wrong(tmp_path):
             return 0.01
 
     model = WrongL(**MODEL.params())
-    node = OwnerNode("a", model, RECORDS, Policy(sigma=1e-6, max_step=0.1, budget_epsilon=1e7), Ledger(":memory:"),
-                     np.random.default_rng(0), simulation=True, per_record=True)
+    node = SoloOwner(
+        OwnerNode(
+            "a",
+            model,
+            RECORDS,
+            Policy(sigma=1e-6, max_step=0.1, budget_epsilon=1e7),
+            Ledger(":memory:"),
+            np.random.default_rng(0),
+            simulation=True,
+            per_record=True,
+        )
+    )
     node.open_session("s", "penalty", 1)
     theta, prop = np.array([[0.0, 0.0]]), np.array([[0.05, 0.0]])
     value = node.log_ratio("s", 0, np.array([0]), theta, prop)[0]
@@ -109,7 +132,11 @@ def test_clip_binds_when_lipschitz_bound_is_wrong(tmp_path):
 
 
 BAD_REQUESTS = {
-    "nan theta": lambda c, t, p: (c, np.where(np.arange(t.size).reshape(t.shape) == 0, np.nan, t), p),
+    "nan theta": lambda c, t, p: (
+        c,
+        np.where(np.arange(t.size).reshape(t.shape) == 0, np.nan, t),
+        p,
+    ),
     "inf proposal": lambda c, t, p: (c, t, np.full_like(p, np.inf)),
     "wrong dimension": lambda c, t, p: (c, t[:, :1], p[:, :1]),
     "wrong chain count": lambda c, t, p: (c[:2], t, p),
@@ -221,7 +248,9 @@ def test_plan_beyond_budget_is_refused_up_front(tmp_path):
     node = make_node(tmp_path, budget_epsilon=1.0)
     with pytest.raises(BudgetExhausted, match="refusing a plan"):
         node.open_session("s", "penalty", 10**6)
-    with pytest.raises(BudgetExhausted, match="refusing a plan"):  # a hostile plan: no huge allocation
+    with pytest.raises(
+        BudgetExhausted, match="refusing a plan"
+    ):  # a hostile plan: no huge allocation
         node.open_session("s", "penalty", 10**15)
     with pytest.raises(UnknownSession):
         node.log_ratio("s", 0, *query(np.random.default_rng(0)))
@@ -246,14 +275,16 @@ def test_ledger_survives_kill_9(tmp_path):
     script = textwrap.dedent(f"""
         import os, signal, numpy as np
         from fedpenalty.models import build_model
-        from fedpenalty.owner import Ledger, OwnerNode, Policy
+        from fedpenalty.common import Policy
+        from fedpenalty.owner import Ledger, OwnerHost, OwnerNode
         model = build_model({MODEL.params() | {"name": "gaussian_mean"}!r})
         recs = model.simulate_records(np.random.default_rng(1), np.array([0.3, -0.2]), 500)
         node = OwnerNode("alice", model, recs, Policy(max_step=0.05, budget_epsilon=50.0),
                          Ledger({str(tmp_path / "ledger.sqlite")!r}, synchronous="FULL"))
-        node.open_session("s", "penalty", 100)
-        v = node.log_ratio("s", 0, np.array([0]), np.array([[0.0, 0.0]]), np.array([[0.05, 0.0]]))
-        print(repr(float(v[0])), flush=True)
+        host = OwnerHost([node])
+        host.open_session("s", "penalty", 100)
+        v = host.log_ratio("s", 0, np.array([0]), np.array([[0.0, 0.0]]), np.array([[0.05, 0.0]]))
+        print(repr(float(v[0, 0])), flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
@@ -269,8 +300,16 @@ def test_ledger_survives_kill_9(tmp_path):
 def test_suff_stats_blocks(tmp_path):
     model = build_model({"name": "bernoulli", "theta_bound": 4.0})
     records = model.simulate_records(np.random.default_rng(0), np.array([0.4]), 1000)
-    node = OwnerNode("b", model, records, Policy(sigma=2.0, budget_epsilon=1000.0), Ledger(":memory:"),
-                     np.random.default_rng(3))
+    node = SoloOwner(
+        OwnerNode(
+            "b",
+            model,
+            records,
+            Policy(sigma=2.0, budget_epsilon=1000.0),
+            Ledger(":memory:"),
+            np.random.default_rng(3),
+        )
+    )
     node.open_session("s", "penalty_expfam", 3 * 400)
     out = node.suff_stats("s", np.array([0, 1, 2]), 0, 400)
     assert out.shape == (3, 400, 1)
@@ -288,6 +327,6 @@ def test_suff_stats_blocks(tmp_path):
 def test_suff_stats_need_an_exponential_family(tmp_path):
     model = build_model({"name": "logistic", "dim": 2})
     records = model.simulate_records(np.random.default_rng(0), np.zeros(2), 50)
-    node = OwnerNode("l", model, records, Policy(), Ledger(":memory:"))
+    node = SoloOwner(OwnerNode("l", model, records, Policy(), Ledger(":memory:")))
     with pytest.raises(InvalidRequest, match="no sufficient statistics"):
         node.open_session("s", "penalty_expfam", 1)

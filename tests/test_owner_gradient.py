@@ -1,25 +1,36 @@
 """Gradient answers (federated SG-MCMC) at the owner: validation, plan and budget, replay,
-and accounting of subsampled-Gaussian releases with dp-accounting (DESIGN 2.3, §3)."""
+and accounting of subsampled-Gaussian releases with dp-accounting (docs/design.md §2.3, §3)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from owners import SoloOwner
 
+from fedpenalty.common import Policy
 from fedpenalty.errors import BudgetExhausted, InvalidRequest, ReplayConflict, UnknownSession
 from fedpenalty.models import build_model
-from fedpenalty.owner import Ledger, OwnerNode, Policy
+from fedpenalty.owner import Ledger, OwnerNode
 from fedpenalty.privacy import mu_for_epsilon
-from fedpenalty.privacy.subsampled import SubsampledGaussian, epsilon as sampled_epsilon
+from fedpenalty.privacy.subsampled import SubsampledGaussian
+from fedpenalty.privacy.subsampled import epsilon as sampled_epsilon
 
 MODEL = build_model({"name": "logistic", "dim": 2, "data_bound": 1.0, "theta_bound": 3.0})
 RECORDS = MODEL.simulate_records(np.random.default_rng(0), np.array([0.5, -0.5]), 400)
 
 
-def make_node(tmp_path, **policy) -> OwnerNode:
+def make_node(tmp_path, **policy) -> SoloOwner:
     defaults = dict(sigma=2.0, budget_epsilon=20.0, delta=1e-5, max_sampling_rate=0.2, max_clip=1.0)
-    return OwnerNode("ann", MODEL, RECORDS, Policy(**{**defaults, **policy}),
-                     Ledger(tmp_path / "ledger.sqlite", synchronous="NORMAL"), np.random.default_rng(1))
+    return SoloOwner(
+        OwnerNode(
+            "ann",
+            MODEL,
+            RECORDS,
+            Policy(**{**defaults, **policy}),
+            Ledger(tmp_path / "ledger.sqlite", synchronous="NORMAL"),
+            np.random.default_rng(1),
+        )
+    )
 
 
 def ask(node, iteration, chains=3, clip=0.5, seed=0, session="g"):
@@ -51,14 +62,17 @@ def test_gradient_noise_has_the_declared_scale(tmp_path):
     assert abs(values.mean()) < 5 * sd / np.sqrt(values.size)
 
 
-@pytest.mark.parametrize("bad,message", [
-    (dict(clip=2.0), "exceeds this owner's max_clip"),
-    (dict(clip=-1.0), "positive finite"),
-    (dict(clip=float("nan")), "positive finite"),
-    (dict(theta=np.full((3, 2), np.nan)), "NaN"),
-    (dict(theta=np.full((3, 2), 9.0)), "outside Θ"),
-    (dict(theta=np.zeros((3, 3))), "shape"),
-])
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        (dict(clip=2.0), "exceeds this owner's max_clip"),
+        (dict(clip=-1.0), "positive finite"),
+        (dict(clip=float("nan")), "positive finite"),
+        (dict(theta=np.full((3, 2), np.nan)), "NaN"),
+        (dict(theta=np.full((3, 2), 9.0)), "outside Θ"),
+        (dict(theta=np.zeros((3, 3))), "shape"),
+    ],
+)
 def test_bad_gradient_requests_change_nothing(tmp_path, bad, message):
     node = make_node(tmp_path)
     node.open_session("g", "sgmcmc", 30, sampling_rate=0.05)
@@ -106,7 +120,9 @@ def test_plan_caps_the_answers_and_the_budget_caps_the_plan(tmp_path):
     with pytest.raises(BudgetExhausted, match="plan of 6 gradient answers") as refused:
         ask(node, 2)
     spent = node.privacy_report().total.epsilon
-    assert refused.value.epsilon_left == pytest.approx(20.0 - spent)  # the budget itself is not used up
+    assert refused.value.epsilon_left == pytest.approx(
+        20.0 - spent
+    )  # the budget itself is not used up
     assert node.privacy_report("g").session.answers == 6
 
 
@@ -137,7 +153,7 @@ def test_gradient_ledger_survives_restart(tmp_path):
 
 
 def test_hostile_plans_are_refused_in_bounded_memory(tmp_path):
-    """A plan worth ε ≈ 10⁶ would need GiBs of PLD support; RDP bounds it first (constant memory)."""
+    """A plan worth ε ≈ 10⁶ would need GiBs of PLD support; RDP bounds it first (O(1) memory)."""
     node = make_node(tmp_path, max_sampling_rate=1.0)
     with pytest.raises(BudgetExhausted, match="refusing a plan"):
         node.open_session("g", "sgmcmc", 10**9, sampling_rate=1.0)

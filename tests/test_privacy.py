@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 
+import dp_accounting
 import numpy as np
 import pytest
 
-import dp_accounting
 from fedpenalty.privacy import (
     GaussianSpend,
     advanced_composition_epsilon,
@@ -111,7 +111,9 @@ def test_mu_for_epsilon_zero():
     assert delta_for_epsilon(mu, 0.0) == pytest.approx(1e-3, rel=1e-10)
 
 
-@pytest.mark.parametrize("eps, delta, T, sens", [(1.0, 1e-5, 1, 1.0), (2.0, 1e-6, 1000, 0.3), (8.0, 1e-5, 50_000, 2.0)])
+@pytest.mark.parametrize(
+    "eps, delta, T, sens", [(1.0, 1e-5, 1, 1.0), (2.0, 1e-6, 1000, 0.3), (8.0, 1e-5, 50_000, 2.0)]
+)
 def test_calibrate_and_max_queries_consistent(eps, delta, T, sens):
     sigma = calibrate_sigma(eps, delta, queries=T, sensitivity=sens)
     assert epsilon_for_delta(math.sqrt(T) * sens / sigma, delta) == pytest.approx(eps, rel=1e-9)
@@ -120,7 +122,10 @@ def test_calibrate_and_max_queries_consistent(eps, delta, T, sens):
     assert max_queries(sigma * (1 - 1e-6), sens, eps, delta) == T - 1
 
 
-@pytest.mark.parametrize("sigma, sens, eps, delta", [(7.3, 1.0, 1.5, 1e-5), (40.0, 0.7, 3.0, 1e-6), (0.5, 1.0, 0.2, 1e-5)])
+@pytest.mark.parametrize(
+    "sigma, sens, eps, delta",
+    [(7.3, 1.0, 1.5, 1e-5), (40.0, 0.7, 3.0, 1e-6), (0.5, 1.0, 0.2, 1e-5)],
+)
 def test_max_queries_is_the_largest(sigma, sens, eps, delta):
     t = max_queries(sigma, sens, eps, delta)
 
@@ -219,7 +224,13 @@ def test_paper_bound_hand_computed():
 
 @pytest.mark.parametrize(
     "sigma, sens, T, delta",
-    [(1.0, 1.0, 1, 1e-5), (20.0, 1.0, 100, 1e-5), (50.0, 1.0, 10_000, 1e-5), (30.0, 0.5, 1000, 1e-6), (100.0, 1.0, 100_000, 1e-5)],
+    [
+        (1.0, 1.0, 1, 1e-5),
+        (20.0, 1.0, 100, 1e-5),
+        (50.0, 1.0, 10_000, 1e-5),
+        (30.0, 0.5, 1000, 1e-6),
+        (100.0, 1.0, 100_000, 1e-5),
+    ],
 )
 def test_paper_bound_is_never_tighter_than_exact(sigma, sens, T, delta):
     spend = GaussianSpend().add(np.full(T, sens / sigma))
@@ -304,3 +315,34 @@ def test_spend_rejects_bad_mu(bad):
 def test_bad_arguments_raise(call, name):
     with pytest.raises(ValueError, match=name):
         call()
+
+
+# ------------------------------------------------------------------ root-finding edges
+
+
+@pytest.mark.parametrize("mu", [1e-3, 0.05, 1.0, 20.0])
+@pytest.mark.parametrize("delta", [1e-300, 0.5, 0.9])
+def test_epsilon_for_delta_round_trip_at_extreme_delta(mu, delta):
+    eps = epsilon_for_delta(mu, delta)
+    if eps == 0.0:
+        assert delta_for_epsilon(mu, 0.0) <= delta
+    else:
+        assert delta_for_epsilon(mu, eps) == pytest.approx(delta, rel=1e-8)
+
+
+@pytest.mark.parametrize("eps", [0.1, 1.0, 30.0])
+@pytest.mark.parametrize("delta", [1e-300, 0.5, 0.9])
+def test_mu_for_epsilon_round_trip_at_extreme_delta(eps, delta):
+    assert epsilon_for_delta(mu_for_epsilon(eps, delta), delta) == pytest.approx(eps, rel=1e-9)
+
+
+def test_absurd_arguments_raise_instead_of_searching():
+    with pytest.raises(ValueError, match="mu"):
+        epsilon_for_delta(1e300, 1e-5)  # ε ≈ μ²/2 overflows
+    with pytest.raises(ValueError, match="epsilon"):
+        mu_for_epsilon(1.7e308, 1e-5)
+    with pytest.raises(ValueError, match="answers"):
+        max_queries(1e9, 1.0, 1.0, 1e-5)  # more answers fit than a float can count
+    t = max_queries(1e5, 1.0, 5.0, 1e-5)  # about 1.3e10: still counted exactly
+    assert epsilon_for_delta(math.sqrt(t) / 1e5, 1e-5) <= 5.0 * (1 + 1e-9)
+    assert epsilon_for_delta(math.sqrt(t + 1) / 1e5, 1e-5) > 5.0

@@ -1,5 +1,5 @@
 """A coordinator that crashes and resumes from its checkpoint gives exactly the chain of an
-uninterrupted run, and no owner answer is charged twice (DESIGN §3 invariant 2, §4).
+uninterrupted run, and no owner answer is charged twice (docs/design.md §3 invariant 2, §4).
 
 The owners stay up (their ledgers and noise streams live on); the coordinator's re-run
 iterations between the checkpoint and the crash are answered from the owners' replay cache,
@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from owners import kernel
 
+from fedpenalty.common import Policy
 from fedpenalty.coordinator import checkpoint
 from fedpenalty.coordinator.driver import sample
-from fedpenalty.coordinator.oracle import InProcessOracle
+from fedpenalty.coordinator.inprocess import InProcessOracle
 from fedpenalty.models import build_model
-from fedpenalty.owner import Ledger, OwnerNode, Policy
+from fedpenalty.owner import Ledger, OwnerNode
 
 MODEL = build_model({"name": "bernoulli", "theta_bound": 4.0})
 RECORDS = [MODEL.simulate_records(np.random.default_rng(k), np.array([0.3]), 500) for k in range(3)]
@@ -52,15 +54,40 @@ class CrashingOracle:
 def owners(tmp_path, name: str) -> InProcessOracle:
     ledger = Ledger(tmp_path / f"{name}.sqlite", synchronous="NORMAL")
     seeds = np.random.SeedSequence(11).spawn(len(RECORDS))
-    return InProcessOracle([OwnerNode(f"o{k}", MODEL, r, Policy(sigma=2.0, max_step=0.2, budget_epsilon=1e6), ledger,
-                                      np.random.default_rng(s)) for k, (r, s) in enumerate(zip(RECORDS, seeds))])
+    return InProcessOracle(
+        [
+            OwnerNode(
+                f"o{k}",
+                MODEL,
+                r,
+                Policy(sigma=2.0, max_step=0.2, budget_epsilon=1e6),
+                ledger,
+                np.random.default_rng(s),
+            )
+            for k, (r, s) in enumerate(zip(RECORDS, seeds))
+        ]
+    )
 
 
 def run(oracle, algorithm: str, **kwargs):
     theta0 = np.random.default_rng(3).uniform(-0.5, 0.5, (3, 1))
-    return sample(algorithm, MODEL, np.random.default_rng(5), theta0, iterations=ITERATIONS, warmup=WARMUP,
-                  step=0.2, oracle=oracle, n_total=1500, block=4 if algorithm == "penalty_expfam" else 1,
-                  progress=False, **kwargs)
+    algo = kernel(
+        algorithm,
+        MODEL,
+        oracle=oracle,
+        n_total=1500,
+        step=0.2,
+        block=4 if algorithm == "penalty_expfam" else 1,
+    )
+    return sample(
+        algo,
+        np.random.default_rng(5),
+        theta0,
+        iterations=ITERATIONS,
+        warmup=WARMUP,
+        progress=False,
+        **kwargs,
+    )
 
 
 @pytest.mark.parametrize("algorithm", ["penalty", "penalty_expfam"])
@@ -74,8 +101,12 @@ def test_resumed_chain_equals_uninterrupted_chain(tmp_path, algorithm):
     session = oracle.open_session(algorithm, 10**5)
     path = tmp_path / "checkpoint.npz"
     with pytest.raises(Crash):  # checkpoints every 25 iterations, crash between two of them
-        run(CrashingOracle(oracle, calls=100 if algorithm == "penalty" else 20), algorithm, checkpoint=lambda p: checkpoint.save(path, p),
-            checkpoint_every=25)
+        run(
+            CrashingOracle(oracle, calls=100 if algorithm == "penalty" else 20),
+            algorithm,
+            checkpoint=lambda p: checkpoint.save(path, p),
+            checkpoint_every=25,
+        )
     saved = checkpoint.load(path)
     assert 0 < saved.done < ITERATIONS + WARMUP
     oracle.open_session(algorithm, 10**5, session=session)  # the resumed coordinator re-opens it

@@ -1,4 +1,4 @@
-"""Exactness of the samplers against closed-form posteriors (DESIGN §3, invariant 5).
+"""Exactness of the samplers against closed-form posteriors (docs/design.md §3, invariant 5).
 
 The check: for every dimension, the posterior mean and sd of the draws must lie within
 Z = 4.5 Monte Carlo standard errors (arviz-stats MCSE of the mean and of the sd, which account
@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import numpy as np
 from arviz_stats.base import array_stats
+from owners import kernel
 
+from fedpenalty.common import Policy
 from fedpenalty.coordinator.driver import sample
-from fedpenalty.coordinator.oracle import Answers, InProcessOracle
+from fedpenalty.coordinator.inprocess import InProcessOracle
+from fedpenalty.coordinator.oracle import Answers
 from fedpenalty.models import build_model
-from fedpenalty.owner import Ledger, OwnerNode, Policy
+from fedpenalty.owner import Ledger, OwnerNode
 
 Z = 4.5
 
@@ -54,22 +57,45 @@ class MisdeclaredNoise:
 def make_oracle(model, records, sigmas, max_step, seed, **node_options) -> InProcessOracle:
     ledger = Ledger(":memory:")
     rngs = np.random.default_rng(seed).spawn(len(records))
-    nodes = [OwnerNode(f"o{k}", model, r, Policy(sigma=s, max_step=max_step, budget_epsilon=1e9), ledger, rng,
-                       **node_options)
-             for k, (r, s, rng) in enumerate(zip(records, sigmas, rngs))]
+    nodes = [
+        OwnerNode(
+            f"o{k}",
+            model,
+            r,
+            Policy(sigma=s, max_step=max_step, budget_epsilon=1e9),
+            ledger,
+            rng,
+            **node_options,
+        )
+        for k, (r, s, rng) in enumerate(zip(records, sigmas, rngs))
+    ]
     return InProcessOracle(nodes)
 
 
-def run(model, records, algorithm, sigmas, step, *, iterations, chains=8, seed=0, block=1, sabotage=None,
-        **node_options):
+def run(
+    model,
+    records,
+    algorithm,
+    sigmas,
+    step,
+    *,
+    iterations,
+    chains=8,
+    seed=0,
+    block=1,
+    sabotage=None,
+    **node_options,
+):
     ref = model.reference_posterior(np.concatenate(records))
     oracle = make_oracle(model, records, sigmas, step, seed + 1, **node_options)
     rng = np.random.default_rng(seed)
     theta0 = ref.mean + 0.5 * ref.sd * rng.standard_normal((chains, model.dim))
     oracle.open_session(algorithm, chains * (iterations + 600))
     used = oracle if sabotage is None else MisdeclaredNoise(oracle, sabotage)
-    result = sample(algorithm, model, rng, theta0, iterations=iterations, warmup=500, step=step, oracle=used,
-                    n_total=sum(map(len, records)), block=block, progress=False)
+    algo = kernel(
+        algorithm, model, oracle=used, n_total=sum(map(len, records)), step=step, block=block
+    )
+    result = sample(algo, rng, theta0, iterations=iterations, warmup=500, progress=False)
     return result, z_scores(result.theta, ref)
 
 
@@ -78,7 +104,9 @@ def owners_data(model, theta, sizes, seed):
     return [model.simulate_records(rng, np.asarray(theta, dtype=float), n) for n in sizes]
 
 
-GAUSS1 = build_model({"name": "gaussian_mean", "dim": 1, "data_bound": 4.0, "theta_bound": 3.0, "prior_sd": 2.0})
+GAUSS1 = build_model(
+    {"name": "gaussian_mean", "dim": 1, "data_bound": 4.0, "theta_bound": 3.0, "prior_sd": 2.0}
+)
 
 
 def test_penalty_is_exact_with_unequal_owner_noise_and_fails_when_sabotaged():
@@ -114,7 +142,7 @@ def test_penalty_expfam_is_exact_with_blocks_and_fails_when_sabotaged():
     records = owners_data(model, [0.5], [100, 150, 200, 250], seed=4)
     sigmas = [1.0, 2.0, 3.0, 4.0]  # per-component noise of Σ S(x); v = 30 ‖Δη‖²
     kwargs = dict(step=0.25, iterations=6000, block=10)
-    result, z = run(model, records, "penalty_expfam", sigmas, **kwargs)
+    _, z = run(model, records, "penalty_expfam", sigmas, **kwargs)
     assert z.max() < Z, z
     _, z_missing = run(model, records, "penalty_expfam", sigmas, sabotage=0.0, **kwargs)
     assert z_missing.max() > 2 * Z, z_missing
@@ -131,8 +159,14 @@ def test_exact_mh_is_exact():
     pooled = records[0]
     ref = GAUSS1.reference_posterior(pooled)
     rng = np.random.default_rng(7)
-    result = sample("exact_mh", GAUSS1, rng, ref.mean + 0.1 * rng.standard_normal((8, 1)), iterations=5000,
-                    warmup=500, step=0.15, records=pooled, progress=False)
+    result = sample(
+        kernel("exact_mh", GAUSS1, records=pooled, step=0.15),
+        rng,
+        ref.mean + 0.1 * rng.standard_normal((8, 1)),
+        iterations=5000,
+        warmup=500,
+        progress=False,
+    )
     assert z_scores(result.theta, ref).max() < Z
 
 
@@ -153,8 +187,14 @@ def test_out_of_box_proposals_ask_nobody():
     oracle = make_oracle(GAUSS1, records, [1.0], 0.5, seed=11)
     oracle.open_session("penalty", 10_000)
     rng = np.random.default_rng(12)
-    result = sample("penalty", GAUSS1, rng, np.full((4, 1), 2.95), iterations=500, warmup=0, step=0.5,
-                    oracle=oracle, progress=False)
+    result = sample(
+        kernel("penalty", GAUSS1, oracle=oracle, step=0.5),
+        rng,
+        np.full((4, 1), 2.95),
+        iterations=500,
+        warmup=0,
+        progress=False,
+    )
     answers = oracle.privacy_reports()[0].session.answers
     assert answers == int(result.queried.sum()) < result.queried.size
     assert not np.any(result.accepted & ~result.queried)

@@ -7,14 +7,15 @@ from __future__ import annotations
 import math
 
 import numpy as np
-
-from fedpenalty.owner.gradient import owner_gradient
 import pytest
+from owners import SimulatedOwner, owner_noise_variance, simulated_gradient
 from scipy import stats
 
+from fedpenalty.coordinator import sghmc, sgld, sgnht
 from fedpenalty.coordinator import sgmcmc as sg
 from fedpenalty.coordinator.reference import exact_mh_draws
 from fedpenalty.models import Reference, build_model
+from fedpenalty.owner.gradient import owner_gradient
 
 # ------------------------------------------------------------------ noise bookkeeping
 #
@@ -39,11 +40,13 @@ def _chi2_ok(sample: np.ndarray, variance: float, alpha: float = 1e-6) -> bool:
     return bool(lo <= ratio <= hi)
 
 
-def _zero_gradient_setup(sigma: float, q: float = 0.5, clip: float = 2.0, declared_factor: float = 1.0):
+def _zero_gradient_setup(
+    sigma: float, q: float = 0.5, clip: float = 2.0, declared_factor: float = 1.0
+):
     model = build_model({"name": "gaussian_mean", "dim": DIM, "prior_mean": 0.0})
-    owners = [sg.SimulatedOwner(np.zeros((n, DIM)), q, clip, sigma) for n in (30, 50)]
-    grad = sg.simulated_gradient(model, owners, np.random.default_rng(11))
-    s2 = sg.owner_noise_variance(owners)
+    owners = [SimulatedOwner(np.zeros((n, DIM)), q, clip, sigma) for n in (30, 50)]
+    grad = simulated_gradient(model, owners, np.random.default_rng(11))
+    s2 = owner_noise_variance(owners)
 
     def declared(iteration, chains, theta):  # owners that add s² but declare declared_factor·s²
         g, v = grad(iteration, chains, theta)
@@ -59,14 +62,14 @@ def _one_step(kernel: str, eta: float, friction: float, sigma: float, declared_f
     sch = sg.StepSchedule.constant(eta)
     h = math.sqrt(eta)
     if kernel == "sgld":
-        state, info = sg.sgld_step(rng, sg.sgld_init(theta, model), model, sch, grad)
+        state, info = sgld.step(rng, sgld.init(theta, model), model, sch, grad)
         return state.theta - theta, info, eta, s2
     if kernel == "sghmc":
-        start = sg.SGHMCState(theta, np.zeros_like(theta))
-        state, info = sg.sghmc_step(rng, start, model, sch, grad, friction)
+        start = sghmc.SGHMCState(theta, np.zeros_like(theta))
+        state, info = sghmc.step(rng, start, model, sch, grad, friction)
         return state.momentum, info, 2 * friction * h, s2
-    start = sg.SGNHTState(theta, np.zeros_like(theta), np.full(N_CHAINS, friction))
-    state, info = sg.sgnht_step(rng, start, model, sch, grad, friction)
+    start = sgnht.SGNHTState(theta, np.zeros_like(theta), np.full(N_CHAINS, friction))
+    state, info = sgnht.step(rng, start, model, sch, grad, friction)
     return state.momentum, info, 2 * friction * h, s2
 
 
@@ -98,8 +101,10 @@ def test_bookkeeping_check_catches_misdeclared_noise(kernel, eta, friction, sigm
     assert not _chi2_ok(moved, design)
 
 
-@pytest.mark.parametrize("kernel, eta, friction, sigma", [("sgld", 0.01, None, 6.0), ("sghmc", 0.01, 0.5, 0.7),
-                                                          ("sgnht", 0.01, 0.5, 0.7)])
+@pytest.mark.parametrize(
+    "kernel, eta, friction, sigma",
+    [("sgld", 0.01, None, 6.0), ("sghmc", 0.01, 0.5, 0.7), ("sgnht", 0.01, 0.5, 0.7)],
+)
 def test_excess_is_reported_and_nothing_injected(kernel, eta, friction, sigma):
     moved, info, design, s2 = _one_step(kernel, eta, friction, sigma)
     owner = ((eta / 2) ** 2 if kernel == "sgld" else eta) * s2
@@ -117,7 +122,12 @@ def test_step_schedule():
     sch = sg.StepSchedule(a=2.0, b=10.0, gamma=0.55)
     for t in (0, 1, 99):
         assert sch(t) == pytest.approx(2.0 * (10.0 + t) ** -0.55)
-    for bad in [dict(a=0.0), dict(a=1.0, gamma=-1.0), dict(a=1.0, b=0.0, gamma=0.5), dict(a=float("inf"))]:
+    for bad in [
+        dict(a=0.0),
+        dict(a=1.0, gamma=-1.0),
+        dict(a=1.0, b=0.0, gamma=0.5),
+        dict(a=float("inf")),
+    ]:
         with pytest.raises(ValueError):
             sg.StepSchedule(**bad)
 
@@ -135,8 +145,10 @@ def test_reflect_folds_into_the_box():
 def test_sghmc_bounces_off_the_boundary():
     model = build_model({"name": "gaussian_mean", "dim": 1, "theta_bound": 1.0})
     zero = lambda it, ch, th: (np.zeros_like(th), np.zeros(len(th)))  # noqa: E731
-    state = sg.SGHMCState(np.array([[0.95]]), np.array([[1.0]]))
-    new, info = sg.sghmc_step(np.random.default_rng(0), state, model, sg.StepSchedule.constant(0.01), zero, 1e-6)
+    state = sghmc.SGHMCState(np.array([[0.95]]), np.array([[1.0]]))
+    new, info = sghmc.step(
+        np.random.default_rng(0), state, model, sg.StepSchedule.constant(0.01), zero, 1e-6
+    )
     # h = 0.1: θ + h r = 0.95 + ~0.1 → reflected to ~0.95, momentum reversed
     assert new.theta[0, 0] == pytest.approx(0.95, abs=2e-3)
     assert new.momentum[0, 0] < 0 and info.reflected[0]
@@ -147,17 +159,17 @@ def test_friction_limits_and_bad_gradients():
     zero = lambda it, ch, th: (np.zeros_like(th), np.zeros(len(th)))  # noqa: E731
     rng = np.random.default_rng(0)
     sch = sg.StepSchedule.constant(0.04)  # h = 0.2
-    hmc = sg.sghmc_init(rng, np.zeros((2, 1)), model)
+    hmc = sghmc.init(rng, np.zeros((2, 1)), model)
     with pytest.raises(ValueError, match="per-step friction"):
-        sg.sghmc_step(rng, hmc, model, sch, zero, 6.0)  # hC = 1.2
-    nht = sg.sgnht_init(rng, np.zeros((2, 1)), model, 3.0)
+        sghmc.step(rng, hmc, model, sch, zero, 6.0)  # hC = 1.2
+    nht = sgnht.init(rng, np.zeros((2, 1)), model, 3.0)
     with pytest.raises(ValueError, match="per-step friction"):
-        sg.sgnht_step(rng, nht, model, sch, zero, 3.0)  # hA = 0.6
+        sgnht.step(rng, nht, model, sch, zero, 3.0)  # hA = 0.6
     bad = lambda it, ch, th: (np.full_like(th, np.nan), np.zeros(len(th)))  # noqa: E731
     with pytest.raises(ValueError, match="finite"):
-        sg.sgld_step(rng, sg.sgld_init(np.zeros((2, 1)), model), model, sch, bad)
+        sgld.step(rng, sgld.init(np.zeros((2, 1)), model), model, sch, bad)
     with pytest.raises(ValueError, match="inside"):
-        sg.sgld_init(np.full((1, 1), 99.0), model)
+        sgld.init(np.full((1, 1), 99.0), model)
 
 
 # ------------------------------------------------------------------ the owner's answer
@@ -225,20 +237,29 @@ def test_owner_gradient_validates():
 # error gives O(1) errors at both steps.
 
 
-def _run(kernel: str, model, owners, theta0, eta: float, friction: float | None, seed: int,
-         warmup: int = 500, iterations: int = 2500) -> np.ndarray:
+def _run(
+    kernel: str,
+    model,
+    owners,
+    theta0,
+    eta: float,
+    friction: float | None,
+    seed: int,
+    warmup: int = 500,
+    iterations: int = 2500,
+) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    grad = sg.simulated_gradient(model, owners, np.random.default_rng(seed + 1))
+    grad = simulated_gradient(model, owners, np.random.default_rng(seed + 1))
     sch = sg.StepSchedule.constant(eta)
     if kernel == "sgld":
-        state = sg.sgld_init(theta0, model)
-        step = lambda s: sg.sgld_step(rng, s, model, sch, grad)  # noqa: E731
+        state = sgld.init(theta0, model)
+        step = lambda s: sgld.step(rng, s, model, sch, grad)  # noqa: E731
     elif kernel == "sghmc":
-        state = sg.sghmc_init(rng, theta0, model)
-        step = lambda s: sg.sghmc_step(rng, s, model, sch, grad, friction)  # noqa: E731
+        state = sghmc.init(rng, theta0, model)
+        step = lambda s: sghmc.step(rng, s, model, sch, grad, friction)  # noqa: E731
     else:
-        state = sg.sgnht_init(rng, theta0, model, friction)
-        step = lambda s: sg.sgnht_step(rng, s, model, sch, grad, friction)  # noqa: E731
+        state = sgnht.init(rng, theta0, model, friction)
+        step = lambda s: sgnht.step(rng, s, model, sch, grad, friction)  # noqa: E731
     draws = np.empty((len(theta0), iterations, model.dim))
     for t in range(warmup + iterations):
         state, info = step(state)
@@ -260,7 +281,7 @@ def gaussian_problem():
     rng = np.random.default_rng(1)
     records = [model.simulate_records(rng, np.array([0.5, -0.3]), n) for n in (60, 40)]
     ref = model.reference_posterior(np.concatenate(records))
-    owners = [sg.SimulatedOwner(r, 0.8, 4.0, 1.0) for r in records]
+    owners = [SimulatedOwner(r, 0.8, 4.0, 1.0) for r in records]
     return model, owners, ref
 
 
@@ -273,7 +294,7 @@ def logistic_problem():
     records = [model.simulate_records(rng, np.array([1.5, -1.0]), n) for n in (50, 30)]
     draws = exact_mh_draws(model, np.concatenate(records), np.random.default_rng(5), 8, 20_000)
     ref = Reference(draws.mean(axis=(0, 1)), draws.std(axis=(0, 1), ddof=1), "exact_mh")
-    owners = [sg.SimulatedOwner(r, 0.8, 1.0, 1.0) for r in records]
+    owners = [SimulatedOwner(r, 0.8, 1.0, 1.0) for r in records]
     return model, owners, ref
 
 
@@ -283,7 +304,9 @@ LOGISTIC = [("sgld", 0.2, None, 0.08), ("sghmc", 0.1, 1.0, 0.11), ("sgnht", 0.05
 
 
 @pytest.mark.parametrize("kernel, eta, friction, tol", GAUSSIAN)
-def test_gaussian_mean_approaches_posterior_as_step_shrinks(gaussian_problem, kernel, eta, friction, tol):
+def test_gaussian_mean_approaches_posterior_as_step_shrinks(
+    gaussian_problem, kernel, eta, friction, tol
+):
     model, owners, ref = gaussian_problem
     theta0 = np.tile(ref.mean, (64, 1))
     big = _error(_run(kernel, model, owners, theta0, eta, friction, 7), ref)
@@ -293,7 +316,9 @@ def test_gaussian_mean_approaches_posterior_as_step_shrinks(gaussian_problem, ke
 
 
 @pytest.mark.parametrize("kernel, eta, friction, tol", LOGISTIC)
-def test_logistic_approaches_posterior_as_step_shrinks(logistic_problem, kernel, eta, friction, tol):
+def test_logistic_approaches_posterior_as_step_shrinks(
+    logistic_problem, kernel, eta, friction, tol
+):
     model, owners, ref = logistic_problem
     theta0 = np.tile(ref.mean, (64, 1))
     big = _error(_run(kernel, model, owners, theta0, eta, friction, 7), ref)
@@ -305,11 +330,13 @@ def test_logistic_approaches_posterior_as_step_shrinks(logistic_problem, kernel,
 def test_decaying_schedule_runs_and_reports_step():
     model = build_model({"name": "bernoulli"})
     records = model.simulate_records(np.random.default_rng(0), np.array([0.5]), 200)
-    grad = sg.simulated_gradient(model, [sg.SimulatedOwner(records, 0.5, 1.0, 1.0)], np.random.default_rng(1))
+    grad = simulated_gradient(
+        model, [SimulatedOwner(records, 0.5, 1.0, 1.0)], np.random.default_rng(1)
+    )
     sch = sg.StepSchedule(a=0.05, b=10.0, gamma=0.6)
     rng = np.random.default_rng(2)
-    state = sg.sgnht_init(rng, np.zeros((4, 1)), model, 1.0)
+    state = sgnht.init(rng, np.zeros((4, 1)), model, 1.0)
     for t in range(50):
-        state, info = sg.sgnht_step(rng, state, model, sch, grad, 1.0)
+        state, info = sgnht.step(rng, state, model, sch, grad, 1.0)
         assert info.step == pytest.approx(0.05 * (10.0 + t) ** -0.6)
     assert state.iteration == 50 and np.all(np.abs(state.theta) <= model.theta_bound)

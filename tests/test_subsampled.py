@@ -19,7 +19,11 @@ from fedpenalty.privacy.subsampled import (
     epsilon_rdp_classic,
     max_steps,
 )
-from fedpenalty.privacy.wang import compare_admissible_steps, wang_admissible_step, wang_noise_multiplier
+from fedpenalty.privacy.wang import (
+    compare_admissible_steps,
+    wang_admissible_step,
+    wang_noise_multiplier,
+)
 
 DELTA = 1e-5
 
@@ -62,11 +66,21 @@ def test_heterogeneous_events_compose():
     # Splitting T answers into two ledger rows of the same (q, σ) changes nothing; adding a
     # noisier row increases ε; a row with count 0 is ignored.
     one = epsilon(SubsampledGaussian(0.01, 4.0, 10_000), DELTA, neighbour="add_remove")
-    two = epsilon([SubsampledGaussian(0.01, 4.0, 6_000), SubsampledGaussian(0.01, 4.0, 4_000),
-                   SubsampledGaussian(0.5, 2.0, 0)], DELTA, neighbour="add_remove")
+    two = epsilon(
+        [
+            SubsampledGaussian(0.01, 4.0, 6_000),
+            SubsampledGaussian(0.01, 4.0, 4_000),
+            SubsampledGaussian(0.5, 2.0, 0),
+        ],
+        DELTA,
+        neighbour="add_remove",
+    )
     assert two == pytest.approx(one, abs=1e-6)
-    more = epsilon([SubsampledGaussian(0.01, 4.0, 10_000), SubsampledGaussian(0.05, 8.0, 500)], DELTA,
-                   neighbour="add_remove")
+    more = epsilon(
+        [SubsampledGaussian(0.01, 4.0, 10_000), SubsampledGaussian(0.05, 8.0, 500)],
+        DELTA,
+        neighbour="add_remove",
+    )
     assert more > one
     assert epsilon([], DELTA, neighbour="add_remove") == 0.0
 
@@ -98,7 +112,11 @@ def test_replace_one_between_add_remove_and_doubled_sensitivity(q, sigma, T):
     assert add < rep <= doubled
     # RDP route for replace-one is exactly add/remove at σ/2
     assert epsilon(ev, DELTA, neighbour="replace_one", accountant="rdp") == pytest.approx(
-        epsilon(SubsampledGaussian(q, sigma / 2, T), DELTA, neighbour="add_remove", accountant="rdp"), rel=1e-12)
+        epsilon(
+            SubsampledGaussian(q, sigma / 2, T), DELTA, neighbour="add_remove", accountant="rdp"
+        ),
+        rel=1e-12,
+    )
 
 
 def test_replace_one_at_full_sampling_is_sensitivity_2c():
@@ -159,7 +177,9 @@ def test_rdp_route_for_replace_one_is_conservative():
             base = np.log1p(-q) + norm.logpdf(x, 0, s) if q < 1 else np.full_like(x, -np.inf)
             lp = np.logaddexp(base, math.log(q) + norm.logpdf(x, -1, s))
             lq = np.logaddexp(base, math.log(q) + norm.logpdf(x, 1, s))
-            renyi = np.array([logsumexp(a * lp + (1 - a) * lq) + math.log(h) for a in orders]) / (orders - 1)
+            renyi = np.array([logsumexp(a * lp + (1 - a) * lq) + math.log(h) for a in orders]) / (
+                orders - 1
+            )
             library = rdp_lib._compute_rdp_poisson_subsampled_gaussian(q, s / 2, orders)
             assert np.all(renyi <= library * (1 + 1e-8) + 1e-12), (q, s)
 
@@ -169,10 +189,21 @@ def test_rdp_route_for_replace_one_is_conservative():
 
 @pytest.mark.parametrize("accountant", ["pld", "rdp"])
 def test_calibrate_noise_multiplier(accountant):
-    sigma = calibrate_noise_multiplier(1.0, DELTA, 0.01, 10_000, neighbour="add_remove", accountant=accountant)
-    at = epsilon(SubsampledGaussian(0.01, sigma, 10_000), DELTA, neighbour="add_remove", accountant=accountant)
-    below = epsilon(SubsampledGaussian(0.01, sigma * (1 - 1e-4), 10_000), DELTA, neighbour="add_remove",
-                    accountant=accountant)
+    sigma = calibrate_noise_multiplier(
+        1.0, DELTA, 0.01, 10_000, neighbour="add_remove", accountant=accountant
+    )
+    at = epsilon(
+        SubsampledGaussian(0.01, sigma, 10_000),
+        DELTA,
+        neighbour="add_remove",
+        accountant=accountant,
+    )
+    below = epsilon(
+        SubsampledGaussian(0.01, sigma * (1 - 1e-4), 10_000),
+        DELTA,
+        neighbour="add_remove",
+        accountant=accountant,
+    )
     assert at <= 1.0 < below
     # the reference case: σ = 4 gives 0.947 (PLD), so the σ for ε = 0.947 is just below 4
     if accountant == "pld":
@@ -230,13 +261,25 @@ def test_wang_formula_matches_the_paper_parameterisation():
     # Algorithm 2 in the paper's own variables: N records, minibatch τ, T data passes.
     n, tau, passes, eps, delta, lip = 60_000, 150, 15, 1.0, 1e-5, 1.0
     iters, q = n * passes // tau, tau / n
-    k = 128 * n * passes * lip**2 / (tau * eps**2) * math.log(2.5 * n * passes / (tau * delta)) * math.log(2 / delta)
+    k = (
+        128
+        * n
+        * passes
+        * lip**2
+        / (tau * eps**2)
+        * math.log(2.5 * n * passes / (tau * delta))
+        * math.log(2 / delta)
+    )
     # the noise sd on the minibatch gradient sum is √(K η²)/(η N/τ) = √K τ/N
-    assert wang_noise_multiplier(eps, delta, q, iters) * lip == pytest.approx(math.sqrt(k) * tau / n, rel=1e-12)
+    assert wang_noise_multiplier(eps, delta, q, iters) * lip == pytest.approx(
+        math.sqrt(k) * tau / n, rel=1e-12
+    )
     # the Langevin noise suffices when var/drift² = 4/η (fedpenalty) ≥ K, i.e. η ≤ 4/K
     assert wang_admissible_step(eps, delta, q, iters, lip) == pytest.approx(4 / k, rel=1e-12)
     assert wang_admissible_step(eps, delta, q, iters, lip) == pytest.approx(
-        eps**2 / (32 * iters * lip**2 * math.log(2.5 * iters / delta) * math.log(2 / delta)), rel=1e-12)
+        eps**2 / (32 * iters * lip**2 * math.log(2.5 * iters / delta) * math.log(2 / delta)),
+        rel=1e-12,
+    )
 
 
 def test_wang_condition_is_enforced():
@@ -245,7 +288,9 @@ def test_wang_condition_is_enforced():
         wang_noise_multiplier(1.0, 1e-5, 0.001, 100)
 
 
-@pytest.mark.parametrize("neighbour, q, iters", [("replace_one", 0.01, 1_000), ("add_remove", 0.02, 500)])
+@pytest.mark.parametrize(
+    "neighbour, q, iters", [("replace_one", 0.01, 1_000), ("add_remove", 0.02, 500)]
+)
 def test_exact_accounting_admits_a_larger_step_than_wang(neighbour, q, iters):
     c = compare_admissible_steps(1.0, DELTA, q, iters, 1.0, neighbour=neighbour)
     assert c.accountant_step > c.wang_step and c.gain > 10
@@ -254,15 +299,51 @@ def test_exact_accounting_admits_a_larger_step_than_wang(neighbour, q, iters):
     assert c.wang_exact_epsilon < 0.5 * c.epsilon
     # the accountant's noise meets the target, and at its step the owner noise exactly fills
     # the Langevin noise: (η/2)² (σ C / q)² = η
-    assert epsilon(SubsampledGaussian(q, c.accountant_noise_multiplier, iters), DELTA, neighbour=neighbour) <= 1.0
+    assert (
+        epsilon(
+            SubsampledGaussian(q, c.accountant_noise_multiplier, iters), DELTA, neighbour=neighbour
+        )
+        <= 1.0
+    )
     s2 = (c.accountant_noise_multiplier * c.clip / c.sampling_rate) ** 2
     assert (c.accountant_step / 2) ** 2 * s2 == pytest.approx(c.accountant_step)
 
 
 def test_admissible_steps_shrink_with_the_number_of_owners():
     # K owners share the Langevin noise: both steps shrink by K, the gain does not change
-    one = compare_admissible_steps(1.0, DELTA, 0.02, 500, 1.0, neighbour="add_remove", accountant="rdp")
-    three = compare_admissible_steps(1.0, DELTA, 0.02, 500, 1.0, neighbour="add_remove", accountant="rdp", owners=3)
+    one = compare_admissible_steps(
+        1.0, DELTA, 0.02, 500, 1.0, neighbour="add_remove", accountant="rdp"
+    )
+    three = compare_admissible_steps(
+        1.0, DELTA, 0.02, 500, 1.0, neighbour="add_remove", accountant="rdp", owners=3
+    )
     assert three.wang_step == pytest.approx(one.wang_step / 3)
     assert three.accountant_step == pytest.approx(one.accountant_step / 3)
     assert three.gain == pytest.approx(one.gain)
+
+
+# ------------------------------------------------------------------ calibration: search edges
+
+
+def test_calibrate_noise_multiplier_below_one():
+    # σ = 1 is already enough noise here: the search halves σ from there (r = 1/σ).
+    rdp = dict(neighbour="add_remove", accountant="rdp")
+    sigma = calibrate_noise_multiplier(4.0, DELTA, 0.1, 10, **rdp)
+    assert sigma < 1.0
+
+    def eps(s):
+        return epsilon(SubsampledGaussian(0.1, s, 10), DELTA, **rdp)
+
+    assert eps(sigma) <= 4.0 < eps(sigma * (1 - 1e-5))
+
+
+def test_calibration_and_max_steps_refuse_what_they_cannot_search():
+    # every σ down to 2^-31 meets an absurd target: the search stops with a clear error
+    with pytest.raises(ValueError, match="no noise multiplier"):
+        calibrate_noise_multiplier(1e100, DELTA, 0.5, 10, neighbour="add_remove", accountant="rdp")
+    for limit in (0, 2**31, 2.5):
+        with pytest.raises(ValueError, match="limit"):
+            max_steps(4.0, 0.01, 1.0, DELTA, neighbour="add_remove", limit=limit)
+    # the limit is never passed, however many steps would fit
+    rdp = dict(neighbour="add_remove", accountant="rdp")
+    assert max_steps(50.0, 0.001, 5.0, DELTA, limit=37, **rdp) == 37

@@ -1,1 +1,2 @@
-"""Launchers that host owners in local processes or Ray (later issues)."""
+"""Launchers that start owner hosts outside the coordinator's process (``local``: owner-host
+processes on loopback gRPC)."""

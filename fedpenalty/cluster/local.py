@@ -17,17 +17,18 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import grpc
 import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from ..common import Policy
 from ..errors import FedPenaltyError
 from ..models import Model, build_model
-from ..owner import Ledger, OwnerNode, Policy
+from ..owner import Ledger, OwnerNode
 from ..owner.host import OwnerHost
 
 
@@ -39,9 +40,18 @@ class LocalCluster:
     addresses: list[str]
 
     @classmethod
-    def start(cls, folder: Path, model: Model, records: Sequence[np.ndarray], policies: Sequence[Policy],
-              noise_seeds: Sequence[np.random.SeedSequence], hosts: int, synchronous: str = "NORMAL",
-              names: Sequence[str] | None = None, timeout: float = 120.0) -> "LocalCluster":
+    def start(
+        cls,
+        folder: Path,
+        model: Model,
+        records: Sequence[np.ndarray],
+        policies: Sequence[Policy],
+        noise_seeds: Sequence[np.random.SeedSequence],
+        hosts: int,
+        synchronous: str = "NORMAL",
+        names: Sequence[str] | None = None,
+        timeout: float = 120.0,
+    ) -> LocalCluster:
         """Start ``hosts`` processes serving ``len(records)`` owners named ``names`` (default
         ``owner-k``); their files, ledgers and logs go to ``folder``."""
         folder.mkdir(parents=True, exist_ok=True)
@@ -49,15 +59,33 @@ class LocalCluster:
         processes: list[subprocess.Popen] = []
         cluster = cls(processes, [])
         try:
-            for h, block in enumerate(np.array_split(np.arange(len(records)), min(hosts, len(records)))):
-                spec = _write_host(folder, h, model, [names[k] for k in block], [records[k] for k in block],
-                                   [policies[k] for k in block], [noise_seeds[k] for k in block], synchronous)
+            for h, block in enumerate(
+                np.array_split(np.arange(len(records)), min(hosts, len(records)))
+            ):
+                spec = _write_host(
+                    folder,
+                    h,
+                    model,
+                    [names[k] for k in block],
+                    [records[k] for k in block],
+                    [policies[k] for k in block],
+                    [noise_seeds[k] for k in block],
+                    synchronous,
+                )
                 log = (folder / f"host-{h}.log").open("ab")
-                processes.append(subprocess.Popen([sys.executable, "-m", "fedpenalty.cluster.local", str(spec)],
-                                                  stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+                processes.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "fedpenalty.cluster.local", str(spec)],
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                    )
+                )
                 log.close()
             deadline = time.monotonic() + timeout
-            cluster.addresses = [_wait_ready(folder, h, p, deadline) for h, p in enumerate(processes)]
+            cluster.addresses = [
+                _wait_ready(folder, h, p, deadline) for h, p in enumerate(processes)
+            ]
             for h in range(len(processes)):  # loaded by now: the records need not stay on disk
                 (folder / f"host-{h}.npz").unlink()
         except BaseException:
@@ -78,7 +106,7 @@ class LocalCluster:
                 p.kill()
                 p.wait()
 
-    def __enter__(self) -> "LocalCluster":
+    def __enter__(self) -> LocalCluster:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -91,19 +119,36 @@ def default_owner_hosts() -> int:
     return max(1, (os.cpu_count() or 1) - 1)
 
 
-def _write_host(folder: Path, h: int, model: Model, names: list[str], records: list[np.ndarray],
-                policies: list[Policy], seeds: list[np.random.SeedSequence], synchronous: str) -> Path:
+def _write_host(
+    folder: Path,
+    h: int,
+    model: Model,
+    names: list[str],
+    records: list[np.ndarray],
+    policies: list[Policy],
+    seeds: list[np.random.SeedSequence],
+    synchronous: str,
+) -> Path:
     data = folder / f"host-{h}.npz"
-    np.savez(data, **dict(zip(names, records)))
+    np.savez(data, **dict(zip(names, records)))  # type: ignore[arg-type]  # numpy's stub
     spec = {
-        "model": {"name": model.name, **model.params()}, "data": data.name, "ledger": f"host-{h}.sqlite",
-        "synchronous": synchronous, "port_file": f"host-{h}.port",
-        "owners": [{"name": n, "policy": p.to_dict(), "noise_seed": {"entropy": s.entropy, "spawn_key": list(s.spawn_key)}}
-                   for n, p, s in zip(names, policies, seeds)],
+        "model": {"name": model.name, **model.params()},
+        "data": data.name,
+        "ledger": f"host-{h}.sqlite",
+        "synchronous": synchronous,
+        "port_file": f"host-{h}.port",
+        "owners": [
+            {
+                "name": n,
+                "policy": p.to_dict(),
+                "noise_seed": {"entropy": s.entropy, "spawn_key": list(s.spawn_key)},
+            }
+            for n, p, s in zip(names, policies, seeds)
+        ],
     }
     path = folder / f"host-{h}.json"
     path.write_text(json.dumps(spec, indent=1))
-    (folder / spec["port_file"]).unlink(missing_ok=True)
+    (folder / f"host-{h}.port").unlink(missing_ok=True)
     return path
 
 
@@ -113,15 +158,22 @@ def _wait_ready(folder: Path, h: int, process: subprocess.Popen, deadline: float
     while not port_file.exists():
         if process.poll() is not None:
             log = (folder / f"host-{h}.log").read_text(errors="replace")[-2000:]
-            raise FedPenaltyError(f"owner host {h} exited with code {process.returncode} before serving:\n{log}")
+            raise FedPenaltyError(
+                f"owner host {h} exited with code {process.returncode} before serving:\n{log}"
+            )
         if time.monotonic() > deadline:
-            raise FedPenaltyError(f"owner host {h} did not start in time (see {folder / f'host-{h}.log'})")
+            raise FedPenaltyError(
+                f"owner host {h} did not start in time (see {folder / f'host-{h}.log'})"
+            )
         time.sleep(0.02)
     address = f"127.0.0.1:{int(port_file.read_text())}"
     with grpc.insecure_channel(address) as channel:
         health = health_pb2_grpc.HealthStub(channel)
-        reply = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=max(deadline - time.monotonic(), 1.0),
-                             wait_for_ready=True)
+        reply = health.Check(
+            health_pb2.HealthCheckRequest(service=""),
+            timeout=max(deadline - time.monotonic(), 1.0),
+            wait_for_ready=True,
+        )
     if reply.status != health_pb2.HealthCheckResponse.SERVING:
         raise FedPenaltyError(f"owner host {h} at {address} is not serving")
     return address
@@ -136,10 +188,21 @@ def serve_host(spec_path: Path) -> None:
     model = build_model(spec["model"])
     ledger = Ledger(folder / spec["ledger"], synchronous=spec["synchronous"])
     with np.load(folder / spec["data"]) as data:
-        nodes = [OwnerNode(o["name"], model, data[o["name"]], Policy(**o["policy"]), ledger,
-                           np.random.default_rng(np.random.SeedSequence(o["noise_seed"]["entropy"],
-                                                                        spawn_key=tuple(o["noise_seed"]["spawn_key"]))))
-                 for o in spec["owners"]]
+        nodes = [
+            OwnerNode(
+                o["name"],
+                model,
+                data[o["name"]],
+                Policy(**o["policy"]),
+                ledger,
+                np.random.default_rng(
+                    np.random.SeedSequence(
+                        o["noise_seed"]["entropy"], spawn_key=tuple(o["noise_seed"]["spawn_key"])
+                    )
+                ),
+            )
+            for o in spec["owners"]
+        ]
     try:
         serve(OwnerHost(nodes), "127.0.0.1:0", port_file=folder / spec["port_file"])
     finally:

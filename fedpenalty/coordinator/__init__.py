@@ -1,1 +1,2 @@
-"""Coordinator side: samplers (pure kernels), the oracle interface and transports, the run driver."""
+"""Coordinator side: the algorithm registry and its pure kernels, the oracle interface and the
+transport registry, the run driver."""

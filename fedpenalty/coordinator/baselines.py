@@ -1,5 +1,5 @@
-"""The papers' baselines (DESIGN §2.4) as pure functions: OPS, noisy sufficient statistics, and
-Wang et al.'s hybrid OPS + DP-SGLD.
+"""The papers' baselines (docs/design.md §2.4) as pure functions: OPS, noisy sufficient
+statistics, and Wang et al.'s hybrid OPS + DP-SGLD.
 
 * ``ops``: one sample from the tempered posterior ∝ p(θ)^ρ Π_x p(x | θ)^ρ on Θ (an
   exponential mechanism whose utility is the log joint).
@@ -32,14 +32,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeGuard
 
 import numpy as np
 from scipy import special, stats
 
 from ..models import Bernoulli, ExpFamModel, GaussianMean, Logistic, Model, Neighbour, Poisson
-from ..privacy import gaussian
-from ..privacy import subsampled
+from ..privacy import gaussian, subsampled
 from . import mh
 
 OPSForm = Literal["wang", "foulds"]
@@ -78,7 +77,10 @@ def log_lik_bound(model: Model) -> float:
         b = model.theta_bound
         x = np.arange(model.count_bound + 1, dtype=float)
         mode = np.clip(np.log(np.maximum(x, 1e-300)), -b, b)
-        values = [x * t - np.exp(t) - special.gammaln(x + 1) for t in (np.full_like(x, -b), np.full_like(x, b), mode)]
+        values = [
+            x * t - np.exp(t) - special.gammaln(x + 1)
+            for t in (np.full_like(x, -b), np.full_like(x, b), mode)
+        ]
         return float(np.max(np.abs(values)))
     if isinstance(model, Logistic):
         return float(np.logaddexp(0.0, model.data_bound * model.theta_bound * math.sqrt(model.dim)))
@@ -117,8 +119,9 @@ def log_lik_range(model: Model) -> float:
 # ------------------------------------------------------------------ OPS
 
 
-def ops_temperature(model: Model, epsilon: float, *, form: OPSForm = "wang",
-                    neighbour: Neighbour = "replace_one") -> float:
+def ops_temperature(
+    model: Model, epsilon: float, *, form: OPSForm = "wang", neighbour: Neighbour = "replace_one"
+) -> float:
     """ρ ∈ (0, 1] for ε-DP by one tempered-posterior sample: Wang et al. min{1, ε/(4B)}
     (replace-one) or min{1, ε/(2B)} (add/remove); Foulds et al. min{1, ε/(2C)} (replace-one
     only, since C is defined by substitution)."""
@@ -130,12 +133,14 @@ def ops_temperature(model: Model, epsilon: float, *, form: OPSForm = "wang",
         return min(1.0, eps / (factor * log_lik_bound(model)))
     if form == "foulds":
         if neighbour != "replace_one":
-            raise ValueError("Foulds et al.'s 2C form is for replace-one neighbours; use form='wang'")
+            raise ValueError(
+                "Foulds et al.'s 2C form is for replace-one neighbours; use form='wang'"
+            )
         return min(1.0, eps / (2.0 * log_lik_range(model)))
     raise ValueError(f"form must be 'wang' or 'foulds', got {form!r}")
 
 
-def _is_conjugate(model: Model) -> bool:
+def _is_conjugate(model: Model) -> TypeGuard[ExpFamModel]:
     return isinstance(model, (GaussianMean, Bernoulli, Poisson))
 
 
@@ -150,8 +155,14 @@ def _truncated_ppf(dist_lo, lo: float, hi: float, u: np.ndarray) -> np.ndarray:
     return np.clip(dist_lo.isf(s_hi + u * (s_lo - s_hi)), lo, hi)
 
 
-def conjugate_draws(rng: np.random.Generator, model: ExpFamModel, n: float, stat_sum: np.ndarray, size: int,
-                    rho: float = 1.0) -> np.ndarray:
+def conjugate_draws(
+    rng: np.random.Generator,
+    model: ExpFamModel,
+    n: float,
+    stat_sum: np.ndarray,
+    size: int,
+    rho: float = 1.0,
+) -> np.ndarray:
     """``size`` independent draws ``(size, d)`` from the (tempered) posterior over Θ,
     ∝ [p(θ) Π p(x | θ)]^ρ given ``n`` records whose statistics sum to ``stat_sum``, in the
     sampled parameterisation:
@@ -173,28 +184,42 @@ def conjugate_draws(rng: np.random.Generator, model: ExpFamModel, n: float, stat
         mu = (model.prior_mean / model.prior_sd**2 + s / model.noise_sd**2) / prec
         tau = 1.0 / math.sqrt(rho * prec)
         u = rng.random((size, model.dim))
-        return np.column_stack([_truncated_ppf(stats.norm(mu[j], tau), -b, b, u[:, j]) for j in range(model.dim)])
+        return np.column_stack(
+            [_truncated_ppf(stats.norm(mu[j], tau), -b, b, u[:, j]) for j in range(model.dim)]
+        )
     if isinstance(model, Bernoulli):
         if not 0.0 <= s[0] <= n:
             raise ValueError(f"bernoulli: the number of ones must lie in [0, n={n}], got {s[0]}")
         alpha, beta = rho * (model.prior_a + s[0]), rho * (model.prior_b + n - s[0])
         # draw the smaller of p and 1 − p, where the mass is (full precision near 0 and 1)
         if alpha <= beta:
-            p = _truncated_ppf(stats.beta(alpha, beta), special.expit(-b), special.expit(b), rng.random(size))
+            p = _truncated_ppf(
+                stats.beta(alpha, beta), special.expit(-b), special.expit(b), rng.random(size)
+            )
             return (np.log(p) - np.log1p(-p))[:, None]
-        p1 = _truncated_ppf(stats.beta(beta, alpha), special.expit(-b), special.expit(b), rng.random(size))
+        p1 = _truncated_ppf(
+            stats.beta(beta, alpha), special.expit(-b), special.expit(b), rng.random(size)
+        )
         return (np.log1p(-p1) - np.log(p1))[:, None]
     if isinstance(model, Poisson):
         if not s[0] >= 0.0:
             raise ValueError(f"poisson: the sum of counts must be >= 0, got {s[0]}")
         shape, rate = rho * (model.prior_shape + s[0]), rho * (model.prior_rate + n)
-        lam = _truncated_ppf(stats.gamma(shape, scale=1.0 / rate), math.exp(-b), math.exp(b), rng.random(size))
+        lam = _truncated_ppf(
+            stats.gamma(shape, scale=1.0 / rate), math.exp(-b), math.exp(b), rng.random(size)
+        )
         return np.log(lam)[:, None]
     raise ValueError(f"model {model.name!r} has no conjugate posterior here")
 
 
-def tempered_mh_draws(rng: np.random.Generator, model: Model, records: np.ndarray, rho: float, size: int,
-                      mh_steps: int) -> np.ndarray:
+def tempered_mh_draws(
+    rng: np.random.Generator,
+    model: Model,
+    records: np.ndarray,
+    rho: float,
+    size: int,
+    mh_steps: int,
+) -> np.ndarray:
     """``size`` draws ``(size, d)`` from ∝ [p(θ) Π p(x | θ)]^ρ on Θ by exact MH on the pooled
     ``records`` (trusted curator): ``size`` independent chains from θ = 0, with a tempered
     ratio ρ Σ_x Δℓ + (ρ − 1) Δlog p(θ). The ball radius is tuned to acceptance ≈ 0.3, then
@@ -207,15 +232,9 @@ def tempered_mh_draws(rng: np.random.Generator, model: Model, records: np.ndarra
         prior = model.log_prior(theta_prop) - model.log_prior(theta)
         return rho * lik + (rho - 1.0) * prior, np.zeros(len(chains))
 
-    state = mh.init(np.zeros((size, model.dim)), model)
-    radius = 0.1
-    for _ in range(_PILOT):
-        accepted = 0.0
-        for _ in range(100):
-            state, info = mh.step(rng, state, model, radius, ratio)
-            accepted += info.accepted.mean() / 100
-        radius *= float(np.exp(accepted - 0.3) ** 3) if accepted > 0 else 0.2
-        radius = min(radius, 2.0 * model.theta_bound * math.sqrt(model.dim))
+    state, radius = mh.tune_radius(
+        rng, mh.init(np.zeros((size, model.dim)), model), model, ratio, _PILOT
+    )
     for _ in range(mh_steps):
         state, _ = mh.step(rng, state, model, radius, ratio)
     return state.theta
@@ -236,9 +255,18 @@ class OPSResult:
     trusted_curator: bool = True
 
 
-def ops(rng: np.random.Generator, model: Model, records: np.ndarray, epsilon: float, *, form: OPSForm = "wang",
-        neighbour: Neighbour = "replace_one", samples: int = 1, method: Literal["auto", "mh"] = "auto",
-        mh_steps: int = 2000) -> OPSResult:
+def ops(
+    rng: np.random.Generator,
+    model: Model,
+    records: np.ndarray,
+    epsilon: float,
+    *,
+    form: OPSForm = "wang",
+    neighbour: Neighbour = "replace_one",
+    samples: int = 1,
+    method: Literal["auto", "mh"] = "auto",
+    mh_steps: int = 2000,
+) -> OPSResult:
     """OPS (Wang et al. Alg. 1 / Foulds et al. Thm 2) on the pooled, prepared ``records``
     (TRUSTED CURATOR). Each of ``samples`` draws is ε-DP, so every owner spends
     ``samples × epsilon``. ``method="auto"`` uses the closed form for conjugate models and
@@ -255,7 +283,9 @@ def ops(rng: np.random.Generator, model: Model, records: np.ndarray, epsilon: fl
         used = "mh"
     else:
         raise ValueError(f"method must be 'auto' or 'mh', got {method!r}")
-    return OPSResult(theta[0] if samples == 1 else theta, rho, samples * float(epsilon), form, neighbour, used)
+    return OPSResult(
+        theta[0] if samples == 1 else theta, rho, samples * float(epsilon), form, neighbour, used
+    )
 
 
 # ------------------------------------------------------------------ noisy sufficient statistics
@@ -305,9 +335,17 @@ class NoisyStatsResult:
     mu: float | None
 
 
-def noisy_stats(rng: np.random.Generator, model: ExpFamModel, owner_records: Sequence[np.ndarray], epsilon: float,
-                *, neighbour: Neighbour, draws: int, mechanism: Mechanism = "laplace",
-                delta: float = 0.0) -> NoisyStatsResult:
+def noisy_stats(
+    rng: np.random.Generator,
+    model: ExpFamModel,
+    owner_records: Sequence[np.ndarray],
+    epsilon: float,
+    *,
+    neighbour: Neighbour,
+    draws: int,
+    mechanism: Mechanism = "laplace",
+    delta: float = 0.0,
+) -> NoisyStatsResult:
     """Foulds et al. §3.2: each owner releases its projected noisy Σ S(x) once; then ``draws``
     samples from the conjugate posterior given the released sums. ``mechanism="laplace"``:
     Laplace(Δ₁/ε) per component, (ε, 0)-DP. ``"gaussian"``: N(0, σ²) per component with σ
@@ -335,24 +373,55 @@ def noisy_stats(rng: np.random.Generator, model: ExpFamModel, owner_records: Seq
     total = released_arr.sum(axis=0)
     n = int(sum(len(r) for r in owner_records))
     theta = conjugate_draws(rng, model, n, total, draws)
-    return NoisyStatsResult(theta, released_arr, total, n, mechanism, neighbour, float(epsilon), float(delta),
-                            float(scale), float(sensitivity), mu)
+    return NoisyStatsResult(
+        theta,
+        released_arr,
+        total,
+        n,
+        mechanism,
+        neighbour,
+        float(epsilon),
+        float(delta),
+        float(scale),
+        float(sensitivity),
+        mu,
+    )
 
 
 # ------------------------------------------------------------------ hybrid OPS + DP-SGLD
 
 
-def hybrid_start(rng: np.random.Generator, model: Model, pooled: np.ndarray, epsilon: float, delta: float, *,
-                 sampling_rate: float, answers: int, chains: int, neighbour: Neighbour,
-                 accountant: subsampled.Accountant = "pld", ops_form: OPSForm = "wang",
-                 mh_steps: int = 2000) -> tuple[OPSResult, float]:
+def hybrid_start(
+    rng: np.random.Generator,
+    model: Model,
+    pooled: np.ndarray,
+    epsilon: float,
+    delta: float,
+    *,
+    sampling_rate: float,
+    answers: int,
+    chains: int,
+    neighbour: Neighbour,
+    accountant: subsampled.Accountant = "pld",
+    ops_form: OPSForm = "wang",
+    mh_steps: int = 2000,
+) -> tuple[OPSResult, float]:
     """The first half of Wang et al.'s Algorithm 3 and the second half's noise: OPS at ε/2 on
     the ``pooled`` records (``chains`` draws, ε/(2·chains) each; trusted curator) gives the
     chains' starts, and the returned noise multiplier σ makes ``answers`` subsampled-Gaussian
     gradient answers per owner at ``sampling_rate`` (ε/2, δ)-DP by ``accountant``."""
     eps = gaussian.check_positive("epsilon", epsilon)
-    start = ops(rng, model, pooled, eps / (2 * chains), form=ops_form, neighbour=neighbour, samples=chains,
-                mh_steps=mh_steps)
-    sigma = subsampled.calibrate_noise_multiplier(eps / 2, delta, sampling_rate, answers, neighbour=neighbour,
-                                                  accountant=accountant)
+    start = ops(
+        rng,
+        model,
+        pooled,
+        eps / (2 * chains),
+        form=ops_form,
+        neighbour=neighbour,
+        samples=chains,
+        mh_steps=mh_steps,
+    )
+    sigma = subsampled.calibrate_noise_multiplier(
+        eps / 2, delta, sampling_rate, answers, neighbour=neighbour, accountant=accountant
+    )
     return start, sigma

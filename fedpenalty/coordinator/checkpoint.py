@@ -4,7 +4,7 @@ The file is replaced atomically (write a temporary file beside it, fsync, rename
 at any moment leaves either the previous checkpoint or the new one, never a torn file.
 Resuming from it with the same owners gives exactly the chain of an uninterrupted run: the
 RNG restarts where it was, so the re-run iterations ask the same questions, and the owners
-replay their stored answers for them (DESIGN §3 invariant 2, §4).
+replay their stored answers for them (docs/design.md §3 invariant 2, §4).
 """
 
 from __future__ import annotations
@@ -12,42 +12,82 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import typing
+from dataclasses import fields, is_dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from . import expfam, mh, sgmcmc
-from .driver import Progress, State
+from .algorithms import ALGORITHMS
+from .base import ChainAlgorithm
+from .driver import Progress
 
-_SG_KINDS = {sgmcmc.SGLDState: "sgld", sgmcmc.SGHMCState: "sghmc", sgmcmc.SGNHTState: "sgnht"}
+FORMAT = "fedpenalty-checkpoint-2"
 
-FORMAT = "fedpenalty-checkpoint-1"
+#: Every chain state class by name: a checkpoint names its state class, and only these load.
+STATES: dict[str, type] = {
+    a.state.__qualname__: a.state for a in ALGORITHMS.values() if isinstance(a, ChainAlgorithm)
+}
+
+
+def _flatten(
+    state: Any, prefix: str, arrays: dict[str, np.ndarray], scalars: dict[str, Any]
+) -> None:
+    """Every field of a (nested) state dataclass: arrays into ``arrays``, numbers into
+    ``scalars``, keyed ``prefix.field``."""
+    for f in fields(state):
+        value, key = getattr(state, f.name), f"{prefix}.{f.name}"
+        if is_dataclass(value):
+            _flatten(value, key, arrays, scalars)
+        elif isinstance(value, np.ndarray):
+            arrays[key] = value
+        else:
+            scalars[key] = value.item() if isinstance(value, np.generic) else value
+
+
+def _unflatten(
+    cls: type, prefix: str, arrays: dict[str, np.ndarray], scalars: dict[str, Any]
+) -> Any:
+    """The state dataclass ``cls`` from what ``_flatten`` wrote."""
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for f in fields(cls):
+        key, kind = f"{prefix}.{f.name}", hints[f.name]
+        values[f.name] = (
+            _unflatten(kind, key, arrays, scalars)
+            if isinstance(kind, type) and is_dataclass(kind)
+            else arrays[key]
+            if key in arrays
+            else scalars[key]
+        )
+    return cls(**values)
 
 
 def save(path: Path, progress: Progress) -> None:
     """Write ``progress`` to ``path`` atomically."""
-    state = progress.state
-    chain = state.mh if isinstance(state, expfam.ExpFamState) else state
-    sg_kind = _SG_KINDS.get(type(state))
-    meta = {"format": FORMAT, "done": progress.done, "warmup": progress.warmup, "rng_state": progress.rng_state,
-            "noise_sum": progress.noise_sum, "noise_count": progress.noise_count, "iteration": chain.iteration,
-            "excess_max": progress.excess_max, "excess_steps": progress.excess_steps, "sgmcmc": sg_kind,
-            "expfam": None if chain is state else {"stats_start": state.stats_start, "stats_var": state.stats_var}}
-    arrays = {"theta": progress.theta, "queried": progress.queried, "state_theta": chain.theta}
+    arrays: dict[str, np.ndarray] = {"theta": progress.theta, "queried": progress.queried}
     if progress.accepted is not None:
         arrays["accepted"] = progress.accepted
-    if sg_kind is None:
-        arrays["state_log_prior"] = chain.log_prior
-    for extra in ("momentum", "thermostat"):
-        if hasattr(state, extra):
-            arrays[f"state_{extra}"] = getattr(state, extra)
-    if chain is not state:
-        arrays["stats"] = state.stats
+    scalars: dict[str, Any] = {}
+    _flatten(progress.state, "state", arrays, scalars)
+    meta = {
+        "format": FORMAT,
+        "done": progress.done,
+        "warmup": progress.warmup,
+        "rng_state": progress.rng_state,
+        "noise_sum": progress.noise_sum,
+        "noise_count": progress.noise_count,
+        "excess_max": progress.excess_max,
+        "excess_steps": progress.excess_steps,
+        "state_class": type(progress.state).__qualname__,
+        "state_scalars": scalars,
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            np.savez(f, meta=np.array(json.dumps(meta)), **arrays)
+            np.savez(f, meta=np.array(json.dumps(meta)), **arrays)  # type: ignore[arg-type]  # numpy's stub
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -71,21 +111,21 @@ def load(path: Path) -> Progress:
         raise ValueError(f"{path} is not a readable checkpoint ({exc})") from exc
     if meta.get("format") != FORMAT:
         raise ValueError(f"{path} is not a {FORMAT} file")
-    theta, iteration = arrays["state_theta"], meta["iteration"]
-    kind = meta.get("sgmcmc")
-    state: State
-    if kind == "sgld":
-        state = sgmcmc.SGLDState(theta, iteration)
-    elif kind == "sghmc":
-        state = sgmcmc.SGHMCState(theta, arrays["state_momentum"], iteration)
-    elif kind == "sgnht":
-        state = sgmcmc.SGNHTState(theta, arrays["state_momentum"], arrays["state_thermostat"], iteration)
-    else:
-        state = mh.MHState(theta, arrays["state_log_prior"], iteration)
-        if meta["expfam"] is not None:
-            state = expfam.ExpFamState(state, arrays["stats"], meta["expfam"]["stats_start"],
-                                       meta["expfam"]["stats_var"])
+    state_class = STATES.get(meta.get("state_class", ""))
+    if state_class is None:
+        raise ValueError(f"{path} holds a chain state of unknown kind {meta.get('state_class')!r}")
+    state = _unflatten(state_class, "state", arrays, meta["state_scalars"])
     accepted = arrays["accepted"].copy() if "accepted" in arrays else None
-    return Progress(meta["done"], meta["warmup"], state, meta["rng_state"], arrays["theta"].copy(), accepted,
-                    arrays["queried"].copy(), meta["noise_sum"], meta["noise_count"], meta.get("excess_max", 0.0),
-                    meta.get("excess_steps", 0))
+    return Progress(
+        meta["done"],
+        meta["warmup"],
+        state,
+        meta["rng_state"],
+        arrays["theta"].copy(),
+        accepted,
+        arrays["queried"].copy(),
+        meta["noise_sum"],
+        meta["noise_count"],
+        meta["excess_max"],
+        meta["excess_steps"],
+    )

@@ -1,4 +1,5 @@
-"""Penalty MH for exponential-family models from noisy sufficient statistics (DESIGN 2.2).
+"""Penalty MH for exponential-family models from noisy sufficient statistics
+(docs/design.md §2.2).
 
 Each owner releases fresh noisy copies ŝ_k = Σ_{x∈D_k} S(x) + N(0, σ_k² I); the coordinator
 forms λ̂ = (η(θ') − η(θ))ᵀ Σ_k ŝ_k − n (A(θ') − A(θ)) with noise variance
@@ -11,14 +12,19 @@ the chain runs at local speed; with B = 1 only chains whose proposal lies inside
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..models import ExpFamModel
+from ..common import SUFF_STATS
+from ..models import ExpFamModel, Model
 from . import mh
-from .oracle import Oracle
+from .base import ChainAlgorithm, ChainData, SamplingAlgorithm, Sections, StepRecord, require
+
+if TYPE_CHECKING:
+    from .oracle import Oracle
 
 #: (chains (m,), start, block) -> (Σ_k ŝ_k per chain and copy (m, block, s), Σ_k σ_k²)
 StatsFn = Callable[[np.ndarray, int, int], tuple[np.ndarray, float]]
@@ -40,8 +46,15 @@ def init(theta: np.ndarray, model: ExpFamModel) -> ExpFamState:
     return ExpFamState(state, np.zeros((len(state.theta), 0, model.stat_dim)))
 
 
-def step(rng: np.random.Generator, state: ExpFamState, model: ExpFamModel, radius: float, stats: StatsFn,
-         block: int, n_total: int) -> tuple[ExpFamState, mh.MHInfo]:
+def step(
+    rng: np.random.Generator,
+    state: ExpFamState,
+    model: ExpFamModel,
+    radius: float,
+    stats: StatsFn,
+    block: int,
+    n_total: int,
+) -> tuple[ExpFamState, mh.MHInfo]:
     """One iteration for all chains; fetches a new block of statistics when needed."""
     t = state.mh.iteration
     buffer, start, var = state.stats, state.stats_start, state.stats_var
@@ -57,7 +70,9 @@ def step(rng: np.random.Generator, state: ExpFamState, model: ExpFamModel, radiu
                 start = t
             s_hat = buffer[chains, t - start]
         d_eta = model.natural_param(theta_prop) - model.natural_param(theta)
-        lam = np.sum(d_eta * s_hat, axis=1) - n_total * (model.log_partition(theta_prop) - model.log_partition(theta))
+        lam = np.sum(d_eta * s_hat, axis=1) - n_total * (
+            model.log_partition(theta_prop) - model.log_partition(theta)
+        )
         return lam, var * np.sum(d_eta**2, axis=1)
 
     new_mh, info = mh.step(rng, state.mh, model, radius, ratio)
@@ -71,3 +86,54 @@ def oracle_stats(oracle: Oracle) -> StatsFn:
         return oracle.suff_stats(chains, start, block).total()
 
     return stats
+
+
+def kernel(
+    model: ExpFamModel, radius: float, stats: StatsFn, block: int, n_total: int
+) -> SamplingAlgorithm:
+    """The kernel with proposal ``radius`` (units of θ), statistics source and block size."""
+
+    def advance(rng: np.random.Generator, state: ExpFamState) -> tuple[ExpFamState, StepRecord]:
+        new, info = step(rng, state, model, radius, stats, block, n_total)
+        return new, mh.record(info)
+
+    return SamplingAlgorithm(lambda rng, theta0: init(theta0, model), advance, accepts=True)
+
+
+def build(model: Model, data: ChainData, *, step: float, block: int) -> SamplingAlgorithm:
+    """Penalty MH from the noisy statistics of the owners behind ``data.oracle`` (with
+    ``data.n_total``); ``step`` is the ball radius, ``block`` the copies per reply."""
+    if not isinstance(model, ExpFamModel):
+        raise ValueError(f"penalty_expfam needs an exponential-family model, not {model.name!r}")
+    if data.n_total is None:
+        raise ValueError("penalty_expfam needs the owners' public total record count n_total")
+    return kernel(
+        model, step, oracle_stats(data.require_oracle("penalty_expfam")), block, data.n_total
+    )
+
+
+def plan(sampler: Mapping[str, Any]) -> int:
+    """Answers per chain: warmup + iterations, rounded up to whole blocks."""
+    block = int(sampler["block"])
+    return -(-(int(sampler["warmup"]) + int(sampler["iterations"])) // block) * block
+
+
+def check(sections: Sections, model: Model) -> None:
+    mh.check_step(sections, model)
+    require(
+        isinstance(model, ExpFamModel),
+        "sampler.algorithm = 'penalty_expfam' needs an exponential-family "
+        f"model; {model.name!r} is not one",
+    )
+
+
+PENALTY_EXPFAM = ChainAlgorithm(
+    "penalty_expfam",
+    "penalty MH from owners' noisy sufficient statistics",
+    build,
+    ("step", "block"),
+    ExpFamState,
+    SUFF_STATS,
+    plan=plan,
+    check=check,
+)

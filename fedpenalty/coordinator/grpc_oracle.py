@@ -15,19 +15,23 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any
 
 import grpc
 import numpy as np
 
+from ..cluster.local import LocalCluster, default_owner_hosts
+from ..common import OwnerDescription, PrivacyReport
 from ..errors import ConfigError, OwnerError, OwnerUnavailable
 from ..models import Model, build_model
-from ..owner import OwnerDescription, PrivacyReport, wire
+from ..owner import wire
 from ..owner.owner_config import TlsFiles
 from ..proto import owner_pb2 as pb
 from ..proto import owner_pb2_grpc as pb_grpc
 from .oracle import Answers
+from .transport_base import Launched, OwnerSetup, Transport
 
 _RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
@@ -57,7 +61,9 @@ class _Host:
 def channel_credentials(tls: TlsFiles) -> grpc.ChannelCredentials:
     """Verify owners against ``tls.ca`` and present ``tls.cert``/``tls.key`` (for mTLS)."""
     cert, key, ca = tls.read()
-    return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+    return grpc.ssl_channel_credentials(
+        root_certificates=ca, private_key=key, certificate_chain=cert
+    )
 
 
 def check_models(owners: Sequence[OwnerDescription], model: Model) -> None:
@@ -66,14 +72,21 @@ def check_models(owners: Sequence[OwnerDescription], model: Model) -> None:
         try:
             theirs = build_model({"name": d.model, **d.model_params})
         except ConfigError as exc:
-            raise ConfigError(f"owner {d.name!r} describes a model this coordinator cannot build: {exc}") from exc
+            raise ConfigError(
+                f"owner {d.name!r} describes a model this coordinator cannot build: {exc}"
+            ) from exc
         if theirs != model:
             mine, other = model.params(), theirs.params()
-            diff = [f"{k}: owner {other.get(k)!r} vs scenario {mine.get(k)!r}" for k in sorted(set(mine) | set(other))
-                    if mine.get(k) != other.get(k)]
-            raise ConfigError(f"owner {d.name!r} serves model {d.model!r}, the scenario asks for {model.name!r}"
-                              if d.model != model.name else
-                              f"owner {d.name!r} has different {model.name} parameters: {'; '.join(diff)}")
+            diff = [
+                f"{k}: owner {other.get(k)!r} vs scenario {mine.get(k)!r}"
+                for k in sorted(set(mine) | set(other))
+                if mine.get(k) != other.get(k)
+            ]
+            raise ConfigError(
+                f"owner {d.name!r} serves model {d.model!r}, the scenario asks for {model.name!r}"
+                if d.model != model.name
+                else f"owner {d.name!r} has different {model.name} parameters: {'; '.join(diff)}"
+            )
 
 
 class GrpcOracle:
@@ -82,22 +95,33 @@ class GrpcOracle:
     ``deadline``: seconds one call may take; ``retry_seconds``: how long an unreachable host
     is retried before ``OwnerUnavailable``."""
 
-    def __init__(self, addresses: Sequence[str], model: Model | None = None, tls: TlsFiles | None = None, *,
-                 deadline: float = 60.0, retry_seconds: float = 20.0):
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        model: Model | None = None,
+        tls: TlsFiles | None = None,
+        *,
+        deadline: float = 60.0,
+        retry_seconds: float = 20.0,
+    ):
         if not addresses:
             raise ConfigError("give at least one owner address HOST:PORT")
         self.deadline, self.retry_seconds = deadline, retry_seconds
         self.session: str | None = None
         self._loop = asyncio.new_event_loop()
-        options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+        options = [
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ]
         creds = channel_credentials(tls) if tls else None
         self._hosts: list[_Host] = []
         for address in addresses:
             channel = self._run(self._open_channel(address, creds, options))
             self._hosts.append(_Host(address, channel, pb_grpc.OwnerStub(channel)))
         try:
-            replies = self._run(self._each(lambda h: self._unary(h, h.stub.Describe, pb.DescribeRequest())))
+            replies = self._run(
+                self._each(lambda h: self._unary(h, h.stub.Describe, pb.DescribeRequest()))
+            )
             for host, reply in zip(self._hosts, replies):
                 host.owners = [wire.owner_description(o) for o in reply.owners]
             names = [o.name for o in self.describe()]
@@ -121,30 +145,54 @@ class GrpcOracle:
     def describe(self) -> list[OwnerDescription]:
         return [o for h in self._hosts for o in h.owners]
 
-    def open_session(self, algorithm: str, planned_answers: int, session: str | None = None,
-                     sampling_rate: float | None = None) -> str:
+    def open_session(
+        self,
+        algorithm: str,
+        planned_answers: int,
+        session: str | None = None,
+        sampling_rate: float | None = None,
+    ) -> str:
         session = session or uuid.uuid4().hex
-        request = pb.OpenSessionRequest(session=session, algorithm=algorithm, planned_answers=planned_answers)
+        request = pb.OpenSessionRequest(
+            session=session, algorithm=algorithm, planned_answers=planned_answers
+        )
         if sampling_rate is not None:
             request.sampling_rate = sampling_rate
         self._run(self._each(lambda h: self._unary(h, h.stub.OpenSession, request)))
         self.session = session
         return session
 
-    def log_ratio(self, iteration: int, chains: np.ndarray, theta: np.ndarray, theta_prop: np.ndarray) -> Answers:
-        query = pb.LogRatioRequest(session=self._require_session(), iteration=int(iteration),
-                                   chains=np.asarray(chains).tolist(), theta=np.ravel(theta).tolist(),
-                                   theta_prop=np.ravel(theta_prop).tolist())
+    def log_ratio(
+        self, iteration: int, chains: np.ndarray, theta: np.ndarray, theta_prop: np.ndarray
+    ) -> Answers:
+        query = pb.LogRatioRequest(
+            session=self._require_session(),
+            iteration=int(iteration),
+            chains=np.asarray(chains).tolist(),
+            theta=np.ravel(theta).tolist(),
+            theta_prop=np.ravel(theta_prop).tolist(),
+        )
         return self._query(lambda r: r.log_ratio.CopyFrom(query), 1.0)
 
     def suff_stats(self, chains: np.ndarray, start: int, block: int) -> Answers:
-        query = pb.SuffStatsRequest(session=self._require_session(), chains=np.asarray(chains).tolist(),
-                                    start=int(start), block=int(block))
+        query = pb.SuffStatsRequest(
+            session=self._require_session(),
+            chains=np.asarray(chains).tolist(),
+            start=int(start),
+            block=int(block),
+        )
         return self._query(lambda r: r.suff_stats.CopyFrom(query), 1.0)
 
-    def gradient(self, iteration: int, chains: np.ndarray, theta: np.ndarray, clip: float) -> Answers:
-        query = pb.GradientRequest(session=self._require_session(), iteration=int(iteration),
-                                   chains=np.asarray(chains).tolist(), theta=np.ravel(theta).tolist(), clip=clip)
+    def gradient(
+        self, iteration: int, chains: np.ndarray, theta: np.ndarray, clip: float
+    ) -> Answers:
+        query = pb.GradientRequest(
+            session=self._require_session(),
+            iteration=int(iteration),
+            chains=np.asarray(chains).tolist(),
+            theta=np.ravel(theta).tolist(),
+            clip=clip,
+        )
         return self._query(lambda r: r.gradient.CopyFrom(query), clip)
 
     def privacy_reports(self) -> list[PrivacyReport]:
@@ -171,6 +219,10 @@ class GrpcOracle:
         if not self._loop.is_closed():
             self._run(self._close_channels())
             self._loop.close()
+
+    def simulation_diagnostics(self) -> None:
+        """Owners behind a transport never release data-dependent counters."""
+        return None
 
     # --- machinery --------------------------------------------------------------------------
     def _require_session(self) -> str:
@@ -199,7 +251,9 @@ class GrpcOracle:
         for host, reply in zip(self._hosts, replies):
             v, sd = wire.answers_arrays(reply.answers)
             if len(sd) != len(host.owners):
-                raise OwnerError(f"{host.label()} answered for {len(sd)} owners, it described {len(host.owners)}")
+                raise OwnerError(
+                    f"{host.label()} answered for {len(sd)} owners, it described {len(host.owners)}"
+                )
             values.append(v)
             noise.append(sd)
         noise_sd = np.concatenate(noise)
@@ -207,11 +261,16 @@ class GrpcOracle:
         wrong = ~np.isclose(noise_sd, declared, rtol=1e-12, atol=0.0)
         if wrong.any():
             k = int(np.argmax(wrong))
-            raise OwnerError(f"owner {self.describe()[k].name!r} answered with noise sd {noise_sd[k]:g}, but its "
-                             f"described policy gives {declared[k]:g}")
+            raise OwnerError(
+                f"owner {self.describe()[k].name!r} answered with noise sd {noise_sd[k]:g}, but "
+                f"its "
+                f"described policy gives {declared[k]:g}"
+            )
         return Answers(np.concatenate(values), noise_sd)
 
-    async def _stream_query(self, host: _Host, fill: Callable[[pb.QueryRequest], None]) -> pb.QueryReply:
+    async def _stream_query(
+        self, host: _Host, fill: Callable[[pb.QueryRequest], None]
+    ) -> pb.QueryReply:
         async def attempt() -> pb.QueryReply:
             if host.stream is None:
                 host.stream = host.stub.Query()
@@ -223,7 +282,9 @@ class GrpcOracle:
             if reply is grpc.aio.EOF:
                 raise _Dropped("the owner host ended the stream")
             if reply.id != request.id:
-                raise OwnerError(f"{host.label()} answered request {reply.id} to request {request.id}")
+                raise OwnerError(
+                    f"{host.label()} answered request {reply.id} to request {request.id}"
+                )
             return reply
 
         reply = await self._retrying(host, attempt, stream=True)
@@ -232,7 +293,9 @@ class GrpcOracle:
         return reply
 
     async def _unary(self, host: _Host, method, request):
-        return await self._retrying(host, lambda: method(request, timeout=self.deadline), stream=False)
+        return await self._retrying(
+            host, lambda: method(request, timeout=self.deadline), stream=False
+        )
 
     async def _retrying(self, host: _Host, attempt: Callable[[], Awaitable], stream: bool):
         """Run an idempotent ``attempt``, retrying transport failures for ``retry_seconds``."""
@@ -251,12 +314,14 @@ class GrpcOracle:
                 if exc.code() not in _RETRYABLE:
                     raise _owner_error(exc, host) from None
                 failure = f"{exc.code().name}: {exc.details()}"
-            except (asyncio.TimeoutError, _Dropped) as exc:
+            except (TimeoutError, _Dropped) as exc:
                 host.drop_stream()
                 failure = str(exc) or f"no reply within {self.deadline:g} s"
             if time.monotonic() + pause > give_up:
-                raise OwnerUnavailable(f"{host.label()} is unreachable after {tries} attempts over "
-                                       f"{self.retry_seconds:g} s ({failure})")
+                raise OwnerUnavailable(
+                    f"{host.label()} is unreachable after {tries} attempts over "
+                    f"{self.retry_seconds:g} s ({failure})"
+                )
             await asyncio.sleep(pause)
             pause = min(pause * 2, 1.0)
 
@@ -278,5 +343,37 @@ def _owner_error(exc: grpc.aio.AioRpcError, host: _Host) -> OwnerError:
     message = exc.details() or exc.code().name
     if wire.ERROR_KEY not in meta:
         message = f"{host.label()} refused the request: {exc.code().name}: {message}"
-    return wire.make_error(meta.get(wire.ERROR_KEY, ""), exc.code().name, f"{message} [{host.address}]",
-                           meta.get(wire.OWNER_KEY) or None, left)
+    return wire.make_error(
+        meta.get(wire.ERROR_KEY, ""),
+        exc.code().name,
+        f"{message} [{host.address}]",
+        meta.get(wire.OWNER_KEY) or None,
+        left,
+    )
+
+
+def launch(setup: OwnerSetup) -> Launched:
+    """The simulation's owners as local owner-host processes on loopback gRPC
+    (``run.owner_hosts`` of them; 0: one per CPU core but the coordinator's)."""
+    cluster = LocalCluster.start(
+        setup.folder / "owners",
+        setup.model,
+        setup.records,
+        setup.policies,
+        setup.seeds,
+        hosts=setup.run["owner_hosts"] or default_owner_hosts(),
+        names=setup.names,
+    )
+    try:
+        oracle = GrpcOracle(
+            cluster.addresses, setup.model, retry_seconds=setup.run["retry_seconds"]
+        )
+    except BaseException:
+        cluster.stop()
+        raise
+    return Launched(oracle, cluster.stop)
+
+
+GRPC = Transport(
+    "grpc", "owners as local processes on loopback gRPC (the deployed protocol)", launch
+)

@@ -1,10 +1,10 @@
-"""Metropolis–Hastings kernels with a noisy (penalised) or exact log-likelihood ratio.
+"""The penalty algorithm: Metropolis–Hastings with a noisy (penalised) log-likelihood ratio.
 
 Pure functions over immutable state, vectorised over C chains, RNG passed explicitly
-(BlackJAX style). The data enter only through a *ratio function*, so one kernel serves:
+(BlackJAX style). The data enter only through a *ratio function*, so the one MH kernel here
+also serves ``exact.py`` (a trusted curator's exact ratio, variance 0) and ``expfam.py``:
 
-* ``penalty``  (DESIGN 2.1): ratio = Σ_k λ̂_k from the owners, variance s² = Σ_k σ_k²;
-* ``exact_mh``: ratio = the exact Σ_x ℓ(x,θ') − ℓ(x,θ) of a trusted curator, variance 0.
+* ``penalty`` (docs/design.md §2.1): ratio = Σ_k λ̂_k from the owners, variance s² = Σ_k σ_k².
 
 Acceptance: min{1, exp(log p(θ')/p(θ) + λ̂ − s²/2)}. With Gaussian noise of known variance
 s² this leaves the posterior exactly invariant (Ceperley–Dewing penalty method).
@@ -15,17 +15,21 @@ independent). A proposal outside Θ is rejected before any owner is asked.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..common import LOG_RATIO
 from ..models import Model
+from .base import ChainAlgorithm, ChainData, SamplingAlgorithm, Sections, StepRecord, require
 
 if TYPE_CHECKING:
     from .oracle import Oracle
 
-#: (iteration, chains (m,), theta (m, d), theta_prop (m, d)) -> (log-ratio (m,), noise variance (m,))
+#: (iteration, chains (m,), theta (m, d), theta_prop (m, d))
+#:     -> (log-ratio (m,), noise variance (m,))
 RatioFn = Callable[[int, np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
@@ -66,7 +70,9 @@ def propose_in_ball(rng: np.random.Generator, theta: np.ndarray, radius: float) 
     return theta + direction * length[:, None]
 
 
-def step(rng: np.random.Generator, state: MHState, model: Model, radius: float, ratio: RatioFn) -> tuple[MHState, MHInfo]:
+def step(
+    rng: np.random.Generator, state: MHState, model: Model, radius: float, ratio: RatioFn
+) -> tuple[MHState, MHInfo]:
     """One MH iteration for all chains."""
     theta_prop = propose_in_ball(rng, state.theta, radius)
     log_u = np.log(rng.random(len(state.theta)))
@@ -89,16 +95,30 @@ def step(rng: np.random.Generator, state: MHState, model: Model, radius: float, 
     return MHState(theta, log_prior, state.iteration + 1), MHInfo(accepted, queried, noise_var)
 
 
-def exact_ratio(model: Model, records: np.ndarray) -> RatioFn:
-    """The trusted curator's exact log-likelihood ratio over pooled ``records`` (non-private)."""
+def tune_radius(
+    rng: np.random.Generator,
+    state: MHState,
+    model: Model,
+    ratio: RatioFn,
+    batches: int,
+    radius: float = 0.1,
+) -> tuple[MHState, float]:
+    """Pilot tuning of the ball radius: ``batches`` batches of 100 steps, each multiplying the
+    radius by exp(acceptance − 0.3)³ (by 0.2 after a batch with no acceptance), capped at the
+    diameter of Θ. Returns the state after the pilot and the radius to freeze (the chain after
+    it is then a fixed, exact kernel)."""
+    cap = 2.0 * model.theta_bound * np.sqrt(model.dim)
+    for _ in range(batches):
+        accepted = 0.0
+        for _ in range(100):
+            state, info = step(rng, state, model, radius, ratio)
+            accepted += info.accepted.mean() / 100
+        radius *= float(np.exp(accepted - 0.3) ** 3) if accepted > 0 else 0.2
+        radius = min(radius, cap)
+    return state, radius
 
-    def ratio(iteration: int, chains: np.ndarray, theta: np.ndarray, theta_prop: np.ndarray):
-        return model.log_lik_diff(records, theta, theta_prop).sum(axis=1), np.zeros(len(chains))
 
-    return ratio
-
-
-def oracle_ratio(oracle: "Oracle") -> RatioFn:
+def oracle_ratio(oracle: Oracle) -> RatioFn:
     """The penalty algorithm's ratio: Σ_k λ̂_k from all owners, with s² = Σ_k σ_k²."""
 
     def ratio(iteration: int, chains: np.ndarray, theta: np.ndarray, theta_prop: np.ndarray):
@@ -106,3 +126,45 @@ def oracle_ratio(oracle: "Oracle") -> RatioFn:
         return lam, np.full(len(chains), s2)
 
     return ratio
+
+
+def record(info: MHInfo) -> StepRecord:
+    """The driver's record of an MH step (no excess noise)."""
+    return StepRecord(info.accepted, info.queried, info.noise_var, np.zeros(len(info.queried)))
+
+
+def kernel(model: Model, radius: float, ratio: RatioFn) -> SamplingAlgorithm:
+    """The MH kernel with proposal ``radius`` (units of θ) and ``ratio`` as a built algorithm."""
+
+    def advance(rng: np.random.Generator, state: MHState) -> tuple[MHState, StepRecord]:
+        new, info = step(rng, state, model, radius, ratio)
+        return new, record(info)
+
+    return SamplingAlgorithm(lambda rng, theta0: init(theta0, model), advance, accepts=True)
+
+
+def build(model: Model, data: ChainData, *, step: float) -> SamplingAlgorithm:
+    """Penalty MH through the owners behind ``data.oracle``; ``step`` is the ball radius."""
+    return kernel(model, step, oracle_ratio(data.require_oracle("penalty")))
+
+
+def check_step(sections: Sections, model: Model) -> None:
+    """The proposal radius must not exceed what the owners answer for (privacy.max_step)."""
+    step, max_step = sections["sampler"]["step"], sections["privacy"]["max_step"]
+    if max_step is not None:
+        require(
+            step <= max_step,
+            f"sampler.step = {step:g} exceeds privacy.max_step = {max_step:g}; owners would refuse "
+            f"every query",
+        )
+
+
+PENALTY = ChainAlgorithm(
+    "penalty",
+    "penalty MH: owners' noisy log-likelihood ratios, exact chain",
+    build,
+    ("step",),
+    MHState,
+    LOG_RATIO,
+    check=check_step,
+)

@@ -1,20 +1,18 @@
 """The oracle: how the coordinator asks all owners for noisy answers, whatever the transport.
 
-Every transport (in-process, gRPC, Ray) implements ``Oracle`` and passes the same contract
-tests. Answers come back per owner together with the noise sd each owner declared, so the
-samplers can subtract the exact noise variance.
+Every transport (``transports.py``: in-process, gRPC) implements ``Oracle`` and passes the same
+contract tests (tests/test_oracle_contract.py). Answers come back per owner together with the
+noise sd each owner declared, so the samplers can subtract the exact noise variance.
 """
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
-from ..owner import OwnerDescription, OwnerNode, PrivacyReport
-from ..owner.host import OwnerHost
+from ..common import OwnerDescription, PrivacyReport
 
 
 @dataclass(frozen=True)
@@ -36,19 +34,28 @@ class Oracle(Protocol):
     def describe(self) -> list[OwnerDescription]:
         """Public facts of every owner, in a fixed order (the order of ``Answers.values``)."""
 
-    def open_session(self, algorithm: str, planned_answers: int, session: str | None = None,
-                     sampling_rate: float | None = None) -> str:
+    def open_session(
+        self,
+        algorithm: str,
+        planned_answers: int,
+        session: str | None = None,
+        sampling_rate: float | None = None,
+    ) -> str:
         """Open (or, with an existing id, resume) a session at every owner; returns its id.
         ``sgmcmc`` sessions name the owners' Poisson ``sampling_rate``."""
 
-    def log_ratio(self, iteration: int, chains: np.ndarray, theta: np.ndarray, theta_prop: np.ndarray) -> Answers:
+    def log_ratio(
+        self, iteration: int, chains: np.ndarray, theta: np.ndarray, theta_prop: np.ndarray
+    ) -> Answers:
         """Noisy log-likelihood ratios: chains ``(C,)``, theta/theta_prop ``(C, d)`` →
         values ``(K, C)``."""
 
     def suff_stats(self, chains: np.ndarray, start: int, block: int) -> Answers:
         """``block`` noisy copies of each owner's Σ S(x) per chain → values ``(K, C, block, s)``."""
 
-    def gradient(self, iteration: int, chains: np.ndarray, theta: np.ndarray, clip: float) -> Answers:
+    def gradient(
+        self, iteration: int, chains: np.ndarray, theta: np.ndarray, clip: float
+    ) -> Answers:
         """Noisy clipped gradient sums: chains ``(C,)``, theta ``(C, d)`` → values ``(K, C, d)``;
         ``noise_sd`` is σ_k·clip. Divide by the session's sampling rate for an unbiased sum."""
 
@@ -58,44 +65,10 @@ class Oracle(Protocol):
     def close(self) -> None:
         """Close the session and release the transport."""
 
+    def disconnect(self) -> None:
+        """Release the transport but leave the session open at the owners (a stopped run that
+        will be resumed)."""
 
-class InProcessOracle:
-    """Owners living in this process, served by one ``OwnerHost`` (no serialisation)."""
-
-    def __init__(self, nodes: Sequence[OwnerNode]):
-        self.host = OwnerHost(nodes)
-        self._sigma = np.array([node.policy.sigma for node in self.host.nodes])
-        self.session: str | None = None
-
-    def describe(self) -> list[OwnerDescription]:
-        return self.host.describe()
-
-    def open_session(self, algorithm: str, planned_answers: int, session: str | None = None,
-                     sampling_rate: float | None = None) -> str:
-        session = session or uuid.uuid4().hex
-        self.host.open_session(session, algorithm, planned_answers, sampling_rate)
-        self.session = session
-        return session
-
-    def _require_session(self) -> str:
-        if self.session is None:
-            raise RuntimeError("open_session must be called first")
-        return self.session
-
-    def log_ratio(self, iteration: int, chains: np.ndarray, theta: np.ndarray, theta_prop: np.ndarray) -> Answers:
-        return Answers(self.host.log_ratio(self._require_session(), iteration, chains, theta, theta_prop), self._sigma)
-
-    def suff_stats(self, chains: np.ndarray, start: int, block: int) -> Answers:
-        return Answers(self.host.suff_stats(self._require_session(), chains, start, block), self._sigma)
-
-    def gradient(self, iteration: int, chains: np.ndarray, theta: np.ndarray, clip: float) -> Answers:
-        values = self.host.gradient(self._require_session(), iteration, chains, theta, clip)
-        return Answers(values, self._sigma * clip)
-
-    def privacy_reports(self) -> list[PrivacyReport]:
-        return self.host.privacy_reports(self.session)
-
-    def close(self) -> None:
-        if self.session is not None:
-            self.host.close_session(self.session)
-            self.session = None
+    def simulation_diagnostics(self) -> dict[str, Any] | None:
+        """Data-dependent counters of simulated owners (clip binds), or None where owners never
+        release them (every deployed owner)."""

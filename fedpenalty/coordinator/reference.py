@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from ..models import Model, Reference
-from . import mh
+from . import exact, mh
+from .driver import sample
 
 #: Exact-MH reference: chains × kept draws, after as many warmup draws.
 REFERENCE_CHAINS = 8
@@ -28,19 +29,25 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fedpenalty"
 
 
-def reference_posterior(model: Model, records: np.ndarray, seed: int = 20_161_122, progress: bool = False) -> Reference:
+def reference_posterior(
+    model: Model, records: np.ndarray, seed: int = 20_161_122, progress: bool = False
+) -> Reference:
     """Posterior moments given all ``records`` pooled (trusted-curator view)."""
     closed = model.reference_posterior(records)
     if closed is not None:
         return closed
-    key = hashlib.sha256(json.dumps({"model": model.name, **model.params()}, sort_keys=True).encode())
+    key = hashlib.sha256(
+        json.dumps({"model": model.name, **model.params()}, sort_keys=True).encode()
+    )
     key.update(np.ascontiguousarray(records, dtype="<f8").tobytes())
     key.update(f"{seed}-{REFERENCE_CHAINS}-{REFERENCE_DRAWS}".encode())
     path = cache_dir() / f"reference-{key.hexdigest()[:24]}.npz"
     if path.is_file():
         with np.load(path) as cached:
             return Reference(cached["mean"], cached["sd"], "exact_mh")
-    draws = exact_mh_draws(model, records, np.random.default_rng(seed), REFERENCE_CHAINS, REFERENCE_DRAWS, progress)
+    draws = exact_mh_draws(
+        model, records, np.random.default_rng(seed), REFERENCE_CHAINS, REFERENCE_DRAWS, progress
+    )
     ref = Reference(draws.mean(axis=(0, 1)), draws.std(axis=(0, 1), ddof=1), "exact_mh")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp.npz")
@@ -49,21 +56,27 @@ def reference_posterior(model: Model, records: np.ndarray, seed: int = 20_161_12
     return ref
 
 
-def exact_mh_draws(model: Model, records: np.ndarray, rng: np.random.Generator, chains: int, draws: int,
-                   progress: bool = False) -> np.ndarray:
+def exact_mh_draws(
+    model: Model,
+    records: np.ndarray,
+    rng: np.random.Generator,
+    chains: int,
+    draws: int,
+    progress: bool = False,
+) -> np.ndarray:
     """Exact MH draws ``(chains, draws, d)``: the ball radius is tuned in a pilot phase to an
     acceptance near 0.3, then frozen (so the kept chain is a fixed, exact kernel)."""
-    from .driver import sample  # local import: driver imports this package's kernels
-
-    ratio = mh.exact_ratio(model, records)
-    state = mh.init(np.zeros((chains, model.dim)), model)
-    radius = 0.1
-    for _ in range(30):  # pilot: multiplicative tuning on 100-step batches
-        accepted = 0.0
-        for _ in range(100):
-            state, info = mh.step(rng, state, model, radius, ratio)
-            accepted += info.accepted.mean() / 100
-        radius *= float(np.exp(accepted - 0.3) ** 3) if accepted > 0 else 0.2
-    result = sample("exact_mh", model, rng, state.theta, iterations=draws, warmup=draws // 4, step=radius,
-                    records=records, progress=progress, description="reference (exact MH)")
+    ratio = exact.exact_ratio(model, records)
+    state, radius = mh.tune_radius(
+        rng, mh.init(np.zeros((chains, model.dim)), model), model, ratio, 30
+    )
+    result = sample(
+        mh.kernel(model, radius, ratio),
+        rng,
+        state.theta,
+        iterations=draws,
+        warmup=draws // 4,
+        progress=progress,
+        description="reference (exact MH)",
+    )
     return result.theta

@@ -1,18 +1,20 @@
-"""Federated SG-MCMC kernels: SGLD, SGHMC and SGNHT, with the owners' privacy noise counted
-as part of the injected noise (DESIGN §2.3; Wang, Fienberg & Smola 2015).
+"""What the federated SG-MCMC kernels share (``sgld.py``, ``sghmc.py``, ``sgnht.py``): the step
+schedule, the owners' gradient, the noise bookkeeping that counts the owners' privacy noise as
+part of the injected noise, and reflection into Θ (docs/design.md §2.3; Wang, Fienberg & Smola
+2015).
 
-Pure functions over frozen state, vectorised over C chains, with the RNG passed explicitly
-(the style of ``mh``). The data enter only through a *gradient function*
+The kernels are pure functions over frozen state, vectorised over C chains, with the RNG
+passed explicitly (the style of ``mh``). The data enter only through a *gradient function*
 
     grad(iteration, chains (m,), theta (m, d)) -> (G (m, d), s² (m,))
 
 with G = Σ_k g̃_k / q_k, the unbiased estimate of Σ_x ∇ℓ(x, θ) assembled from the owners.
 Owner k Poisson-samples its records at rate q_k, clips each sampled record's gradient to L2
-norm C_k, sums, and adds N(0, (σ_k C_k)² I) (``owner_gradient``). s² = Σ_k (σ_k C_k / q_k)²
-is the owner-noise variance on each coordinate of G. The kernel adds ∇log p(θ), so
-g = ∇log p(θ) + G. The Poisson-subsampling noise in G is data dependent and unknown to the
-coordinator; as in every SG-MCMC method it is not subtracted, and it vanishes relative to the
-injected noise as the step shrinks.
+norm C_k, sums, and adds N(0, (σ_k C_k)² I) (the owner's ``owner/gradient.py``). s² = Σ_k
+(σ_k C_k / q_k)² is the owner-noise variance on each coordinate of G. The kernel adds ∇log
+p(θ), so g = ∇log p(θ) + G. The Poisson-subsampling noise in G is data dependent and unknown
+to the coordinator; as in every SG-MCMC method it is not subtracted, and it vanishes
+relative to the injected noise as the step shrinks.
 
 Noise bookkeeping (per coordinate; the owners' noise is Gaussian with known variance s², so
 it can stand in for part of the noise each method injects):
@@ -63,13 +65,14 @@ constant step a). η has units of θ² (the drift (η/2)·g is a move in θ).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..models import Model
-from ..owner.gradient import owner_gradient
+from .base import ChainData, SamplingAlgorithm, Sections, StepRecord, require
 
 if TYPE_CHECKING:
     from .oracle import Oracle
@@ -96,11 +99,23 @@ class StepSchedule:
         if not (math.isfinite(self.gamma) and self.gamma >= 0):
             raise ValueError(f"step: gamma must be finite and >= 0, got {self.gamma!r}")
         if not math.isfinite(self.b) or (self.gamma > 0 and self.b <= 0):
-            raise ValueError(f"step: b must be finite and > 0 for a decaying schedule, got {self.b!r}")
+            raise ValueError(
+                f"step: b must be finite and > 0 for a decaying schedule, got {self.b!r}"
+            )
 
     @classmethod
     def constant(cls, step: float) -> StepSchedule:
         return cls(a=step)
+
+    @classmethod
+    def of(
+        cls, step: float, step_schedule: str, step_decay_b: float, step_decay_gamma: float
+    ) -> StepSchedule:
+        """The schedule of the ``[sampler]`` keys: ``constant`` η_t = step, or ``polynomial``
+        η_t = step · (b + t)^(−γ)."""
+        if step_schedule == "polynomial":
+            return cls(step, step_decay_b, step_decay_gamma)
+        return cls.constant(step)
 
     def __call__(self, t: int) -> float:
         if self.gamma == 0.0:
@@ -108,35 +123,11 @@ class StepSchedule:
         return float(self.a * (self.b + t) ** (-self.gamma))
 
 
-# ------------------------------------------------------------------ state and info
+#: The ``[sampler]`` keys every SG-MCMC kernel takes (``friction`` too for SGHMC and SGNHT).
+SETTINGS = ("step", "step_schedule", "step_decay_b", "step_decay_gamma", "sampling_rate", "clip")
 
 
-@dataclass(frozen=True)
-class SGLDState:
-    """``theta`` ``(C, d)`` inside Θ, and the index of the next iteration (it keys the
-    owners' replies)."""
-
-    theta: np.ndarray
-    iteration: int = 0
-
-
-@dataclass(frozen=True)
-class SGHMCState:
-    """``theta`` ``(C, d)`` inside Θ and ``momentum`` r ``(C, d)`` (mass I; θ moves by h·r)."""
-
-    theta: np.ndarray
-    momentum: np.ndarray
-    iteration: int = 0
-
-
-@dataclass(frozen=True)
-class SGNHTState:
-    """SGHMC state plus the thermostat Ξ ``(C,)`` (Ding et al.'s ξ, per unit of h-time)."""
-
-    theta: np.ndarray
-    momentum: np.ndarray
-    thermostat: np.ndarray
-    iteration: int = 0
+# ------------------------------------------------------------------ what a step did
 
 
 @dataclass(frozen=True)
@@ -176,7 +167,7 @@ def reflect(theta: np.ndarray, bound: float) -> tuple[np.ndarray, np.ndarray]:
 EXCESS_TOLERANCE = 1e-12
 
 
-def _noise_split(design_var: float, owner_var: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def noise_split(design_var: float, owner_var: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Injected variance max(design − owner, 0) and excess ratio max(owner/design − 1, 0)
     (0 within ``EXCESS_TOLERANCE``)."""
     injected = np.maximum(design_var - owner_var, 0.0)
@@ -184,7 +175,9 @@ def _noise_split(design_var: float, owner_var: np.ndarray) -> tuple[np.ndarray, 
     return injected, np.where(excess > EXCESS_TOLERANCE, excess, 0.0)
 
 
-def _gradient(state_theta: np.ndarray, iteration: int, model: Model, grad: GradFn) -> tuple[np.ndarray, np.ndarray]:
+def gradient(
+    state_theta: np.ndarray, iteration: int, model: Model, grad: GradFn
+) -> tuple[np.ndarray, np.ndarray]:
     """g = ∇log p(θ) + G for all chains, and s² ``(C,)``."""
     chains = np.arange(len(state_theta))
     lik, s2 = grad(iteration, chains, state_theta)
@@ -197,48 +190,64 @@ def _gradient(state_theta: np.ndarray, iteration: int, model: Model, grad: GradF
     return model.grad_log_prior(state_theta) + lik, s2
 
 
-def _check_finite(kernel: str, iteration: int, *arrays: np.ndarray) -> None:
+def check_finite(kernel: str, iteration: int, *arrays: np.ndarray) -> None:
     """``FloatingPointError`` when an update left a non-finite value: the discretisation is
     unstable (step too large for the curvature or the gradient noise)."""
     if not all(np.all(np.isfinite(a)) for a in arrays):
-        raise FloatingPointError(f"{kernel} diverged at iteration {iteration}: the step is too large for the "
-                                 "curvature and gradient noise; reduce it")
+        raise FloatingPointError(
+            f"{kernel} diverged at iteration {iteration}: the step is too large for the "
+            "curvature and gradient noise; reduce it"
+        )
 
 
-def _check_start(theta: np.ndarray, model: Model) -> np.ndarray:
+def check_start(theta: np.ndarray, model: Model) -> np.ndarray:
+    """``theta`` as a float ``(C, d)`` array; ``ValueError`` unless it lies inside Θ."""
     theta = np.array(theta, dtype=float, ndmin=2)
     if theta.shape[1] != model.dim or not np.all(model.in_theta_space(theta)):
         raise ValueError(f"initial points must have shape (C, {model.dim}) and lie inside Θ")
     return theta
 
 
-# ------------------------------------------------------------------ SGLD
+def record(info: SGInfo) -> StepRecord:
+    """The driver's record of an SG-MCMC step: no accept step, every chain asked."""
+    return StepRecord(
+        None,
+        np.ones(len(info.owner_noise_var), dtype=bool),
+        info.owner_noise_var,
+        info.excess_noise_ratio,
+    )
 
 
-def sgld_init(theta: np.ndarray, model: Model) -> SGLDState:
-    """Start C chains at ``theta`` ``(C, d)`` inside Θ."""
-    return SGLDState(_check_start(theta, model), 0)
+def build_kernel(
+    kernel: str,
+    model: Model,
+    data: ChainData,
+    settings: Mapping[str, Any],
+    init: Callable[[np.random.Generator, np.ndarray], Any],
+    step: Callable[[np.random.Generator, Any, StepSchedule, GradFn], tuple[Any, SGInfo]],
+) -> SamplingAlgorithm:
+    """An SG-MCMC kernel over the owners behind ``data.oracle``: ``init(rng, theta0)`` and
+    ``step(rng, state, schedule, grad)`` with the schedule and the owners' gradient built from
+    ``settings`` (``SETTINGS``)."""
+    schedule = StepSchedule.of(
+        settings["step"],
+        settings["step_schedule"],
+        settings["step_decay_b"],
+        settings["step_decay_gamma"],
+    )
+    grad = oracle_gradient(data.require_oracle(kernel), settings["sampling_rate"], settings["clip"])
+
+    def advance(rng: np.random.Generator, state: Any) -> tuple[Any, StepRecord]:
+        new, info = step(rng, state, schedule, grad)
+        return new, record(info)
+
+    return SamplingAlgorithm(init, advance, accepts=False)
 
 
-def sgld_step(rng: np.random.Generator, state: SGLDState, model: Model, schedule: StepSchedule,
-              grad: GradFn) -> tuple[SGLDState, SGInfo]:
-    """θ ← reflect(θ + (η/2) g + ζ), ζ ~ N(0, max(η − (η/2)² s², 0) I)."""
-    eta = schedule(state.iteration)
-    g, s2 = _gradient(state.theta, state.iteration, model, grad)
-    owner_var = (0.5 * eta) ** 2 * s2
-    injected, excess = _noise_split(eta, owner_var)
-    noise = np.sqrt(injected)[:, None] * rng.standard_normal(state.theta.shape)
-    moved = state.theta + 0.5 * eta * g + noise
-    _check_finite("sgld", state.iteration, moved)
-    theta, folds = reflect(moved, model.theta_bound)
-    info = SGInfo(eta, s2, owner_var, injected, excess, (folds != 0).any(axis=1))
-    return SGLDState(theta, state.iteration + 1), info
+# ------------------------------------------------------------------ momentum kernels (SGHMC, SGNHT)
 
 
-# ------------------------------------------------------------------ SGHMC
-
-
-def _check_friction(kernel: str, friction: float, h: float) -> float:
+def check_friction(kernel: str, friction: float, h: float) -> float:
     """``friction`` as a float; ``ValueError`` unless finite and > 0 with per-step friction
     h·friction ≤ 1 (SGHMC) or < ½ (SGNHT)."""
     if not (math.isfinite(friction) and friction > 0.0):
@@ -246,117 +255,102 @@ def _check_friction(kernel: str, friction: float, h: float) -> float:
     per_step = h * friction
     if (kernel == "sghmc" and per_step > 1.0) or (kernel == "sgnht" and per_step >= 0.5):
         rule = "<= 1" if kernel == "sghmc" else "< 0.5"
-        raise ValueError(f"{kernel}: per-step friction h·friction = {per_step:.4g} (h = √step) must be {rule}; "
-                         "reduce the step or the friction")
+        raise ValueError(
+            f"{kernel}: per-step friction h·friction = {per_step:.4g} (h = √step) must be {rule}; "
+            "reduce the step or the friction"
+        )
     return float(friction)
 
 
-def sghmc_init(rng: np.random.Generator, theta: np.ndarray, model: Model) -> SGHMCState:
-    """Start at ``theta`` ``(C, d)`` inside Θ with momentum r ~ N(0, I)."""
-    theta = _check_start(theta, model)
-    return SGHMCState(theta, rng.standard_normal(theta.shape), 0)
-
-
-def sghmc_step(rng: np.random.Generator, state: SGHMCState, model: Model, schedule: StepSchedule, grad: GradFn,
-               friction: float) -> tuple[SGHMCState, SGInfo]:
-    """h = √η; r ← (1 − hC) r + h g + ζ, ζ ~ N(0, max(2Ch − h² s², 0) I); θ ← reflect(θ + h r)
-    (C = ``friction`` > 0 with hC ≤ 1; reflected coordinates reverse r). ``SGInfo`` variances
-    are those of the momentum noise."""
-    eta = schedule(state.iteration)
-    h = math.sqrt(eta)
-    c = _check_friction("sghmc", friction, h)
-    g, s2 = _gradient(state.theta, state.iteration, model, grad)
-    owner_var = eta * s2
-    injected, excess = _noise_split(2.0 * c * h, owner_var)
-    noise = np.sqrt(injected)[:, None] * rng.standard_normal(state.theta.shape)
-    with np.errstate(over="ignore", invalid="ignore"):
-        momentum = (1.0 - h * c) * state.momentum + h * g + noise
-    _check_finite("sghmc", state.iteration, momentum)
-    theta, folds = reflect(state.theta + h * momentum, model.theta_bound)
-    momentum = np.where(np.fmod(folds, 2.0) != 0, -momentum, momentum)
-    info = SGInfo(eta, s2, owner_var, injected, excess, (folds != 0).any(axis=1))
-    return SGHMCState(theta, momentum, state.iteration + 1), info
-
-
-# ------------------------------------------------------------------ SGNHT
-
-
-def sgnht_init(rng: np.random.Generator, theta: np.ndarray, model: Model, friction: float) -> SGNHTState:
-    """Start at ``theta`` ``(C, d)`` inside Θ, momentum p ~ N(0, I), thermostat Ξ = A
-    (= ``friction``)."""
-    theta = _check_start(theta, model)
-    if not (math.isfinite(friction) and friction > 0.0):
-        raise ValueError(f"sgnht friction must be finite and > 0, got {friction!r}")
-    return SGNHTState(theta, rng.standard_normal(theta.shape), np.full(len(theta), float(friction)), 0)
-
-
-def sgnht_step(rng: np.random.Generator, state: SGNHTState, model: Model, schedule: StepSchedule, grad: GradFn,
-               friction: float) -> tuple[SGNHTState, SGInfo]:
-    """h = √η; p ← p − Ξ p h + h g + ζ, ζ ~ N(0, max(2Ah − h² s², 0) I); θ ← reflect(θ + h p);
-    Ξ ← Ξ + (pᵀp/d − 1) h. A = ``friction`` > 0 with hA < ½: the momentum noise per step must
-    stay below what the kinetic target E[p²] = 1 allows. ``SGInfo`` variances are those of the
-    momentum noise."""
-    eta = schedule(state.iteration)
-    h = math.sqrt(eta)
-    a = _check_friction("sgnht", friction, h)
-    g, s2 = _gradient(state.theta, state.iteration, model, grad)
-    owner_var = eta * s2
-    injected, excess = _noise_split(2.0 * a * h, owner_var)
-    noise = np.sqrt(injected)[:, None] * rng.standard_normal(state.theta.shape)
-    with np.errstate(over="ignore", invalid="ignore"):
-        momentum = state.momentum - h * state.thermostat[:, None] * state.momentum + h * g + noise
-        thermostat = state.thermostat + (np.mean(momentum * momentum, axis=1) - 1.0) * h
-    _check_finite("sgnht", state.iteration, momentum, thermostat)
-    theta, folds = reflect(state.theta + h * momentum, model.theta_bound)
-    momentum = np.where(np.fmod(folds, 2.0) != 0, -momentum, momentum)
-    info = SGInfo(eta, s2, owner_var, injected, excess, (folds != 0).any(axis=1))
-    return SGNHTState(theta, momentum, thermostat, state.iteration + 1), info
-
-
-# ------------------------------------------------------------------ the owners' side
-
-
 @dataclass(frozen=True)
-class SimulatedOwner:
-    """An owner simulated in process: its prepared ``records`` and its sampling rate q, clip C
-    and noise multiplier σ."""
+class MomentumKick:
+    """The parts of one momentum step: ``eta`` = η_t, ``h`` = √η, ``friction`` (checked), the
+    full gradient ``g`` ``(C, d)`` and the injected ``noise`` ``(C, d)``, and the partial
+    ``SGInfo`` fields (owner noise variance s², owner and injected variance, excess)."""
 
-    records: np.ndarray
-    sampling_rate: float
-    clip: float
-    noise_multiplier: float
-
-
-def owner_noise_variance(owners: list[SimulatedOwner] | tuple[SimulatedOwner, ...]) -> float:
-    """s² = Σ_k (σ_k C_k / q_k)²: the owner-noise variance on each coordinate of G."""
-    return float(sum((o.noise_multiplier * o.clip / o.sampling_rate) ** 2 for o in owners))
-
-
-def simulated_gradient(model: Model, owners: list[SimulatedOwner] | tuple[SimulatedOwner, ...],
-                       rng: np.random.Generator) -> GradFn:
-    """The gradient function of in-process owners: G = Σ_k owner_gradient(...)/q_k, with
-    s² = ``owner_noise_variance(owners)``. Every call draws fresh subsamples and noise from
-    ``rng``; the iteration and chain indices are ignored (no replay cache in simulation)."""
-    s2 = owner_noise_variance(owners)
-
-    def grad(iteration: int, chains: np.ndarray, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        total = np.zeros_like(theta, dtype=float)
-        for o in owners:
-            total += owner_gradient(model, o.records, theta, rng, o.sampling_rate, o.clip,
-                                    o.noise_multiplier) / o.sampling_rate
-        return total, np.full(len(chains), s2)
-
-    return grad
+    eta: float
+    h: float
+    friction: float
+    g: np.ndarray
+    noise: np.ndarray
+    s2: np.ndarray
+    owner_var: np.ndarray
+    injected: np.ndarray
+    excess: np.ndarray
 
 
-def oracle_gradient(oracle: "Oracle", sampling_rate: float, clip: float) -> GradFn:
+def momentum_kick(
+    rng: np.random.Generator,
+    kernel: str,
+    theta: np.ndarray,
+    iteration: int,
+    model: Model,
+    schedule: StepSchedule,
+    grad: GradFn,
+    friction: float,
+) -> MomentumKick:
+    """h = √η_t; g = ∇log p + G; momentum noise ζ ~ N(0, max(2·friction·h − h² s², 0) I): the
+    design momentum noise 2·friction·h, of which the owners supply h² s²."""
+    eta = schedule(iteration)
+    h = math.sqrt(eta)
+    c = check_friction(kernel, friction, h)
+    g, s2 = gradient(theta, iteration, model, grad)
+    owner_var = eta * s2
+    injected, excess = noise_split(2.0 * c * h, owner_var)
+    noise = np.sqrt(injected)[:, None] * rng.standard_normal(theta.shape)
+    return MomentumKick(eta, h, c, g, noise, s2, owner_var, injected, excess)
+
+
+def move(
+    kernel: str,
+    kick: MomentumKick,
+    theta: np.ndarray,
+    momentum: np.ndarray,
+    iteration: int,
+    model: Model,
+    *extra: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, SGInfo]:
+    """θ ← reflect(θ + h·momentum), with the momentum of every coordinate reflected an odd
+    number of times negated (an elastic bounce); ``FloatingPointError`` when ``momentum`` or
+    ``extra`` left the finite range. Returns θ, momentum and the step's ``SGInfo``."""
+    check_finite(kernel, iteration, momentum, *extra)
+    theta, folds = reflect(theta + kick.h * momentum, model.theta_bound)
+    momentum = np.where(np.fmod(folds, 2.0) != 0, -momentum, momentum)
+    info = SGInfo(
+        kick.eta, kick.s2, kick.owner_var, kick.injected, kick.excess, (folds != 0).any(axis=1)
+    )
+    return theta, momentum, info
+
+
+def check_momentum_friction(sections: Sections, kernel: str, limit: float, rule: str) -> None:
+    """Scenario check of SGHMC/SGNHT: sampler.friction × √(first step) within ``limit``."""
+    sampler = sections["sampler"]
+    first_step = sampler["step"] * (
+        sampler["step_decay_b"] ** -sampler["step_decay_gamma"]
+        if sampler["step_schedule"] == "polynomial"
+        else 1.0
+    )
+    per_step = math.sqrt(first_step) * sampler["friction"]
+    require(
+        per_step < limit or (rule == "at most 1" and per_step == limit),
+        f"sampler.friction × √(first step) = {per_step:.4g} must be {rule} for {kernel} "
+        "(h·friction is the friction per step); reduce sampler.step or sampler.friction",
+    )
+
+
+# ------------------------------------------------------------------ oracle
+
+
+def oracle_gradient(oracle: Oracle, sampling_rate: float, clip: float) -> GradFn:
     """The gradient function of owners behind ``oracle`` in an ``sgmcmc`` session opened at
     ``sampling_rate`` q: each owner k answers Σ over its Poisson(q) sample of ∇ℓ clipped to L2
     norm ``clip``, plus N(0, (σ_k·clip)² I), and declares its noise sd σ_k·clip. Returns
     G = Σ_k answer_k / q ``(m, d)`` and s² = Σ_k (noise sd_k / q)² per chain ``(m,)``."""
     q = float(sampling_rate)
 
-    def grad(iteration: int, chains: np.ndarray, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def grad(
+        iteration: int, chains: np.ndarray, theta: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         total, variance = oracle.gradient(iteration, chains, theta, clip).total()
         return total / q, np.full(len(chains), variance / q**2)
 

@@ -16,7 +16,9 @@ from .gaussian_mean import GaussianMean
 from .logistic import Logistic
 from .poisson import Poisson
 
-MODELS: dict[str, type[Model]] = {cls.name: cls for cls in (GaussianMean, Bernoulli, Poisson, Logistic)}
+MODELS: dict[str, type[Model]] = {
+    cls.name: cls for cls in (GaussianMean, Bernoulli, Poisson, Logistic)
+}
 
 
 def build_model(section: Mapping[str, Any]) -> Model:
@@ -24,7 +26,9 @@ def build_model(section: Mapping[str, Any]) -> Model:
     (the model's ``defaults()``). ``ConfigError`` for an unknown name or key, or a bad value."""
     known = ", ".join(sorted(MODELS))
     if not isinstance(section, Mapping):
-        raise ConfigError(f"[model] must be a table with a 'name' key, got {type(section).__name__}")
+        raise ConfigError(
+            f"[model] must be a table with a 'name' key, got {type(section).__name__}"
+        )
     if "name" not in section:
         raise ConfigError(f"[model] needs a 'name' key; known models: {known}")
     name = section["name"]
@@ -39,5 +43,16 @@ def build_model(section: Mapping[str, Any]) -> Model:
     return cls(**rest)
 
 
-__all__ = ["MODELS", "NEIGHBOURS", "Bernoulli", "ExpFamModel", "GaussianMean", "Logistic", "Model",
-           "Neighbour", "Poisson", "Reference", "build_model"]
+__all__ = [
+    "MODELS",
+    "NEIGHBOURS",
+    "Bernoulli",
+    "ExpFamModel",
+    "GaussianMean",
+    "Logistic",
+    "Model",
+    "Neighbour",
+    "Poisson",
+    "Reference",
+    "build_model",
+]

@@ -12,7 +12,6 @@ import numpy as np
 from scipy import integrate, optimize
 
 from ..errors import ConfigError, DataError
-from .base import NEIGHBOURS
 
 ParamKind = Literal["dim", "count", "positive", "real"]
 
@@ -37,12 +36,16 @@ def _check_value(model: str, key: str, value: Any, kind: ParamKind) -> int | flo
     """Validate one ``[model]`` value and return it as a plain ``int``/``float``."""
     allowed = _KIND_TEXT[kind]
     bad = ConfigError(f"[model] {model}: {key!r} must be {allowed}, got {value!r}")
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(
+        value, (int, float, np.integer, np.floating)
+    ):
         raise bad
     if kind in ("dim", "count"):
-        if isinstance(value, (float, np.floating)):
-            if not math.isfinite(value) or not float(value).is_integer():
-                raise bad
+        integral = not isinstance(value, (float, np.floating)) or (
+            math.isfinite(value) and float(value).is_integer()
+        )
+        if not integral:
+            raise bad
         ivalue = int(value)
         if ivalue < 1:
             raise bad
@@ -55,7 +58,9 @@ def _check_value(model: str, key: str, value: Any, kind: ParamKind) -> int | flo
     return fvalue
 
 
-def resolve_params(model: str, specs: Mapping[str, Param], given: Mapping[str, Any]) -> dict[str, Any]:
+def resolve_params(
+    model: str, specs: Mapping[str, Param], given: Mapping[str, Any]
+) -> dict[str, Any]:
     """Defaults overlaid with ``given``, every value validated; ``ConfigError`` on an unknown key
     or a bad value."""
     allowed = ", ".join(["name", *specs])
@@ -80,8 +85,10 @@ class Configured:
         self._setup()
         lip = self.lipschitz  # type: ignore[attr-defined]
         if not (math.isfinite(lip) and lip > 0):
-            raise ConfigError(f"[model] {self.name}: the Lipschitz bound overflows for {self._params}; "
-                              "use a smaller theta_bound / data_bound")
+            raise ConfigError(
+                f"[model] {self.name}: the Lipschitz bound overflows for {self._params}; "
+                "use a smaller theta_bound / data_bound"
+            )
 
     def _setup(self) -> None:  # pragma: no cover - every model overrides
         raise NotImplementedError
@@ -97,11 +104,6 @@ class Configured:
 
 
 # --- arrays ----------------------------------------------------------------------------------
-
-def check_neighbour(neighbour: str) -> None:
-    """``ValueError`` unless ``neighbour`` is one of ``NEIGHBOURS``."""
-    if neighbour not in NEIGHBOURS:
-        raise ValueError(f"neighbour must be one of {NEIGHBOURS}, got {neighbour!r}")
 
 
 def as_theta(theta: np.ndarray, dim: int) -> np.ndarray:
@@ -145,13 +147,17 @@ def validate_raw(raw: np.ndarray, columns: list[str], model: str) -> np.ndarray:
     if arr.ndim == 1 and p == 1:
         arr = arr.reshape(-1, 1)
     if arr.ndim != 2 or arr.shape[1] != p:
-        raise DataError(f"{model}: records must have shape (n, {p}) with columns {columns}, "
-                        f"got shape {arr.shape}")
+        raise DataError(
+            f"{model}: records must have shape (n, {p}) with columns {columns}, "
+            f"got shape {arr.shape}"
+        )
     bad = ~np.isfinite(arr)
     if bad.any():
         i, j = np.argwhere(bad)[0]
-        raise DataError(f"{model}: {int(bad.sum())} non-finite value(s); first at record {i}, "
-                        f"column {columns[j]!r}: {arr[i, j]!r}")
+        raise DataError(
+            f"{model}: {int(bad.sum())} non-finite value(s); first at record {i}, "
+            f"column {columns[j]!r}: {arr[i, j]!r}"
+        )
     return arr
 
 
@@ -160,8 +166,10 @@ def check_binary(col: np.ndarray, column: str, model: str) -> None:
     bad = (col != 0.0) & (col != 1.0)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise DataError(f"{model}: column {column!r} must be exactly 0 or 1; {int(bad.sum())} bad "
-                        f"value(s), first at record {i}: {col[i]!r}")
+        raise DataError(
+            f"{model}: column {column!r} must be exactly 0 or 1; {int(bad.sum())} bad "
+            f"value(s), first at record {i}: {col[i]!r}"
+        )
 
 
 def project_to_ball(x: np.ndarray, radius: float) -> np.ndarray:
@@ -190,7 +198,10 @@ def uniform_ball(rng: np.random.Generator, n: int, dim: int, radius: float) -> n
 
 # --- 1-D quadrature ----------------------------------------------------------------------------
 
-def log_concave_moments(logf, mode: float, lo: float, hi: float, cut: float = 60.0) -> tuple[float, float]:
+
+def log_concave_moments(
+    logf, mode: float, lo: float, hi: float, cut: float = 60.0
+) -> tuple[float, float]:
     """Mean and sd of the density ∝ exp(logf) on [lo, hi], where ``logf`` (scalar → scalar) is
     concave with maximiser ``mode`` in [lo, hi].
 

@@ -23,6 +23,13 @@ Neighbour = Literal["replace_one", "add_remove"]
 NEIGHBOURS: tuple[str, ...] = ("replace_one", "add_remove")
 
 
+def check_neighbour(neighbour: object) -> Neighbour:
+    """``neighbour`` itself; ``ValueError`` unless it is one of ``NEIGHBOURS``."""
+    if neighbour not in NEIGHBOURS:
+        raise ValueError(f"neighbour must be one of {NEIGHBOURS}, got {neighbour!r}")
+    return neighbour  # type: ignore[return-value]  # checked against NEIGHBOURS above
+
+
 @dataclass(frozen=True)
 class Reference:
     """Moments of the reference posterior over Θ, in the sampled parameterisation.
@@ -101,7 +108,9 @@ class Model(ABC):
     def log_lik(self, records: np.ndarray, theta: np.ndarray) -> np.ndarray:
         """Per-record log-likelihood ℓ(x, θ): records ``(n, p)``, theta ``(C, d)`` → ``(C, n)``."""
 
-    def log_lik_diff(self, records: np.ndarray, theta: np.ndarray, theta_prop: np.ndarray) -> np.ndarray:
+    def log_lik_diff(
+        self, records: np.ndarray, theta: np.ndarray, theta_prop: np.ndarray
+    ) -> np.ndarray:
         """ℓ(x, θ') − ℓ(x, θ) per record: ``(C, n)``. Models override this when the difference
         has a cheaper or more accurate form than two evaluations."""
         return self.log_lik(records, theta_prop) - self.log_lik(records, theta)
@@ -133,7 +142,9 @@ class Model(ABC):
         return None
 
     # --- sensitivity ---------------------------------------------------------------------
-    def log_ratio_sensitivity(self, step_norm: np.ndarray | float, neighbour: Neighbour) -> np.ndarray:
+    def log_ratio_sensitivity(
+        self, step_norm: np.ndarray | float, neighbour: Neighbour
+    ) -> np.ndarray:
         """L2 sensitivity of one owner's clipped log-likelihood-ratio sum for a move of length
         ``step_norm``: ``2 L ‖θ'-θ‖`` for replace-one, ``L ‖θ'-θ‖`` for add/remove."""
         factor = 2.0 if neighbour == "replace_one" else 1.0
@@ -156,9 +167,15 @@ class ExpFamModel(Model):
         """η(θ)ᵀS(x) − A(θ) + log h(x): records ``(n, p)``, theta ``(C, d)`` → ``(C, n)``."""
         stats = self.suff_stat(records)
         eta = self.natural_param(theta)
-        return eta @ stats.T - self.log_partition(theta)[:, None] + self.log_base_measure(records)[None, :]
+        return (
+            eta @ stats.T
+            - self.log_partition(theta)[:, None]
+            + self.log_base_measure(records)[None, :]
+        )
 
-    def log_lik_diff(self, records: np.ndarray, theta: np.ndarray, theta_prop: np.ndarray) -> np.ndarray:
+    def log_lik_diff(
+        self, records: np.ndarray, theta: np.ndarray, theta_prop: np.ndarray
+    ) -> np.ndarray:
         """(η(θ')−η(θ))ᵀS(x) − (A(θ')−A(θ)) per record: ``(C, n)`` (log h cancels exactly)."""
         stats = self.suff_stat(records)
         d_eta = self.natural_param(theta_prop) - self.natural_param(theta)

@@ -8,9 +8,17 @@ from typing import ClassVar
 import numpy as np
 from scipy.special import expit
 
-from ._util import (Configured, Param, as_point, as_prepared, as_theta, check_binary,
-                    check_neighbour, log_concave_moments, validate_raw)
-from .base import ExpFamModel, Neighbour, Reference
+from ._util import (
+    Configured,
+    Param,
+    as_point,
+    as_prepared,
+    as_theta,
+    check_binary,
+    log_concave_moments,
+    validate_raw,
+)
+from .base import ExpFamModel, Neighbour, Reference, check_neighbour
 
 
 def _softplus(t: np.ndarray | float) -> np.ndarray:

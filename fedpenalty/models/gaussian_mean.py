@@ -8,9 +8,8 @@ from typing import ClassVar
 import numpy as np
 from scipy import stats
 
-from ._util import (Configured, Param, as_point, as_prepared, as_theta, check_neighbour,
-                    project_to_ball, validate_raw)
-from .base import ExpFamModel, Neighbour, Reference
+from ._util import Configured, Param, as_point, as_prepared, as_theta, project_to_ball, validate_raw
+from .base import ExpFamModel, Neighbour, Reference, check_neighbour
 
 
 class GaussianMean(Configured, ExpFamModel):
@@ -85,7 +84,9 @@ class GaussianMean(Configured, ExpFamModel):
     def log_base_measure(self, records: np.ndarray) -> np.ndarray:
         """log h = −‖x‖²/(2σ²) − (d/2) log(2πσ²): ``(n, d)`` → ``(n,)``."""
         x = as_prepared(records, self.dim)
-        return -np.sum(x * x, axis=1) / (2.0 * self._var) - 0.5 * self.dim * math.log(2.0 * math.pi * self._var)
+        return -np.sum(x * x, axis=1) / (2.0 * self._var) - 0.5 * self.dim * math.log(
+            2.0 * math.pi * self._var
+        )
 
     def stat_sensitivity(self, neighbour: Neighbour) -> float:
         """2·data_bound (replace-one) or data_bound (add/remove)."""

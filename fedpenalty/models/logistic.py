@@ -8,8 +8,17 @@ from typing import ClassVar
 import numpy as np
 from scipy.special import expit
 
-from ._util import (Configured, Param, as_point, as_prepared, as_theta, check_binary,
-                    project_to_ball, uniform_ball, validate_raw)
+from ._util import (
+    Configured,
+    Param,
+    as_point,
+    as_prepared,
+    as_theta,
+    check_binary,
+    project_to_ball,
+    uniform_ball,
+    validate_raw,
+)
 from .base import Model
 
 

@@ -9,9 +9,16 @@ import numpy as np
 from scipy.special import gammaln
 
 from ..errors import DataError
-from ._util import (Configured, Param, as_point, as_prepared, as_theta, check_neighbour,
-                    log_concave_moments, validate_raw)
-from .base import ExpFamModel, Neighbour, Reference
+from ._util import (
+    Configured,
+    Param,
+    as_point,
+    as_prepared,
+    as_theta,
+    log_concave_moments,
+    validate_raw,
+)
+from .base import ExpFamModel, Neighbour, Reference, check_neighbour
 
 
 class Poisson(Configured, ExpFamModel):
@@ -29,7 +36,9 @@ class Poisson(Configured, ExpFamModel):
     name: ClassVar[str] = "poisson"
     PARAMS: ClassVar[dict[str, Param]] = {
         "count_bound": Param(50, "count", "counts are clipped to [0, count_bound]"),
-        "theta_bound": Param(5.0, "positive", "Θ = [-theta_bound, theta_bound] on the log-rate scale"),
+        "theta_bound": Param(
+            5.0, "positive", "Θ = [-theta_bound, theta_bound] on the log-rate scale"
+        ),
         "prior_shape": Param(1.0, "positive", "Gamma prior on the rate: shape"),
         "prior_rate": Param(1.0, "positive", "Gamma prior on the rate: rate"),
     }
@@ -60,8 +69,10 @@ class Poisson(Configured, ExpFamModel):
         bad = (x < 0) | (x != np.floor(x))
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            raise DataError(f"{self.name}: column 'x' must hold non-negative integers; "
-                            f"{int(bad.sum())} bad value(s), first at record {i}: {x[i]!r}")
+            raise DataError(
+                f"{self.name}: column 'x' must hold non-negative integers; "
+                f"{int(bad.sum())} bad value(s), first at record {i}: {x[i]!r}"
+            )
         np.minimum(arr, float(self.count_bound), out=arr)
         return arr
 

@@ -1,8 +1,8 @@
-"""Owner side: policy, ledger and the transport-independent owner node."""
+"""Owner side: the ledger, one owner's record (``OwnerNode``) and the answer path
+(``OwnerHost``), the gRPC server and OWNER.toml. Imports nothing from ``coordinator``."""
 
+from .host import OwnerHost
 from .ledger import Ledger
-from .node import OwnerDescription, OwnerNode, PrivacyReport, SpendReport
-from .policy import ALGORITHMS, LOG_RATIO, SUFF_STATS, Policy
+from .node import OwnerNode
 
-__all__ = ["ALGORITHMS", "LOG_RATIO", "SUFF_STATS", "Ledger", "OwnerDescription", "OwnerNode", "Policy",
-           "PrivacyReport", "SpendReport"]
+__all__ = ["Ledger", "OwnerHost", "OwnerNode"]

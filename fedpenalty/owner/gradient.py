@@ -1,4 +1,4 @@
-"""One owner's noisy gradient answer (federated SG-MCMC, DESIGN 2.3): pure numpy."""
+"""One owner's noisy gradient answer (federated SG-MCMC, docs/design.md §2.3): pure numpy."""
 
 from __future__ import annotations
 
@@ -9,8 +9,15 @@ import numpy as np
 from ..models import Model
 
 
-def owner_gradient(model: Model, records: np.ndarray, theta: np.ndarray, rng: np.random.Generator, q: float,
-                   clip: float, sigma: float) -> np.ndarray:
+def owner_gradient(
+    model: Model,
+    records: np.ndarray,
+    theta: np.ndarray,
+    rng: np.random.Generator,
+    q: float,
+    clip: float,
+    sigma: float,
+) -> np.ndarray:
     """One owner's noisy gradient answer for each chain: ``(C, d)``.
 
     For each row of ``theta`` ``(C, d)`` independently, include each record with probability

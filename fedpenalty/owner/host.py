@@ -5,25 +5,25 @@ validate → replay check → compute → charge → reply. Each owner keeps its
 source, policy and ledger rows; owners that share a ledger file are charged in one
 transaction, so a host of hundreds of owners pays one commit per request instead of one per
 owner. A refusal by any owner (validation, budget, replay conflict) fails the whole request
-and, within one ledger, charges nobody. A lone ``OwnerNode`` answers through a host of one.
+and, within one ledger, charges nobody. A lone ``OwnerNode`` answers through a host of one
+(``OwnerHost([node])``).
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
+from ..common import LOG_RATIO, SGMCMC, SUFF_STATS, OwnerDescription, PrivacyReport
 from ..errors import InvalidRequest, ReplayConflict
 from ..models import ExpFamModel
 from .gradient import owner_gradient
 from .ledger import Charge, SampledCharge
-from .policy import LOG_RATIO, SGMCMC, SUFF_STATS
-
-if TYPE_CHECKING:
-    from .node import OwnerDescription, OwnerNode, PrivacyReport
+from .node import OwnerNode
 
 _STATS_DIGEST = hashlib.sha256(SUFF_STATS.encode()).digest()
 
@@ -46,7 +46,7 @@ class _Normals:
         first = int(self._cursor[0])
         if np.all(self._cursor == first) and first + m <= self._buffer.shape[1]:
             self._cursor += m
-            return self._buffer[:, first:first + m]
+            return self._buffer[:, first : first + m]
         return np.stack([self.take(k, m) for k in range(len(self._rngs))])
 
     def take(self, k: int, m: int) -> np.ndarray:
@@ -56,7 +56,7 @@ class _Normals:
             self._refill(max(m, self._block))
             start = int(self._cursor[k])
         self._cursor[k] += m
-        return self._buffer[k, start:start + m]
+        return self._buffer[k, start : start + m]
 
     def _refill(self, m: int) -> None:
         """Keep every owner's unused values and draw ``m`` more for each (same width)."""
@@ -64,9 +64,9 @@ class _Normals:
         width = int(left.max()) + m
         buffer = np.empty((len(self._rngs), width))
         for k, rng in enumerate(self._rngs):
-            keep = self._buffer[k, self._cursor[k]:]
-            buffer[k, :len(keep)] = keep
-            buffer[k, len(keep):] = rng.standard_normal(width - len(keep))
+            keep = self._buffer[k, self._cursor[k] :]
+            buffer[k, : len(keep)] = keep
+            buffer[k, len(keep) :] = rng.standard_normal(width - len(keep))
         self._buffer, self._cursor = buffer, np.zeros(len(self._rngs), dtype=np.int64)
 
 
@@ -94,14 +94,24 @@ class OwnerHost:
         self._max_step = np.array([n.policy.max_step for n in nodes])
         self._max_answers = min(n.policy.max_answers_per_request for n in nodes)
         # μ per unit step of a log-ratio answer: (2 or 1)·L/σ_k
-        self._mu_per_step = np.array([float(self.model.log_ratio_sensitivity(1.0, n.policy.neighbour))
-                                      for n in nodes]) / sigma
+        self._mu_per_step = (
+            np.array(
+                [float(self.model.log_ratio_sensitivity(1.0, n.policy.neighbour)) for n in nodes]
+            )
+            / sigma
+        )
         self._by_ledger: dict[int, list[int]] = defaultdict(list)
         for i, node in enumerate(nodes):
             self._by_ledger[id(node.ledger)].append(i)
         if isinstance(self.model, ExpFamModel):
-            self._stat_sum = np.stack([n.stat_sum for n in nodes])
-            self._stat_mu = np.array([self.model.stat_sensitivity(n.policy.neighbour) for n in nodes]) / sigma
+            sums = [n.stat_sum for n in nodes]
+            assert all(
+                total is not None for total in sums
+            )  # set for every exponential-family owner
+            self._stat_sum = np.stack(sums)  # type: ignore[arg-type]
+            self._stat_mu = (
+                np.array([self.model.stat_sensitivity(n.policy.neighbour) for n in nodes]) / sigma
+            )
         self._n = np.array([len(n.records) for n in nodes], dtype=float)
         self._fast = not any(n.per_record for n in nodes)
 
@@ -109,8 +119,9 @@ class OwnerHost:
     def describe(self) -> list[OwnerDescription]:
         return [node.describe() for node in self.nodes]
 
-    def open_session(self, session: str, algorithm: str, planned_answers: int,
-                     sampling_rate: float | None = None) -> None:
+    def open_session(
+        self, session: str, algorithm: str, planned_answers: int, sampling_rate: float | None = None
+    ) -> None:
         self._checked.pop(session, None)
         for node in self.nodes:
             node.open_session(session, algorithm, planned_answers, sampling_rate)
@@ -125,8 +136,13 @@ class OwnerHost:
         id, then only confirmed to be the same open session at every owner (it may have been
         closed elsewhere)."""
         checked = self._checked.get(session) if isinstance(session, str) else None
-        if checked is not None and checked[0] == algorithm and all(
-                node.open_session_record(session) is o for node, o in zip(self.nodes, checked[1])):
+        if (
+            checked is not None
+            and checked[0] == algorithm
+            and all(
+                node.open_session_record(session) is o for node, o in zip(self.nodes, checked[1])
+            )
+        ):
             return checked[1]
         opened = [node.require_session(session, algorithm) for node in self.nodes]
         self._checked[session] = (algorithm, opened)
@@ -142,8 +158,14 @@ class OwnerHost:
         raise InvalidRequest(f"this host serves no owner named {name!r}")
 
     # --- queries ------------------------------------------------------------------------------
-    def log_ratio(self, session: str, iteration: int, chains: np.ndarray, theta: np.ndarray,
-                  theta_prop: np.ndarray) -> np.ndarray:
+    def log_ratio(
+        self,
+        session: str,
+        iteration: int,
+        chains: np.ndarray,
+        theta: np.ndarray,
+        theta_prop: np.ndarray,
+    ) -> np.ndarray:
         """Noisy clipped log-likelihood ratios ``(K, C)``.
 
         chains ``(C,)`` distinct non-negative ints; theta, theta_prop ``(C, d)`` inside Θ with
@@ -160,10 +182,19 @@ class OwnerHost:
         too_far = step[None, :] > self._max_step[:, None] * (1 + 1e-12)
         if too_far.any():
             k = int(np.argmax(too_far.any(axis=1)))
-            raise InvalidRequest(f"step ‖θ'−θ‖ = {step.max():.6g} exceeds this owner's max_step "
-                                 f"{self._max_step[k]:g}", self.names[k])
-        digests = [hashlib.sha256(LOG_RATIO.encode() + theta[c].astype("<f8").tobytes()
-                                  + theta_prop[c].astype("<f8").tobytes()).digest() for c in range(len(chains))]
+            raise InvalidRequest(
+                f"step ‖θ'−θ‖ = {step.max():.6g} exceeds this owner's max_step "
+                f"{self._max_step[k]:g}",
+                self.names[k],
+            )
+        digests = [
+            hashlib.sha256(
+                LOG_RATIO.encode()
+                + theta[c].astype("<f8").tobytes()
+                + theta_prop[c].astype("<f8").tobytes()
+            ).digest()
+            for c in range(len(chains))
+        ]
 
         exact = self._clipped_log_ratio_sums(theta, theta_prop, step)
 
@@ -174,8 +205,16 @@ class OwnerHost:
             return (exact + self._sigma[:, None] * self._normals.take_all(len(chains)))[:, :, None]
 
         mus = self._mu_per_step[:, None] * step[None, :]
-        return self._answer(session, chains, np.full(len(chains), iteration), digests, 1, fresh, mus,
-                            fresh_all=fresh_all)[:, :, 0]
+        return self._answer(
+            session,
+            chains,
+            np.full(len(chains), iteration),
+            digests,
+            1,
+            fresh,
+            mus,
+            fresh_all=fresh_all,
+        )[:, :, 0]
 
     def suff_stats(self, session: str, chains: np.ndarray, start: int, block: int) -> np.ndarray:
         """``block`` fresh noisy copies of each owner's Σ S(x) per chain: ``(K, C, block, s)``.
@@ -203,24 +242,39 @@ class OwnerHost:
             return self._stat_sum[:, None, :] + self._sigma[:, None, None] * noise
 
         mus = np.broadcast_to(self._stat_mu[:, None], (len(self.nodes), len(key_chains)))
-        out = self._answer(session, key_chains, key_iterations, [_STATS_DIGEST] * len(key_chains), s, fresh, mus,
-                           fresh_all=fresh_all)
+        out = self._answer(
+            session,
+            key_chains,
+            key_iterations,
+            [_STATS_DIGEST] * len(key_chains),
+            s,
+            fresh,
+            mus,
+            fresh_all=fresh_all,
+        )
         return out.reshape(len(self.nodes), len(chains), block, s)
 
     # --- the shared answer path ---------------------------------------------------------------
-    def _clipped_log_ratio_sums(self, theta: np.ndarray, theta_prop: np.ndarray, step: np.ndarray) -> np.ndarray:
+    def _clipped_log_ratio_sums(
+        self, theta: np.ndarray, theta_prop: np.ndarray, step: np.ndarray
+    ) -> np.ndarray:
         """``(K, C)`` exact clipped sums; all owners at once when they use sufficient statistics."""
         if not self._fast:
-            return np.stack([node.clipped_log_ratio_sum(theta, theta_prop, step) for node in self.nodes])
+            return np.stack(
+                [node.clipped_log_ratio_sum(theta, theta_prop, step) for node in self.nodes]
+            )
         m = self.model
+        assert isinstance(m, ExpFamModel)  # _fast: every owner answers from sufficient statistics
         d_eta = m.natural_param(theta_prop) - m.natural_param(theta)
         d_a = m.log_partition(theta_prop) - m.log_partition(theta)
         total = self._stat_sum @ d_eta.T - self._n[:, None] * d_a[None, :]
         bound = self._n[:, None] * (m.lipschitz * step)[None, :]
         return np.clip(total, -bound, bound)
 
-    def gradient(self, session: str, iteration: int, chains: np.ndarray, theta: np.ndarray, clip: float) -> np.ndarray:
-        """Noisy clipped gradient sums ``(K, C, d)`` (federated SG-MCMC, DESIGN 2.3).
+    def gradient(
+        self, session: str, iteration: int, chains: np.ndarray, theta: np.ndarray, clip: float
+    ) -> np.ndarray:
+        """Noisy clipped gradient sums ``(K, C, d)`` (federated SG-MCMC, docs/design.md §2.3).
 
         Owner k's answer for chain c: each record sampled with the session's Poisson rate q,
         its ∇_θ ℓ(x, θ_c) clipped to L2 norm ``clip`` (≤ the owner's ``max_clip``), summed, plus
@@ -230,33 +284,57 @@ class OwnerHost:
         opened = self._require_session(session, SGMCMC)
         rates = {o.sampling_rate for o in opened}
         if len(rates) != 1:
-            raise InvalidRequest(f"the owners of one host must share a session's sampling rate, got {sorted(rates)}",
-                                 self.label)
+            raise InvalidRequest(
+                f"the owners of one host must share a session's sampling rate, got {sorted(rates)}",
+                self.label,
+            )
         q = rates.pop()
         iteration = self._check_index("iteration", iteration)
         chains = self._check_chains(chains)
         theta = self._check_theta("theta", theta, len(chains))
-        if isinstance(clip, bool) or not isinstance(clip, (int, float, np.floating)) or not 0 < clip < np.inf:
-            raise InvalidRequest(f"clip must be a positive finite number, got {clip!r}", self.label)
-        for node in self.nodes:
-            if clip > node.policy.max_clip:
-                raise InvalidRequest(f"clip {clip:g} exceeds this owner's max_clip {node.policy.max_clip:g}", node.name)
+        clip = self._check_clip(clip)
         tag = SGMCMC.encode() + np.float64(clip).tobytes()
-        digests = [hashlib.sha256(tag + theta[c].astype("<f8").tobytes()).digest() for c in range(len(chains))]
+        digests = [
+            hashlib.sha256(tag + theta[c].astype("<f8").tobytes()).digest()
+            for c in range(len(chains))
+        ]
 
         def fresh(k: int, new: np.ndarray) -> np.ndarray:
             node = self.nodes[k]
-            return owner_gradient(self.model, node.records, theta[new], node.rng, q, float(clip), node.policy.sigma)
+            return owner_gradient(
+                self.model, node.records, theta[new], node.rng, q, clip, node.policy.sigma
+            )
 
-        sampled = SampledCharge(q, np.array([n.policy.sigma for n in self.nodes]),
-                                np.array([o.planned_answers for o in opened]), [n.policy.neighbour for n in self.nodes])
+        sampled = SampledCharge(
+            q,
+            np.array([n.policy.sigma for n in self.nodes]),
+            np.array([o.planned_answers for o in opened]),
+            [n.policy.neighbour for n in self.nodes],
+        )
         zero_mus = np.zeros((len(self.nodes), len(chains)))
-        return self._answer(session, chains, np.full(len(chains), iteration), digests, self.model.dim, fresh,
-                            zero_mus, sampled)
+        return self._answer(
+            session,
+            chains,
+            np.full(len(chains), iteration),
+            digests,
+            self.model.dim,
+            fresh,
+            zero_mus,
+            sampled,
+        )
 
-    def _answer(self, session: str, chains: np.ndarray, iterations: np.ndarray, digests: list[bytes], width: int,
-                fresh: Callable[[int, np.ndarray], np.ndarray], mus: np.ndarray,
-                sampled: SampledCharge | None = None, fresh_all: Callable[[], np.ndarray] | None = None) -> np.ndarray:
+    def _answer(
+        self,
+        session: str,
+        chains: np.ndarray,
+        iterations: np.ndarray,
+        digests: list[bytes],
+        width: int,
+        fresh: Callable[[int, np.ndarray], np.ndarray],
+        mus: np.ndarray,
+        sampled: SampledCharge | None = None,
+        fresh_all: Callable[[], np.ndarray] | None = None,
+    ) -> np.ndarray:
         """The reply ``(K, M, width)`` to keys (chains[j], iterations[j]) with query ``digests[j]``.
 
         A key an owner answered before gets its stored answer (nothing drawn, nothing charged);
@@ -269,7 +347,9 @@ class OwnerHost:
         new = np.ones(out.shape[:2], dtype=bool)
         for idx in self._by_ledger.values():
             ledger = self.nodes[idx[0]].ledger
-            stored = ledger.stored([self.names[k] for k in idx], session, int(iterations.min()), int(iterations.max()))
+            stored = ledger.stored(
+                [self.names[k] for k in idx], session, int(iterations.min()), int(iterations.max())
+            )
             if stored:
                 self._replay(stored, idx, chains, iterations, digests, out, new)
         if fresh_all is not None and new.all():
@@ -281,16 +361,44 @@ class OwnerHost:
         for idx in self._by_ledger.values():
             if new[idx].any():
                 nodes = [self.nodes[k] for k in idx]
-                part = None if sampled is None else SampledCharge(
-                    sampled.q, sampled.noise_multiplier[idx], sampled.plan[idx], [sampled.neighbour[k] for k in idx])
-                nodes[0].ledger.charge(Charge(
-                    session, [n.name for n in nodes], chains, iterations, digests, out[idx], mus[idx], new[idx],
-                    np.array([n.max_mu_squared for n in nodes]), np.array([n.policy.budget_epsilon for n in nodes]),
-                    np.array([n.policy.delta for n in nodes]), part))
+                part = (
+                    None
+                    if sampled is None
+                    else SampledCharge(
+                        sampled.q,
+                        sampled.noise_multiplier[idx],
+                        sampled.plan[idx],
+                        [sampled.neighbour[k] for k in idx],
+                    )
+                )
+                nodes[0].ledger.charge(
+                    Charge(
+                        session,
+                        [n.name for n in nodes],
+                        chains,
+                        iterations,
+                        digests,
+                        out[idx],
+                        mus[idx],
+                        new[idx],
+                        np.array([n.max_mu_squared for n in nodes]),
+                        np.array([n.policy.budget_epsilon for n in nodes]),
+                        np.array([n.policy.delta for n in nodes]),
+                        part,
+                    )
+                )
         return out
 
-    def _replay(self, stored: dict, idx: list[int], chains: np.ndarray, iterations: np.ndarray, digests: list[bytes],
-                out: np.ndarray, new: np.ndarray) -> None:
+    def _replay(
+        self,
+        stored: dict,
+        idx: list[int],
+        chains: np.ndarray,
+        iterations: np.ndarray,
+        digests: list[bytes],
+        out: np.ndarray,
+        new: np.ndarray,
+    ) -> None:
         for k in idx:
             for j, key in enumerate(zip(chains.tolist(), iterations.tolist())):
                 row = stored.get((self.names[k], *key))
@@ -298,15 +406,38 @@ class OwnerHost:
                     continue
                 if row[0] != digests[j]:
                     raise ReplayConflict(
-                        f"(session, chain {key[0]}, iteration {key[1]}) was already answered for a different query; "
-                        "an owner never gives two independent noisy answers to one query", self.names[k])
+                        f"(session, chain {key[0]}, iteration {key[1]}) was already answered for a "
+                        f"different query; "
+                        "an owner never gives two independent noisy answers to one query",
+                        self.names[k],
+                    )
                 out[k, j] = np.frombuffer(row[1], dtype="<f8")
                 new[k, j] = False
 
+    def _check_clip(self, clip: Any) -> float:
+        """``clip`` as a float; ``InvalidRequest`` unless positive, finite and within every
+        owner's ``max_clip``."""
+        number = isinstance(clip, (int, float, np.floating)) and not isinstance(clip, bool)
+        if not number or not 0 < clip < np.inf:
+            raise InvalidRequest(f"clip must be a positive finite number, got {clip!r}", self.label)
+        for node in self.nodes:
+            if clip > node.policy.max_clip:
+                raise InvalidRequest(
+                    f"clip {clip:g} exceeds this owner's max_clip {node.policy.max_clip:g}",
+                    node.name,
+                )
+        return float(clip)
+
     # --- validation ---------------------------------------------------------------------------
     def _check_index(self, what: str, value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < 2**62:
-            raise InvalidRequest(f"{what} must be a non-negative integer, got {value!r}", self.label)
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, np.integer))
+            or not 0 <= value < 2**62
+        ):
+            raise InvalidRequest(
+                f"{what} must be a non-negative integer, got {value!r}", self.label
+            )
         return int(value)
 
     def _check_chains(self, chains: Any, per_chain: int = 1) -> np.ndarray:
@@ -316,8 +447,11 @@ class OwnerHost:
         if np.any(arr < 0) or len(np.unique(arr)) != len(arr):
             raise InvalidRequest("chains must be distinct non-negative integers", self.label)
         if arr.size * per_chain > self._max_answers:
-            raise InvalidRequest(f"request asks for {arr.size * per_chain} answers; this owner answers at most "
-                                 f"{self._max_answers} per request", self.label)
+            raise InvalidRequest(
+                f"request asks for {arr.size * per_chain} answers; this owner answers at most "
+                f"{self._max_answers} per request",
+                self.label,
+            )
         return arr.astype(np.int64)
 
     def _check_theta(self, what: str, theta: Any, chains: int) -> np.ndarray:
@@ -326,11 +460,18 @@ class OwnerHost:
         except (TypeError, ValueError):
             arr = None
         if arr is None or arr.shape != (chains, self.model.dim):
-            raise InvalidRequest(f"{what} must have shape ({chains}, {self.model.dim}), got "
-                                 f"{None if arr is None else arr.shape}", self.label)
+            raise InvalidRequest(
+                f"{what} must have shape ({chains}, {self.model.dim}), got "
+                f"{None if arr is None else arr.shape}",
+                self.label,
+            )
         if not np.all(np.isfinite(arr)):
             raise InvalidRequest(f"{what} contains NaN or inf", self.label)
         if not np.all(self.model.in_theta_space(arr)):
-            raise InvalidRequest(f"{what} lies outside Θ = [-{self.model.theta_bound:g}, {self.model.theta_bound:g}]^"
-                                 f"{self.model.dim}", self.label)
+            raise InvalidRequest(
+                f"{what} lies outside Θ = [-{self.model.theta_bound:g}, "
+                f"{self.model.theta_bound:g}]^"
+                f"{self.model.dim}",
+                self.label,
+            )
         return arr

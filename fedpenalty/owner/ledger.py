@@ -2,7 +2,7 @@
 
 One transaction per request (WAL journal): the charge and the answers released are committed
 together *before* the owners reply, so a crash never leaves an answer released but not charged,
-and a restarted owner replays stored answers instead of drawing new noise (DESIGN §3,
+and a restarted owner replays stored answers instead of drawing new noise (docs/design.md §3,
 invariants 2 and 3).
 
 One file may hold the ledgers of several owners hosted by one process. To keep the cost of a
@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import BudgetExhausted, InvalidRequest, UnknownSession
+from ..models.base import Neighbour
 from ..privacy import GaussianSpend
 from ..privacy.owner_epsilon import owner_epsilon
 from ..privacy.subsampled import SubsampledGaussian
@@ -44,8 +45,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     planned_answers INTEGER NOT NULL, opened_at REAL NOT NULL, closed_at REAL, sampling_rate REAL,
     PRIMARY KEY (owner, session));
 CREATE TABLE IF NOT EXISTS answers (
-    session_id INTEGER NOT NULL, iteration INTEGER NOT NULL, chain INTEGER NOT NULL, group_id INTEGER NOT NULL,
-    digest BLOB NOT NULL, payload BLOB NOT NULL,
+    session_id INTEGER NOT NULL, iteration INTEGER NOT NULL, chain INTEGER NOT NULL,
+    group_id INTEGER NOT NULL, digest BLOB NOT NULL, payload BLOB NOT NULL,
     PRIMARY KEY (session_id, iteration, chain, group_id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS spend (
     session_id INTEGER NOT NULL, group_id INTEGER NOT NULL,
@@ -107,7 +108,7 @@ class SampledCharge:
     q: float
     noise_multiplier: np.ndarray
     plan: np.ndarray
-    neighbour: list[str]
+    neighbour: list[Neighbour]
 
 
 class Ledger:
@@ -138,7 +139,9 @@ class Ledger:
         """Integer id of an owner or session name, created on first use."""
         if name not in self._ids:
             self._db.execute("INSERT OR IGNORE INTO names(name) VALUES (?)", (name,))
-            self._ids[name] = self._db.execute("SELECT id FROM names WHERE name=?", (name,)).fetchone()[0]
+            self._ids[name] = self._db.execute(
+                "SELECT id FROM names WHERE name=?", (name,)
+            ).fetchone()[0]
         return self._ids[name]
 
     def _group(self, owner_ids: np.ndarray) -> int:
@@ -147,23 +150,31 @@ class Ledger:
         if key not in self._groups:
             blob = np.asarray(key, dtype="<i8").tobytes()
             self._db.execute("INSERT OR IGNORE INTO groups(members) VALUES (?)", (blob,))
-            self._groups[key] = self._db.execute("SELECT id FROM groups WHERE members=?", (blob,)).fetchone()[0]
+            self._groups[key] = self._db.execute(
+                "SELECT id FROM groups WHERE members=?", (blob,)
+            ).fetchone()[0]
         return self._groups[key]
 
     def _group_members(self, group_id: int) -> np.ndarray:
         if group_id not in self._members:
-            blob = self._db.execute("SELECT members FROM groups WHERE id=?", (group_id,)).fetchone()[0]
+            blob = self._db.execute(
+                "SELECT members FROM groups WHERE id=?", (group_id,)
+            ).fetchone()[0]
             self._members[group_id] = np.frombuffer(blob, dtype="<i8")
         return self._members[group_id]
 
-    def _spend(self, owner_ids: np.ndarray, session_id: int = _ALL_SESSIONS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _spend(
+        self, owner_ids: np.ndarray, session_id: int = _ALL_SESSIONS
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Spend of each owner id in ``session_id`` (default: all sessions), summed over the
         groups it belongs to: answers ``(K,)``, Σμ² ``(K,)``, max μ ``(K,)``."""
         k = len(owner_ids)
         answers, mu2, max_mu = np.zeros(k, dtype=np.int64), np.zeros(k), np.zeros(k)
         position = {int(i): j for j, i in enumerate(owner_ids)}
         for gid, a, m2, mx in self._db.execute(
-                "SELECT group_id, answers, mu_squared, max_mu FROM spend WHERE session_id=?", (session_id,)):
+            "SELECT group_id, answers, mu_squared, max_mu FROM spend WHERE session_id=?",
+            (session_id,),
+        ):
             members = self._group_members(gid)
             where = np.array([position.get(i, -1) for i in members.tolist()])
             hit = where >= 0
@@ -179,32 +190,52 @@ class Ledger:
         return GaussianSpend(int(answers[0]), float(mu2[0]), float(max_mu[0]))
 
     # --- sessions ---------------------------------------------------------------------------
-    def open_session(self, owner: str, session: str, algorithm: str, planned_answers: int,
-                     sampling_rate: float | None = None) -> None:
+    def open_session(
+        self,
+        owner: str,
+        session: str,
+        algorithm: str,
+        planned_answers: int,
+        sampling_rate: float | None = None,
+    ) -> None:
         """Record a session; re-opening an existing open session with the same algorithm and
         sampling rate is a no-op (a restarted coordinator resumes it)."""
         with self._lock:
-            row = self._db.execute("SELECT algorithm, closed_at, sampling_rate FROM sessions WHERE owner=? AND session=?",
-                                   (owner, session)).fetchone()
+            row = self._db.execute(
+                "SELECT algorithm, closed_at, sampling_rate FROM sessions WHERE owner=? AND "
+                "session=?",
+                (owner, session),
+            ).fetchone()
             if row is None:
                 self._db.execute(
-                    "INSERT INTO sessions(owner, session, algorithm, planned_answers, opened_at, sampling_rate) "
-                    "VALUES (?,?,?,?,?,?)", (owner, session, algorithm, planned_answers, time.time(), sampling_rate))
+                    "INSERT INTO sessions(owner, session, algorithm, planned_answers, opened_at, "
+                    "sampling_rate) "
+                    "VALUES (?,?,?,?,?,?)",
+                    (owner, session, algorithm, planned_answers, time.time(), sampling_rate),
+                )
             elif row[0] != algorithm or row[2] != sampling_rate:
-                raise InvalidRequest(f"session {session!r} was opened for {row[0]!r} at sampling rate {row[2]}, not "
-                                     f"{algorithm!r} at {sampling_rate}", owner)
+                raise InvalidRequest(
+                    f"session {session!r} was opened for {row[0]!r} at sampling rate {row[2]}, not "
+                    f"{algorithm!r} at {sampling_rate}",
+                    owner,
+                )
             elif row[1] is not None:
                 raise UnknownSession(f"session {session!r} is closed", owner)
 
     def close_session(self, owner: str, session: str) -> None:
         with self._lock:
-            self._db.execute("UPDATE sessions SET closed_at=? WHERE owner=? AND session=? AND closed_at IS NULL",
-                             (time.time(), owner, session))
+            self._db.execute(
+                "UPDATE sessions SET closed_at=? WHERE owner=? AND session=? AND closed_at IS NULL",
+                (time.time(), owner, session),
+            )
 
     def session(self, owner: str, session: str) -> Session | None:
         with self._lock:
-            row = self._db.execute("SELECT algorithm, planned_answers, closed_at, sampling_rate FROM sessions "
-                                   "WHERE owner=? AND session=?", (owner, session)).fetchone()
+            row = self._db.execute(
+                "SELECT algorithm, planned_answers, closed_at, sampling_rate FROM sessions "
+                "WHERE owner=? AND session=?",
+                (owner, session),
+            ).fetchone()
             if row is None:
                 return None
             spend = self._spend_of(owner, self._id(session))
@@ -217,11 +248,14 @@ class Ledger:
             return self._sampled(owner)
 
     def _sampled(self, owner: str, session_id: int | None = None) -> list[SubsampledGaussian]:
-        where, args = "WHERE owner_id=?", (self._id(owner),)
+        where, args = "WHERE owner_id=?", [self._id(owner)]
         if session_id is not None:
-            where, args = where + " AND session_id=?", args + (session_id,)
-        rows = self._db.execute(f"SELECT sampling_rate, noise_multiplier, SUM(answers) FROM sampled {where} "
-                                "GROUP BY sampling_rate, noise_multiplier", args).fetchall()
+            where, args = where + " AND session_id=?", [*args, session_id]
+        rows = self._db.execute(
+            f"SELECT sampling_rate, noise_multiplier, SUM(answers) FROM sampled {where} "
+            "GROUP BY sampling_rate, noise_multiplier",
+            args,
+        ).fetchall()
         return [SubsampledGaussian(q, sigma, int(count)) for q, sigma, count in rows]
 
     def total(self, owner: str) -> GaussianSpend:
@@ -230,21 +264,28 @@ class Ledger:
             return self._spend_of(owner)
 
     # --- answers ----------------------------------------------------------------------------
-    def stored(self, owners: list[str], session: str, first: int, last: int) -> dict[tuple[str, int, int], tuple[bytes, bytes]]:
+    def stored(
+        self, owners: list[str], session: str, first: int, last: int
+    ) -> dict[tuple[str, int, int], tuple[bytes, bytes]]:
         """Stored answers of ``owners`` in ``session`` with iteration in [first, last]:
         (owner, chain, iteration) → (digest, payload bytes of that owner). One query."""
         found: dict[tuple[str, int, int], tuple[bytes, bytes]] = {}
         with self._lock:
             by_id = {self._id(o): o for o in owners}
-            rows = self._db.execute("SELECT iteration, chain, group_id, digest, payload FROM answers "
-                                    "WHERE session_id=? AND iteration BETWEEN ? AND ?",
-                                    (self._id(session), first, last)).fetchall()
+            rows = self._db.execute(
+                "SELECT iteration, chain, group_id, digest, payload FROM answers "
+                "WHERE session_id=? AND iteration BETWEEN ? AND ?",
+                (self._id(session), first, last),
+            ).fetchall()
             for iteration, chain, gid, digest, payload in rows:
                 members = self._group_members(gid)
                 width = len(payload) // (8 * len(members))
                 for j, owner_id in enumerate(members.tolist()):
                     if owner_id in by_id:
-                        found[(by_id[owner_id], chain, iteration)] = (digest, payload[8 * width * j: 8 * width * (j + 1)])
+                        found[(by_id[owner_id], chain, iteration)] = (
+                            digest,
+                            payload[8 * width * j : 8 * width * (j + 1)],
+                        )
         return found
 
     def charge(self, c: Charge) -> None:
@@ -264,21 +305,9 @@ class Ledger:
                 if c.sampled is not None:
                     self._charge_sampled(c, owner_ids, session_id, add_answers)
                     add_answers, add_mu2, add_max = 0 * add_answers, 0 * add_mu2, 0 * add_max
-                answers_before, mu2_before, max_before = self._spend(owner_ids)
-                over = mu2_before + add_mu2 > c.max_mu_squared
-                if over.any():
-                    k = int(np.argmax(over))
-                    before = GaussianSpend(int(answers_before[k]), float(mu2_before[k]), float(max_before[k]))
-                    self._refuse(c.owners[k], before, c.mus[k][c.new[k]], float(c.budget_epsilon[k]), float(c.delta[k]))
+                self._check_gdp_limit(c, owner_ids, add_mu2)
                 full_group = self._group(owner_ids)
-                rows = []
-                for j in np.flatnonzero(c.new.any(axis=0)).tolist():
-                    members = c.new[:, j]
-                    gid = full_group if members.all() else self._group(owner_ids[members])
-                    rows.append((session_id, int(c.iterations[j]), int(c.chains[j]), gid, c.digests[j],
-                                 np.ascontiguousarray(c.payloads[members, j], dtype="<f8").tobytes()))
-                self._db.executemany("INSERT INTO answers(session_id, iteration, chain, group_id, digest, payload) "
-                                     "VALUES (?,?,?,?,?,?)", rows)
+                self._store_answers(c, owner_ids, session_id, full_group)
                 if c.sampled is None:
                     for sid in (session_id, _ALL_SESSIONS):
                         self._add_spend(sid, full_group, add_answers, add_mu2, add_max)
@@ -287,44 +316,125 @@ class Ledger:
                 self._db.execute("ROLLBACK")
                 raise
 
-    def _charge_sampled(self, c: Charge, owner_ids: np.ndarray, session_id: int, add: np.ndarray) -> None:
-        """Count subsampled-Gaussian answers, refusing past any owner's session plan."""
-        q = float(c.sampled.q)
-        counts = dict(self._db.execute("SELECT owner_id, SUM(answers) FROM sampled WHERE session_id=? GROUP BY owner_id",
-                                       (session_id,)).fetchall())
-        used = np.array([counts.get(int(i), 0) for i in owner_ids])
-        over = used + add > c.sampled.plan
+    def _check_gdp_limit(self, c: Charge, owner_ids: np.ndarray, add_mu2: np.ndarray) -> None:
+        """Refuse (``BudgetExhausted``) when some owner's μ² would pass its ``max_mu_squared``."""
+        answers_before, mu2_before, max_before = self._spend(owner_ids)
+        over = mu2_before + add_mu2 > c.max_mu_squared
         if over.any():
             k = int(np.argmax(over))
-            spent, _ = owner_epsilon(self._spend_of(c.owners[k]), self._sampled(c.owners[k]), float(c.delta[k]),
-                                     c.sampled.neighbour[k])
+            before = GaussianSpend(
+                int(answers_before[k]), float(mu2_before[k]), float(max_before[k])
+            )
+            self._refuse(
+                c.owners[k],
+                before,
+                c.mus[k][c.new[k]],
+                float(c.budget_epsilon[k]),
+                float(c.delta[k]),
+            )
+
+    def _store_answers(
+        self, c: Charge, owner_ids: np.ndarray, session_id: int, full_group: int
+    ) -> None:
+        """One row per answered key: the owners that answered it (a group) and their answers."""
+        rows = []
+        for j in np.flatnonzero(c.new.any(axis=0)).tolist():
+            members = c.new[:, j]
+            gid = full_group if members.all() else self._group(owner_ids[members])
+            payload = np.ascontiguousarray(c.payloads[members, j], dtype="<f8").tobytes()
+            rows.append(
+                (session_id, int(c.iterations[j]), int(c.chains[j]), gid, c.digests[j], payload)
+            )
+        self._db.executemany(
+            "INSERT INTO answers(session_id, iteration, chain, group_id, digest, payload) "
+            "VALUES (?,?,?,?,?,?)",
+            rows,
+        )
+
+    def _charge_sampled(
+        self, c: Charge, owner_ids: np.ndarray, session_id: int, add: np.ndarray
+    ) -> None:
+        """Count subsampled-Gaussian answers, refusing past any owner's session plan."""
+        sampled = c.sampled
+        assert sampled is not None
+        q = float(sampled.q)
+        counts = dict(
+            self._db.execute(
+                "SELECT owner_id, SUM(answers) FROM sampled WHERE session_id=? GROUP BY owner_id",
+                (session_id,),
+            ).fetchall()
+        )
+        used = np.array([counts.get(int(i), 0) for i in owner_ids])
+        over = used + add > sampled.plan
+        if over.any():
+            k = int(np.argmax(over))
+            spent, _ = owner_epsilon(
+                self._spend_of(c.owners[k]),
+                self._sampled(c.owners[k]),
+                float(c.delta[k]),
+                sampled.neighbour[k],
+            )
             left = max(float(c.budget_epsilon[k]) - spent, 0.0)
             raise BudgetExhausted(
-                f"privacy budget: this session's plan of {int(c.sampled.plan[k])} gradient answers (the most the "
-                f"owner's budget was checked for when the session opened) is used up ({int(used[k])} answered; "
-                f"ε {left:.4g} left of the budget for a new session)", c.owners[k], epsilon_left=left)
+                f"privacy budget: this session's plan of {int(sampled.plan[k])} gradient answers "
+                f"(the most the "
+                f"owner's budget was checked for when the session opened) is used up "
+                f"({int(used[k])} answered; "
+                f"ε {left:.4g} left of the budget for a new session)",
+                c.owners[k],
+                epsilon_left=left,
+            )
         self._db.executemany(
-            "INSERT INTO sampled(session_id, owner_id, sampling_rate, noise_multiplier, answers) VALUES (?,?,?,?,?) "
-            "ON CONFLICT(session_id, owner_id, sampling_rate, noise_multiplier) DO UPDATE SET answers=answers+excluded.answers",
-            [(session_id, int(i), q, float(sigma), int(a)) for i, sigma, a in zip(owner_ids, c.sampled.noise_multiplier, add)
-             if a > 0])
+            "INSERT INTO sampled(session_id, owner_id, sampling_rate, noise_multiplier, answers) "
+            "VALUES (?,?,?,?,?) "
+            "ON CONFLICT(session_id, owner_id, sampling_rate, noise_multiplier) DO UPDATE SET "
+            "answers=answers+excluded.answers",
+            [
+                (session_id, int(i), q, float(sigma), int(a))
+                for i, sigma, a in zip(owner_ids, sampled.noise_multiplier, add)
+                if a > 0
+            ],
+        )
 
-    def _add_spend(self, session_id: int, group_id: int, answers: np.ndarray, mu2: np.ndarray, max_mu: np.ndarray) -> None:
-        row = self._db.execute("SELECT answers, mu_squared, max_mu FROM spend WHERE session_id=? AND group_id=?",
-                               (session_id, group_id)).fetchone()
+    def _add_spend(
+        self,
+        session_id: int,
+        group_id: int,
+        answers: np.ndarray,
+        mu2: np.ndarray,
+        max_mu: np.ndarray,
+    ) -> None:
+        row = self._db.execute(
+            "SELECT answers, mu_squared, max_mu FROM spend WHERE session_id=? AND group_id=?",
+            (session_id, group_id),
+        ).fetchone()
         if row is not None:
             answers = answers + np.frombuffer(row[0], "<i8")
             mu2 = mu2 + np.frombuffer(row[1], "<f8")
             max_mu = np.maximum(max_mu, np.frombuffer(row[2], "<f8"))
-        self._db.execute("INSERT OR REPLACE INTO spend(session_id, group_id, answers, mu_squared, max_mu) "
-                         "VALUES (?,?,?,?,?)", (session_id, group_id, answers.astype("<i8").tobytes(),
-                                                mu2.astype("<f8").tobytes(), max_mu.astype("<f8").tobytes()))
+        self._db.execute(
+            "INSERT OR REPLACE INTO spend(session_id, group_id, answers, mu_squared, max_mu) "
+            "VALUES (?,?,?,?,?)",
+            (
+                session_id,
+                group_id,
+                answers.astype("<i8").tobytes(),
+                mu2.astype("<f8").tobytes(),
+                max_mu.astype("<f8").tobytes(),
+            ),
+        )
 
     @staticmethod
-    def _refuse(owner: str, before: GaussianSpend, mus: np.ndarray, budget_epsilon: float, delta: float) -> None:
+    def _refuse(
+        owner: str, before: GaussianSpend, mus: np.ndarray, budget_epsilon: float, delta: float
+    ) -> None:
         eps_before = before.epsilon(delta)
         left = max(budget_epsilon - eps_before, 0.0)
         raise BudgetExhausted(
-            f"privacy budget exhausted: {len(mus)} more answers would take ε from {eps_before:.4g} to "
-            f"{before.add(mus).epsilon(delta):.4g} at δ={delta:g}, past the budget ε={budget_epsilon:g} ({left:.4g} left)",
-            owner, epsilon_left=left)
+            f"privacy budget exhausted: {len(mus)} more answers would take ε from {eps_before:.4g} "
+            f"to "
+            f"{before.add(mus).epsilon(delta):.4g} at δ={delta:g}, past the budget "
+            f"ε={budget_epsilon:g} ({left:.4g} left)",
+            owner,
+            epsilon_left=left,
+        )

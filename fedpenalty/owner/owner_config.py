@@ -17,35 +17,54 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from ..config import _one_of, _optional, _positive, _positive_int, _probability, _rate, _string
+from pydantic import Field
+
+from ..common import Policy
 from ..data import load_records
 from ..errors import ConfigError
 from ..models import Model, build_model
-from ..models.base import NEIGHBOURS
-from . import Ledger, OwnerNode, Policy
+from ..schema import NonEmptyStr, PositiveInt, Section, one_of, validate_file
+from .ledger import Ledger
+from .node import OwnerNode
 
 
-_POLICY = Policy()
-SCHEMA = {
-    "data": {"path": (None, _string)},
-    "privacy": {
-        "sigma": (_POLICY.sigma, _positive), "max_step": (_POLICY.max_step, _positive),
-        "budget_epsilon": (_POLICY.budget_epsilon, _positive), "delta": (_POLICY.delta, _probability),
-        "neighbour": (_POLICY.neighbour, _one_of(*NEIGHBOURS)),
-        "max_answers_per_request": (_POLICY.max_answers_per_request, _positive_int),
-        "max_sampling_rate": (_POLICY.max_sampling_rate, _rate),
-        "max_clip": (_POLICY.max_clip, _positive),
-    },
-    "server": {
-        "name": (None, _optional(_string)), "listen": ("127.0.0.1:50051", _string),
-        "ledger": (None, _optional(_string)), "tls_cert": (None, _optional(_string)),
-        "tls_key": (None, _optional(_string)), "tls_ca": (None, _optional(_string)),
-        "synchronous": ("FULL", _one_of("FULL", "NORMAL")),
-        "max_message_bytes": (4 * 1024 * 1024, _positive_int)
-    },
-}
+class DataSection(Section):
+    path: NonEmptyStr = Field(
+        description="one CSV or NPZ file of the owner's records, relative "
+        'to this file (e.g. "records.csv")'
+    )
+
+
+class ServerSection(Section):
+    name: NonEmptyStr | None = Field(
+        default=None, description="the owner's name (default: the file's stem)"
+    )
+    listen: NonEmptyStr = Field(
+        default="127.0.0.1:50051", description="HOST:PORT the server listens on"
+    )
+    ledger: NonEmptyStr | None = Field(
+        default=None, description="the owner's SQLite ledger (default: <name>-ledger.sqlite)"
+    )
+    tls_cert: NonEmptyStr | None = Field(default=None, description="PEM certificate of the server")
+    tls_key: NonEmptyStr | None = Field(default=None, description="PEM private key of the server")
+    tls_ca: NonEmptyStr | None = Field(
+        default=None, description="PEM CA that signs client certificates (mutual TLS)"
+    )
+    synchronous: Annotated[str, one_of("FULL", "NORMAL")] = Field(
+        default="FULL", description="SQLite synchronous mode of the ledger"
+    )
+    max_message_bytes: PositiveInt = Field(
+        default=4 * 1024 * 1024, description="largest gRPC message received or sent"
+    )
+
+
+class OwnerFile(Section):
+    model: dict[str, Any] = Field(description="the scenario's [model] table")
+    data: DataSection = Field(description="the owner's records")
+    privacy: Policy = Field(default=Policy(), description="the owner's policy (common.Policy)")
+    server: ServerSection = ServerSection()
 
 
 @dataclass(frozen=True)
@@ -60,7 +79,8 @@ class TlsFiles:
 
     def read(self) -> tuple[bytes, bytes, bytes | None]:
         try:
-            return self.cert.read_bytes(), self.key.read_bytes(), self.ca.read_bytes() if self.ca else None
+            ca = self.ca.read_bytes() if self.ca else None
+            return self.cert.read_bytes(), self.key.read_bytes(), ca
         except OSError as exc:
             raise ConfigError(f"cannot read TLS file: {exc}") from exc
 
@@ -80,7 +100,9 @@ class OwnerConfig:
     max_message_bytes: int
 
 
-def load_owner_config(path: str | Path, listen: str | None = None, ledger: str | None = None) -> OwnerConfig:
+def load_owner_config(
+    path: str | Path, listen: str | None = None, ledger: str | None = None
+) -> OwnerConfig:
     """Read and validate OWNER.toml; ``listen``/``ledger`` override ``[server]``."""
     path = Path(path)
     try:
@@ -89,45 +111,39 @@ def load_owner_config(path: str | Path, listen: str | None = None, ledger: str |
         raise ConfigError(f"cannot read owner file {path}: {exc}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML ({exc})") from exc
-    unknown = sorted(set(raw) - {"model", *SCHEMA})
-    if unknown:
-        raise ConfigError(f"{path}: unknown section [{unknown[0]}]; allowed: [model], [data], [privacy], [server]")
-    for section in ("model", "data"):
-        if not isinstance(raw.get(section), dict):
-            raise ConfigError(f"{path}: needs a [{section}] table")
     try:
-        model = build_model(raw["model"])
-        values = {s: _section(s, raw.get(s, {})) for s in SCHEMA}
+        owner = validate_file(OwnerFile, raw)
+        model = build_model(owner.model)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from exc
-    data, privacy, server = values["data"], values["privacy"], values["server"]
-    if data["path"] is None:
-        raise ConfigError(f"{path}: [data] needs path = \"records.csv\" (one CSV or NPZ file)")
-    base = path.parent
-    name = server["name"] or path.stem
-    tls_keys = [server[k] for k in ("tls_cert", "tls_key")]
-    if any(tls_keys) and not all(tls_keys) or server["tls_ca"] and not all(tls_keys):
-        raise ConfigError(f"{path}: TLS needs both server.tls_cert and server.tls_key (and server.tls_ca for mTLS)")
-    tls = TlsFiles(base / server["tls_cert"], base / server["tls_key"],
-                   base / server["tls_ca"] if server["tls_ca"] else None) if all(tls_keys) else None
-    return OwnerConfig(
-        name=name, model=model, data_path=base / data["path"], policy=Policy(**privacy),
-        listen=listen or server["listen"], ledger=Path(ledger) if ledger else base / (server["ledger"] or f"{name}-ledger.sqlite"),
-        synchronous=server["synchronous"], tls=tls, max_message_bytes=server["max_message_bytes"],
+    server, base = owner.server, path.parent
+    name = server.name or path.stem
+    cert, key, ca = server.tls_cert, server.tls_key, server.tls_ca
+    if (cert is None) != (key is None) or (ca and not cert):
+        raise ConfigError(
+            f"{path}: TLS needs both server.tls_cert and server.tls_key "
+            "(and server.tls_ca for mTLS)"
+        )
+    tls = (
+        None
+        if cert is None or key is None
+        else TlsFiles(base / cert, base / key, base / ca if ca else None)
     )
-
-
-def _section(section: str, given: Any) -> dict[str, Any]:
-    if not isinstance(given, dict):
-        raise ConfigError(f"[{section}] must be a table of keys")
-    keys = SCHEMA[section]
-    unknown = sorted(set(given) - set(keys))
-    if unknown:
-        raise ConfigError(f"unknown key {section}.{unknown[0]}; allowed keys in [{section}]: {', '.join(keys)}")
-    return {k: check(f"{section}.{k}", given[k]) if k in given else default for k, (default, check) in keys.items()}
+    return OwnerConfig(
+        name=name,
+        model=model,
+        data_path=base / owner.data.path,
+        policy=owner.privacy,
+        listen=listen or server.listen,
+        ledger=Path(ledger) if ledger else base / (server.ledger or f"{name}-ledger.sqlite"),
+        synchronous=server.synchronous,
+        tls=tls,
+        max_message_bytes=server.max_message_bytes,
+    )
 
 
 def build_node(config: OwnerConfig, ledger: Ledger) -> OwnerNode:
     """The owner node of ``config`` on ``ledger`` (its data loaded and validated; noise from
     fresh OS entropy)."""
-    return OwnerNode(config.name, config.model, load_records(config.data_path, config.model), config.policy, ledger)
+    records = load_records(config.data_path, config.model)
+    return OwnerNode(config.name, config.model, records, config.policy, ledger)

@@ -13,8 +13,8 @@ import asyncio
 import logging
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import grpc
 import numpy as np
@@ -45,17 +45,26 @@ class OwnerServicer(pb_grpc.OwnerServicer):
     # --- the host's operations on decoded messages -------------------------------------------
     def _log_ratio(self, r: pb.LogRatioRequest) -> pb.Answers:
         chains = np.asarray(r.chains, dtype=np.int64)
-        values = self.host.log_ratio(r.session, r.iteration, chains, wire.rows(r.theta, len(chains), "theta"),
-                                     wire.rows(r.theta_prop, len(chains), "theta_prop"))
+        values = self.host.log_ratio(
+            r.session,
+            r.iteration,
+            chains,
+            wire.rows(r.theta, len(chains), "theta"),
+            wire.rows(r.theta_prop, len(chains), "theta_prop"),
+        )
         return wire.answers_message(values, self._noise_sd)
 
     def _suff_stats(self, r: pb.SuffStatsRequest) -> pb.Answers:
-        values = self.host.suff_stats(r.session, np.asarray(r.chains, dtype=np.int64), r.start, r.block)
+        values = self.host.suff_stats(
+            r.session, np.asarray(r.chains, dtype=np.int64), r.start, r.block
+        )
         return wire.answers_message(values, self._noise_sd)
 
     def _gradient(self, r: pb.GradientRequest) -> pb.Answers:
         chains = np.asarray(r.chains, dtype=np.int64)
-        values = self.host.gradient(r.session, r.iteration, chains, wire.rows(r.theta, len(chains), "theta"), r.clip)
+        values = self.host.gradient(
+            r.session, r.iteration, chains, wire.rows(r.theta, len(chains), "theta"), r.clip
+        )
         return wire.answers_message(values, self._noise_sd * r.clip)
 
     # --- unary RPCs -----------------------------------------------------------------------
@@ -64,11 +73,22 @@ class OwnerServicer(pb_grpc.OwnerServicer):
 
     async def OpenSession(self, request, context):
         rate = request.sampling_rate if request.HasField("sampling_rate") else None
-        await _unary(context, lambda: self.host.open_session(request.session, request.algorithm,
-                                                             request.planned_answers, rate))
-        log.info("session %s: %s%s, plan of %d answers per owner, %d owner(s) [%s], from %s", request.session,
-                 request.algorithm, "" if rate is None else f" at sampling rate {rate:g}", request.planned_answers,
-                 len(self._names), ", ".join(self._names), context.peer())
+        await _unary(
+            context,
+            lambda: self.host.open_session(
+                request.session, request.algorithm, request.planned_answers, rate
+            ),
+        )
+        log.info(
+            "session %s: %s%s, plan of %d answers per owner, %d owner(s) [%s], from %s",
+            request.session,
+            request.algorithm,
+            "" if rate is None else f" at sampling rate {rate:g}",
+            request.planned_answers,
+            len(self._names),
+            ", ".join(self._names),
+            context.peer(),
+        )
         return pb.OpenSessionReply()
 
     async def CloseSession(self, request, context):
@@ -112,36 +132,61 @@ async def _unary(context: grpc.aio.ServicerContext, call: Callable):
     try:
         return call()
     except OwnerError as exc:
-        await context.abort(getattr(grpc.StatusCode, exc.grpc_code), str(exc), wire.refusal_metadata(exc))
+        await context.abort(
+            getattr(grpc.StatusCode, exc.grpc_code), str(exc), wire.refusal_metadata(exc)
+        )
 
 
 def server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:
     """TLS with the server's certificate; with ``tls.ca``, client certificates signed by that CA
     are required (mutual TLS) and every other client is rejected during the handshake."""
     cert, key, ca = tls.read()
-    return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=ca is not None)
+    return grpc.ssl_server_credentials(
+        [(key, cert)], root_certificates=ca, require_client_auth=ca is not None
+    )
 
 
-async def start(host: OwnerHost, listen: str, tls: TlsFiles | None = None,
-                max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> tuple[grpc.aio.Server, int, HealthServicer]:
+async def start(
+    host: OwnerHost,
+    listen: str,
+    tls: TlsFiles | None = None,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+) -> tuple[grpc.aio.Server, int, HealthServicer]:
     """Start serving ``host`` on ``listen`` (HOST:PORT; port 0 picks a free one). Returns the
     server, the bound port and the health servicer."""
-    options = [("grpc.max_receive_message_length", max_message_bytes),
-               ("grpc.max_send_message_length", max_message_bytes), ("grpc.so_reuseport", 0)]
+    options = [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.so_reuseport", 0),
+    ]
     server = grpc.aio.server(options=options)
     pb_grpc.add_OwnerServicer_to_server(OwnerServicer(host), server)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection(
-        [SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server)
+        [
+            SERVICE,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ],
+        server,
+    )
     try:
-        port = server.add_secure_port(listen, server_credentials(tls)) if tls else server.add_insecure_port(listen)
+        port = (
+            server.add_secure_port(listen, server_credentials(tls))
+            if tls
+            else server.add_insecure_port(listen)
+        )
     except RuntimeError as exc:
         raise ConfigError(f"cannot listen on {listen!r}: {exc}") from exc
     await server.start()
     for name in ("", SERVICE):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
-    mode = "off" if tls is None else ("mutual (client certificates required)" if tls.ca else "server-only")
+    mode = (
+        "off"
+        if tls is None
+        else ("mutual (client certificates required)" if tls.ca else "server-only")
+    )
     log.info("serving %d owner(s) on %s (TLS %s)", len(host.describe()), _bound(listen, port), mode)
     return server, port, health
 
@@ -156,8 +201,13 @@ def _bound(listen: str, port: int) -> str:
     return f"{listen.rsplit(':', 1)[0]}:{port}"
 
 
-def serve(host: OwnerHost, listen: str, tls: TlsFiles | None = None,
-          max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, port_file: Path | None = None) -> None:
+def serve(
+    host: OwnerHost,
+    listen: str,
+    tls: TlsFiles | None = None,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    port_file: Path | None = None,
+) -> None:
     """Serve until SIGTERM or SIGINT, then stop cleanly. ``port_file``: written (atomically)
     with the bound port once serving — how a launcher learns a port picked with ``:0``."""
 
@@ -182,22 +232,32 @@ class ServerThread:
     """An owner server on its own event loop in a background thread of this process (tests,
     embedding). ``port`` is the bound port; ``close()`` stops it."""
 
-    def __init__(self, host: OwnerHost, listen: str = "127.0.0.1:0", tls: TlsFiles | None = None,
-                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
+    def __init__(
+        self,
+        host: OwnerHost,
+        listen: str = "127.0.0.1:0",
+        tls: TlsFiles | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ):
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="owner-server")
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, daemon=True, name="owner-server"
+        )
         self._thread.start()
         self._server, self.port, self._health = asyncio.run_coroutine_threadsafe(
-            start(host, listen, tls, max_message_bytes), self._loop).result(timeout=30)
+            start(host, listen, tls, max_message_bytes), self._loop
+        ).result(timeout=30)
         self.address = _bound(listen, self.port)
 
     def close(self) -> None:
-        asyncio.run_coroutine_threadsafe(stop(self._server, self._health, grace=0.5), self._loop).result(timeout=30)
+        asyncio.run_coroutine_threadsafe(
+            stop(self._server, self._health, grace=0.5), self._loop
+        ).result(timeout=30)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=30)
         self._loop.close()
 
-    def __enter__(self) -> "ServerThread":
+    def __enter__(self) -> ServerThread:
         return self
 
     def __exit__(self, *exc) -> None:

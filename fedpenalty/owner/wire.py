@@ -13,16 +13,26 @@ import math
 import numpy as np
 
 from .. import errors
+from ..common import OwnerDescription, Policy, PrivacyReport, SpendReport
+from ..models.base import check_neighbour
 from ..proto import owner_pb2 as pb
-from .node import OwnerDescription, PrivacyReport, SpendReport
-from .policy import Policy
 
 #: trailing-metadata keys of a refused unary call
-ERROR_KEY, OWNER_KEY, EPSILON_LEFT_KEY = "fedpenalty-error", "fedpenalty-owner", "fedpenalty-epsilon-left"
+ERROR_KEY, OWNER_KEY, EPSILON_LEFT_KEY = (
+    "fedpenalty-error",
+    "fedpenalty-owner",
+    "fedpenalty-epsilon-left",
+)
 
 _ERRORS: dict[str, type[errors.OwnerError]] = {
-    cls.__name__: cls for cls in (errors.InvalidRequest, errors.UnknownSession, errors.ReplayConflict,
-                                  errors.BudgetExhausted, errors.OwnerUnavailable)
+    cls.__name__: cls
+    for cls in (
+        errors.InvalidRequest,
+        errors.UnknownSession,
+        errors.ReplayConflict,
+        errors.BudgetExhausted,
+        errors.OwnerUnavailable,
+    )
 }
 
 
@@ -34,14 +44,19 @@ def rows(values, count: int, what: str) -> np.ndarray:
     if count == 0 and arr.size == 0:
         return arr.reshape(0, 0)  # the owner refuses the empty chain list itself
     if count < 1 or arr.size % count:
-        raise errors.InvalidRequest(f"{what} has {arr.size} values, which is not {count} rows of equal length")
+        raise errors.InvalidRequest(
+            f"{what} has {arr.size} values, which is not {count} rows of equal length"
+        )
     return arr.reshape(count, arr.size // count)
 
 
 def answers_message(values: np.ndarray, noise_sd: np.ndarray) -> pb.Answers:
     """``values`` ``(K, ...)`` and ``noise_sd`` ``(K,)`` → ``Answers``."""
-    return pb.Answers(values=np.ascontiguousarray(values, dtype=float).ravel(), shape=values.shape,
-                      noise_sd=np.asarray(noise_sd, dtype=float))
+    return pb.Answers(
+        values=np.ascontiguousarray(values, dtype=float).ravel(),
+        shape=values.shape,
+        noise_sd=np.asarray(noise_sd, dtype=float),
+    )
 
 
 def answers_arrays(msg: pb.Answers) -> tuple[np.ndarray, np.ndarray]:
@@ -49,32 +64,60 @@ def answers_arrays(msg: pb.Answers) -> tuple[np.ndarray, np.ndarray]:
     values = np.asarray(msg.values, dtype=float)
     shape = tuple(msg.shape)
     if math.prod(shape) != values.size or not shape or shape[0] != len(msg.noise_sd):
-        raise errors.OwnerError(f"malformed answers: {values.size} values for shape {shape} and "
-                                f"{len(msg.noise_sd)} noise sds")
+        raise errors.OwnerError(
+            f"malformed answers: {values.size} values for shape {shape} and "
+            f"{len(msg.noise_sd)} noise sds"
+        )
     return values.reshape(shape), np.asarray(msg.noise_sd, dtype=float)
 
 
 # --- descriptions and reports -------------------------------------------------------------
 def owner_info(d: OwnerDescription) -> pb.OwnerInfo:
     p = d.policy
-    return pb.OwnerInfo(name=d.name, model=d.model, model_params_json=json.dumps(d.model_params), dim=d.dim, n=d.n,
-                        policy=pb.Policy(sigma=p.sigma, max_step=p.max_step, budget_epsilon=p.budget_epsilon,
-                                         delta=p.delta, neighbour=p.neighbour,
-                                         max_answers_per_request=p.max_answers_per_request,
-                                         max_sampling_rate=p.max_sampling_rate, max_clip=p.max_clip))
+    return pb.OwnerInfo(
+        name=d.name,
+        model=d.model,
+        model_params_json=json.dumps(d.model_params),
+        dim=d.dim,
+        n=d.n,
+        policy=pb.Policy(
+            sigma=p.sigma,
+            max_step=p.max_step,
+            budget_epsilon=p.budget_epsilon,
+            delta=p.delta,
+            neighbour=p.neighbour,
+            max_answers_per_request=p.max_answers_per_request,
+            max_sampling_rate=p.max_sampling_rate,
+            max_clip=p.max_clip,
+        ),
+    )
 
 
 def owner_description(msg: pb.OwnerInfo) -> OwnerDescription:
     p = msg.policy
-    policy = Policy(sigma=p.sigma, max_step=p.max_step, budget_epsilon=p.budget_epsilon, delta=p.delta,
-                    neighbour=p.neighbour, max_answers_per_request=int(p.max_answers_per_request),
-                    max_sampling_rate=p.max_sampling_rate, max_clip=p.max_clip)
-    return OwnerDescription(msg.name, msg.model, json.loads(msg.model_params_json), msg.dim, msg.n, policy)
+    policy = Policy(
+        sigma=p.sigma,
+        max_step=p.max_step,
+        budget_epsilon=p.budget_epsilon,
+        delta=p.delta,
+        neighbour=check_neighbour(p.neighbour),
+        max_answers_per_request=int(p.max_answers_per_request),
+        max_sampling_rate=p.max_sampling_rate,
+        max_clip=p.max_clip,
+    )
+    return OwnerDescription(
+        msg.name, msg.model, json.loads(msg.model_params_json), msg.dim, msg.n, policy
+    )
 
 
 def _spend(s: SpendReport) -> pb.Spend:
-    return pb.Spend(answers=s.answers, mu=s.mu, epsilon=s.epsilon, epsilon_paper_bound=s.epsilon_paper_bound,
-                    accountant=s.accountant)
+    return pb.Spend(
+        answers=s.answers,
+        mu=s.mu,
+        epsilon=s.epsilon,
+        epsilon_paper_bound=s.epsilon_paper_bound,
+        accountant=s.accountant,
+    )
 
 
 def _spend_report(s: pb.Spend) -> SpendReport:
@@ -82,8 +125,14 @@ def _spend_report(s: pb.Spend) -> SpendReport:
 
 
 def owner_privacy(r: PrivacyReport) -> pb.OwnerPrivacy:
-    msg = pb.OwnerPrivacy(owner=r.owner, n=r.n, delta=r.delta, budget_epsilon=r.budget_epsilon,
-                          neighbour=r.neighbour, total=_spend(r.total))
+    msg = pb.OwnerPrivacy(
+        owner=r.owner,
+        n=r.n,
+        delta=r.delta,
+        budget_epsilon=r.budget_epsilon,
+        neighbour=r.neighbour,
+        total=_spend(r.total),
+    )
     if r.session is not None:
         msg.session.CopyFrom(_spend(r.session))
     return msg
@@ -91,15 +140,27 @@ def owner_privacy(r: PrivacyReport) -> pb.OwnerPrivacy:
 
 def privacy_report(msg: pb.OwnerPrivacy) -> PrivacyReport:
     session = _spend_report(msg.session) if msg.HasField("session") else None
-    return PrivacyReport(msg.owner, msg.n, msg.delta, msg.budget_epsilon, msg.neighbour, _spend_report(msg.total),
-                         session)
+    return PrivacyReport(
+        msg.owner,
+        msg.n,
+        msg.delta,
+        msg.budget_epsilon,
+        check_neighbour(msg.neighbour),
+        _spend_report(msg.total),
+        session,
+    )
 
 
 # --- refusals -----------------------------------------------------------------------------
 def refusal(exc: errors.OwnerError) -> pb.Refusal:
     """An owner's refusal as an in-band message (its text already names the owner)."""
-    return pb.Refusal(code=exc.grpc_code, error=type(exc).__name__, message=str(exc), owner=exc.owner or "",
-                      epsilon_left=getattr(exc, "epsilon_left", 0.0))
+    return pb.Refusal(
+        code=exc.grpc_code,
+        error=type(exc).__name__,
+        message=str(exc),
+        owner=exc.owner or "",
+        epsilon_left=getattr(exc, "epsilon_left", 0.0),
+    )
 
 
 def refusal_metadata(exc: errors.OwnerError) -> tuple[tuple[str, str], ...]:
@@ -114,7 +175,9 @@ def error_from_refusal(r: pb.Refusal, where: str) -> errors.OwnerError:
     return make_error(r.error, r.code, f"{r.message} [{where}]", r.owner or None, r.epsilon_left)
 
 
-def make_error(error: str, code: str, message: str, owner: str | None, epsilon_left: float = 0.0) -> errors.OwnerError:
+def make_error(
+    error: str, code: str, message: str, owner: str | None, epsilon_left: float = 0.0
+) -> errors.OwnerError:
     """Rebuild an owner error from its class name, or from the status code when the refusal
     came from gRPC itself (e.g. RESOURCE_EXHAUSTED for a message over the size limit)."""
     cls = _ERRORS.get(error) or _BY_CODE.get(code, errors.OwnerError)
@@ -124,7 +187,10 @@ def make_error(error: str, code: str, message: str, owner: str | None, epsilon_l
 
 
 _BY_CODE: dict[str, type[errors.OwnerError]] = {
-    "INVALID_ARGUMENT": errors.InvalidRequest, "NOT_FOUND": errors.UnknownSession,
-    "FAILED_PRECONDITION": errors.ReplayConflict, "RESOURCE_EXHAUSTED": errors.InvalidRequest,
-    "UNAVAILABLE": errors.OwnerUnavailable, "DEADLINE_EXCEEDED": errors.OwnerUnavailable,
+    "INVALID_ARGUMENT": errors.InvalidRequest,
+    "NOT_FOUND": errors.UnknownSession,
+    "FAILED_PRECONDITION": errors.ReplayConflict,
+    "RESOURCE_EXHAUSTED": errors.InvalidRequest,
+    "UNAVAILABLE": errors.OwnerUnavailable,
+    "DEADLINE_EXCEEDED": errors.OwnerUnavailable,
 }

@@ -7,7 +7,9 @@ the exact analytic-Gaussian curve
 
     δ(ε) = Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2).
 
-ε is in nats (the usual e^ε convention); δ is a probability.
+The curve is evaluated in log space and inverted (in ε, or in μ) with scipy's Brent's method
+on brackets that tail bounds of the privacy loss L ~ N(μ²/2, μ²) give in closed form, so no
+bracket is searched for. ε is in nats (the usual e^ε convention); δ is a probability.
 """
 
 from __future__ import annotations
@@ -19,20 +21,30 @@ from scipy.optimize import brentq
 from scipy.special import log_ndtr, ndtri
 
 __all__ = [
+    "calibrate_sigma",
     "delta_for_epsilon",
     "epsilon_for_delta",
-    "mu_for_epsilon",
-    "calibrate_sigma",
     "max_queries",
+    "mu_for_epsilon",
 ]
 
 # Relative slack on δ when deciding whether T answers fit a budget (max_queries): absorbs
 # the float error of a calibrate_sigma -> max_queries round trip; privacy-wise negligible.
 _DELTA_RTOL = 1e-9
+# Above 2^53 answers, T and T + 1 are the same float: max_queries refuses to count that far.
+_MAX_QUERIES = 2.0**53
+
+# Brent's method to full double precision (brentq's smallest allowed rtol).
+_BRENT = {"xtol": 1e-300, "rtol": 4 * 2.220446049250313e-16, "maxiter": 500}
+
+# Relative widening of the closed-form brackets: far above their float error, far below
+# anything that matters for the root.
+_WIDEN = 1e-6
 
 
 # ---------------------------------------------------------------- argument checks
 def _real(name: str, value: object) -> float:
+    """Return ``value`` as a float; raise ValueError unless a finite real number."""
     if isinstance(value, bool) or not isinstance(value, Real):
         raise ValueError(f"{name} must be a real number, got {value!r}")
     value = float(value)
@@ -73,11 +85,18 @@ def check_positive(name: str, value: object) -> float:
     return value
 
 
-def check_queries(queries: object) -> int:
-    """Return ``queries`` as an int; raise ValueError unless an integer ≥ 1."""
-    if isinstance(queries, bool) or not isinstance(queries, Integral) or queries < 1:
-        raise ValueError(f"queries must be an integer >= 1, got {queries!r}")
-    return int(queries)
+def check_count(name: str, value: object) -> int:
+    """Return ``value`` as an int; raise ValueError unless an integer ≥ 1."""
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def check_choice(name: str, value: object, allowed: tuple[str, ...]) -> str:
+    """Return ``value``; raise ValueError unless it is one of ``allowed``."""
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+    return str(value)
 
 
 # ---------------------------------------------------------------- the δ(ε) curve
@@ -104,17 +123,10 @@ def delta_for_epsilon(mu: float, epsilon: float) -> float:
     return math.exp(_log_delta(mu, epsilon))
 
 
-def _increasing_root(f, lo: float, hi: float, *, positive_lo: bool) -> float:
-    """Root of an increasing ``f``: widen [lo, hi] (halving lo or doubling hi), then brentq."""
-    while f(hi) < 0.0:
-        lo, hi = hi, 2.0 * hi
-        if hi > 1e12:
-            raise ValueError("root bracket diverged")
-    while positive_lo and f(lo) > 0.0:
-        hi, lo = lo, 0.5 * lo
-        if lo < 1e-300:
-            raise ValueError("root bracket diverged")
-    return brentq(f, lo, hi, xtol=1e-300, rtol=4 * 2.220446049250313e-16, maxiter=500)
+def _positive_root(z: float, c: float) -> float:
+    """The positive root μ of μ²/2 + z μ − c = 0 (c > 0), without cancellation."""
+    s = math.sqrt(z * z + 2.0 * c)
+    return 2.0 * c / (z + s) if z >= 0.0 else s - z
 
 
 def epsilon_for_delta(mu: float, delta: float) -> float:
@@ -126,9 +138,12 @@ def epsilon_for_delta(mu: float, delta: float) -> float:
     log_target = math.log(delta)
     if _log_delta(mu, 0.0) <= log_target:
         return 0.0
-    # δ(ε) decreases in ε, so −(log δ(ε) − log delta) increases; the root is > 0.
-    f = lambda eps: log_target - _log_delta(mu, eps)  # noqa: E731
-    return float(_increasing_root(f, 0.0, max(1.0, mu * mu), positive_lo=False))
+    # δ(ε) ≤ Φ(−ε/μ + μ/2) (the subtracted term is ≥ 0), which equals delta at
+    # ε = μ²/2 − μ Φ⁻¹(delta): the root lies in [0, that ε]. log δ(ε) decreases in ε.
+    hi = mu * (0.5 * mu - float(ndtri(delta))) * (1.0 + _WIDEN)
+    if not math.isfinite(hi):
+        raise ValueError(f"mu={mu!r} is too large: its ε overflows a float")
+    return float(brentq(lambda eps: log_target - _log_delta(mu, eps), 0.0, hi, **_BRENT))
 
 
 def mu_for_epsilon(epsilon: float, delta: float) -> float:
@@ -137,10 +152,17 @@ def mu_for_epsilon(epsilon: float, delta: float) -> float:
     delta = check_delta(delta)
     if epsilon == 0.0:  # δ(0) = 2Φ(μ/2) − 1 has a closed-form inverse
         return 2.0 * float(ndtri((1.0 + delta) / 2.0))
-    # δ(ε) increases in μ, so log δ − log delta is increasing in μ.
+    # With the privacy loss L ~ N(μ²/2, μ²), δ(ε) = E[(1 − e^{ε−L})₊], so for any c > 0
+    #   (1 − e^{−c}) P(L ≥ ε + c) ≤ δ(ε) ≤ P(L > ε).
+    # The upper bound equals delta at lo = the μ with (ε − μ²/2)/μ = −Φ⁻¹(delta); the lower
+    # bound, with 1 − e^{−c} = (1 + delta)/2, reaches delta at hi. δ(ε) increases in μ.
+    lo = _positive_root(-float(ndtri(delta)), epsilon) * (1.0 - _WIDEN)
+    c = math.log(2.0 / (1.0 - delta))
+    hi = _positive_root(-float(ndtri(2.0 * delta / (1.0 + delta))), epsilon + c) * (1.0 + _WIDEN)
+    if not math.isfinite(hi):
+        raise ValueError(f"epsilon={epsilon!r} is too large: its μ² overflows a float")
     log_target = math.log(delta)
-    f = lambda mu: _log_delta(mu, epsilon) - log_target  # noqa: E731
-    return float(_increasing_root(f, 1.0, 1.0, positive_lo=True))
+    return float(brentq(lambda mu: _log_delta(mu, epsilon) - log_target, lo, hi, **_BRENT))
 
 
 # ---------------------------------------------------------------- calibration
@@ -150,7 +172,7 @@ def calibrate_sigma(
     """Noise sd σ (units of the answer) such that ``queries`` answers, each of L2 sensitivity
     ``sensitivity`` (> 0, same units), compose to exactly (epsilon, delta)-DP:
     σ = Δ √T / μ*, with μ* = mu_for_epsilon(epsilon, delta)."""
-    queries = check_queries(queries)
+    queries = check_count("queries", queries)
     sensitivity = check_positive("sensitivity", sensitivity)
     return sensitivity * math.sqrt(queries) / mu_for_epsilon(epsilon, delta)
 
@@ -159,8 +181,9 @@ def max_queries(sigma: float, sensitivity: float, epsilon: float, delta: float) 
     """Largest number T ≥ 0 of answers with noise sd ``sigma`` and L2 sensitivity
     ``sensitivity`` (> 0, same units) whose composition is (epsilon, delta)-DP.
 
-    T = floor((μ* σ/Δ)²), then corrected by direct checks of δ_T(epsilon) ≤ delta (with a
-    1e-9 relative slack on δ against float error at the boundary).
+    T is the largest integer with δ_T(epsilon) ≤ delta (1 + 1e-9): the 1e-9 relative slack on
+    δ absorbs float error at the boundary (a calibrate_sigma -> max_queries round trip). It is
+    floor((μ σ/Δ)²) with μ = mu_for_epsilon at that δ, then confirmed by direct checks.
     """
     sigma = check_positive("sigma", sigma)
     sensitivity = check_positive("sensitivity", sensitivity)
@@ -172,8 +195,16 @@ def max_queries(sigma: float, sensitivity: float, epsilon: float, delta: float) 
     def fits(t: int) -> bool:
         return t == 0 or _log_delta(mu1 * math.sqrt(t), epsilon) <= log_limit
 
-    t = int(math.floor((mu_for_epsilon(epsilon, delta) / mu1) ** 2))
-    while t > 0 and not fits(t):
+    slack = min(math.exp(log_limit), math.nextafter(1.0, 0.0))
+    ratio = mu_for_epsilon(epsilon, slack) * sigma / sensitivity  # √T at the boundary
+    guess = ratio * ratio
+    if not guess < _MAX_QUERIES:
+        raise ValueError(
+            f"more than {_MAX_QUERIES:.0f} answers of sigma={sigma!r}, sensitivity="
+            f"{sensitivity!r} fit (epsilon={epsilon!r}, delta={delta!r})"
+        )
+    t = int(guess)
+    while t > 0 and not fits(t):  # float error only: a step or two at most
         t -= 1
     while fits(t + 1):
         t += 1

@@ -14,9 +14,9 @@ import math
 import numpy as np
 from scipy.optimize import minimize_scalar
 
-from .gaussian import check_delta, check_epsilon, check_mu, check_queries
+from .gaussian import check_count, check_delta, check_epsilon, check_mu
 
-__all__ = ["classical_gaussian_epsilon", "advanced_composition_epsilon", "paper_bound_epsilon"]
+__all__ = ["advanced_composition_epsilon", "classical_gaussian_epsilon", "paper_bound_epsilon"]
 
 _GRID_POINTS = 2001
 _GRID_NATS = 60.0  # the grid spans δ′ ∈ [e^-60 · δ′_max, δ′_max]
@@ -36,9 +36,10 @@ def advanced_composition_epsilon(eps0: float, queries: int, delta_prime: float) 
     """ε of ``queries`` adaptive (ε₀, δ₀)-DP answers by advanced composition (DRV 2010):
     ε₀ √(2 T ln(1/δ′)) + T ε₀ (e^{ε₀} − 1); the total δ is T δ₀ + δ′ (δ₀ not needed here)."""
     eps0 = check_epsilon(eps0, "eps0")
-    queries = check_queries(queries)
+    queries = check_count("queries", queries)
     delta_prime = check_delta(delta_prime, "delta_prime")
-    return eps0 * math.sqrt(2.0 * queries * math.log(1.0 / delta_prime)) + queries * eps0 * math.expm1(eps0)
+    spread = eps0 * math.sqrt(2.0 * queries * math.log(1.0 / delta_prime))
+    return spread + queries * eps0 * math.expm1(eps0)
 
 
 def _bound(mu: float, queries: int, delta: float, log_dp: np.ndarray) -> np.ndarray:
@@ -60,7 +61,7 @@ def paper_bound_epsilon(mu_per_answer: float, queries: int, delta: float) -> flo
     split gives ε₀ ≤ 1 (the classical Gaussian theorem does not apply).
     """
     mu = check_mu(mu_per_answer, "mu_per_answer")
-    queries = check_queries(queries)
+    queries = check_count("queries", queries)
     delta = check_delta(delta)
     if mu == 0.0:
         return 0.0

@@ -63,7 +63,8 @@ class GaussianSpend:
         return epsilon_for_delta(self.mu, delta)
 
     def epsilon_paper_bound(self, delta: float) -> float:
-        """The penalty paper's ε at ``delta`` (worst-case max_mu per answer); inf if it does not apply."""
+        """The penalty paper's ε at ``delta`` (worst-case max_mu per answer); inf where it does
+        not apply."""
         delta = check_delta(delta)
         if self.answers == 0:
             return 0.0

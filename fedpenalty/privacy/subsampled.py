@@ -1,10 +1,11 @@
-"""Per-owner accounting of Poisson-subsampled Gaussian answers (DESIGN §2.3, §2.5).
+"""Per-owner accounting of Poisson-subsampled Gaussian answers (docs/design.md §2.3, §2.5).
 
 An owner asked for a gradient includes each of its records independently with probability
 q (Poisson sampling), clips each sampled record's contribution to L2 norm C (``clip``), sums,
 and adds N(0, (σ C)² I). σ is the *noise multiplier*: noise sd in units of the clip. The
 accounting itself is Google's ``dp-accounting`` (PLD by default, RDP on request); this module
-only maps fedpenalty's parameters onto its events and neighbour relations, and calibrates.
+only maps fedpenalty's parameters onto its events and neighbour relations, and calibrates σ
+and the number of steps with the library's ``calibrate_dp_mechanism``.
 
 Neighbour relation (the choice, and why)
 ----------------------------------------
@@ -41,18 +42,19 @@ T=2250 → RDP 7.3291, PLD 6.7688. The PLD figures need a value-discretisation i
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from numbers import Integral, Real
 from typing import Literal
 
 import dp_accounting
 import numpy as np
-from scipy.optimize import brentq
+from dp_accounting.mechanism_calibration import NoBracketIntervalFoundError
 
-from ..models.base import NEIGHBOURS, Neighbour
-from .gaussian import check_delta, check_epsilon
+from ..models.base import Neighbour, check_neighbour
+from .gaussian import check_choice, check_count, check_delta, check_epsilon
 
 __all__ = [
     "ACCOUNTANTS",
@@ -60,6 +62,7 @@ __all__ = [
     "Accountant",
     "SubsampledGaussian",
     "accountant_noise_multiplier",
+    "as_events",
     "calibrate_noise_multiplier",
     "dp_event",
     "epsilon",
@@ -76,6 +79,12 @@ DISCRETIZATION = 1e-4
 
 # Relative precision of the calibrated noise multiplier.
 _SIGMA_RTOL = 1e-6
+
+# calibrate_dp_mechanism's bracket search doubles its step at most 30 times from [1, 2], so it
+# spans [1, 2^31]: noise multipliers down to 2^-31 (as r = 1/σ) and step counts up to 2^31.
+_SEARCH_SPAN = 2**31
+# Upwards, the search doubles log σ; it stops past this noise multiplier.
+_MAX_SIGMA = 2.0**63
 
 
 @dataclass(frozen=True)
@@ -98,24 +107,14 @@ class SubsampledGaussian:
             raise ValueError(f"count must be an integer >= 0, got {c!r}")
 
 
-def _check_neighbour(neighbour: str) -> None:
-    if neighbour not in NEIGHBOURS:
-        raise ValueError(f"neighbour must be one of {NEIGHBOURS}, got {neighbour!r}")
-
-
-def _check_accountant(accountant: str) -> None:
-    if accountant not in ACCOUNTANTS:
-        raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
-
-
 def accountant_noise_multiplier(
     noise_multiplier: float, neighbour: Neighbour, accountant: Accountant
 ) -> tuple[float, dp_accounting.NeighboringRelation]:
     """The (multiplier, relation) handed to ``dp-accounting`` for fedpenalty's σ (noise sd /
     clip): σ with the library's own relation, except RDP + replace-one, which becomes σ/2 under
     add/remove (sensitivity 2C; see the module docstring)."""
-    _check_neighbour(neighbour)
-    _check_accountant(accountant)
+    check_neighbour(neighbour)
+    check_choice("accountant", accountant, ACCOUNTANTS)
     rel = dp_accounting.NeighboringRelation
     if neighbour == "add_remove":
         return noise_multiplier, rel.ADD_OR_REMOVE_ONE
@@ -124,7 +123,10 @@ def accountant_noise_multiplier(
     return noise_multiplier / 2.0, rel.ADD_OR_REMOVE_ONE
 
 
-def _as_events(events: SubsampledGaussian | Sequence[SubsampledGaussian]) -> list[SubsampledGaussian]:
+def as_events(
+    events: SubsampledGaussian | Sequence[SubsampledGaussian],
+) -> list[SubsampledGaussian]:
+    """``events`` (one event or a sequence) as a list; ValueError for anything else."""
     if isinstance(events, SubsampledGaussian):
         return [events]
     out = list(events)
@@ -134,23 +136,30 @@ def _as_events(events: SubsampledGaussian | Sequence[SubsampledGaussian]) -> lis
 
 
 def dp_event(
-    events: SubsampledGaussian | Sequence[SubsampledGaussian], neighbour: Neighbour, accountant: Accountant
+    events: SubsampledGaussian | Sequence[SubsampledGaussian],
+    neighbour: Neighbour,
+    accountant: Accountant,
 ) -> tuple[dp_accounting.DpEvent, dp_accounting.NeighboringRelation]:
     """The composed ``dp-accounting`` event of ``events`` and the relation to account it under."""
     parts = []
     relation = accountant_noise_multiplier(1.0, neighbour, accountant)[1]
-    for e in _as_events(events):
+    for e in as_events(events):
         if e.count == 0:
             continue
         mult, _ = accountant_noise_multiplier(float(e.noise_multiplier), neighbour, accountant)
-        one = dp_accounting.PoissonSampledDpEvent(float(e.sampling_rate), dp_accounting.GaussianDpEvent(mult))
+        gaussian = dp_accounting.GaussianDpEvent(mult)
+        one = dp_accounting.PoissonSampledDpEvent(float(e.sampling_rate), gaussian)
         parts.append(dp_accounting.SelfComposedDpEvent(one, int(e.count)))
     return dp_accounting.ComposedDpEvent(parts), relation
 
 
-def _accountant(accountant: Accountant, relation: dp_accounting.NeighboringRelation) -> dp_accounting.PrivacyAccountant:
+def _accountant(neighbour: Neighbour, accountant: Accountant) -> dp_accounting.PrivacyAccountant:
+    """A fresh ``dp-accounting`` accountant for events built by ``dp_event``."""
+    relation = accountant_noise_multiplier(1.0, neighbour, accountant)[1]
     if accountant == "pld":
-        return dp_accounting.pld.PLDAccountant(relation, value_discretization_interval=DISCRETIZATION)
+        return dp_accounting.pld.PLDAccountant(
+            relation, value_discretization_interval=DISCRETIZATION
+        )
     return dp_accounting.rdp.RdpAccountant(neighboring_relation=relation)
 
 
@@ -168,12 +177,10 @@ def epsilon(
     ``epsilon_rdp_classic``). 0 when no answer was released.
     """
     delta = check_delta(delta)
-    event, relation = dp_event(events, neighbour, accountant)
+    event, _ = dp_event(events, neighbour, accountant)
     if not event.events:
         return 0.0
-    acc = _accountant(accountant, relation)
-    acc.compose(event)
-    return float(acc.get_epsilon(delta))
+    return float(_accountant(neighbour, accountant).compose(event).get_epsilon(delta))
 
 
 def epsilon_rdp_classic(
@@ -202,40 +209,60 @@ def calibrate_noise_multiplier(
     accountant: Accountant = "pld",
 ) -> float:
     """Smallest noise multiplier σ (noise sd / clip) such that ``steps`` answers at
-    ``sampling_rate`` are (target_epsilon, delta)-DP, found by root-finding on the accountant:
-    a doubling/halving bracket, then Brent's method on log σ.
+    ``sampling_rate`` are (target_epsilon, delta)-DP, by ``dp_accounting.calibrate_dp_mechanism``.
 
-    The returned σ has been checked against the accountant to meet the target. It exceeds the
-    root by about a relative 1e-6, or by more only where the accountant's ε(σ) is not
-    monotone at that scale.
+    The search starts at σ = 1. When that is too little noise it runs over log σ ≥ 0 (the
+    library's bracket search doubles log σ: overshooting towards more noise is cheap); when it
+    is enough, over r = 1/σ ≥ 1, whose doubling halves σ, so the accountant never sees a σ
+    far below the answer (PLD's cost grows fast with ε). Brent's method then finds log σ, or
+    r ≥ 1, to within 1e-6. The library checks the σ it returns against the accountant, so it
+    meets the target; it exceeds the root by at most a relative 1e-6, or by more only where
+    the accountant's ε(σ) is not monotone at that scale. ValueError when no σ in
+    [2^-31, 2^63] meets the target.
     """
     target = check_epsilon(target_epsilon, "target_epsilon")
     if target == 0.0:
         raise ValueError("target_epsilon must be > 0 (ε = 0 needs infinite noise)")
     delta = check_delta(delta)
-    if isinstance(steps, bool) or not isinstance(steps, Integral) or steps < 1:
-        raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+    steps = check_count("steps", steps)
+    failed = (
+        f"no noise multiplier in [2^-31, 2^63] gives ε = {target!r} at δ = {delta!r} for "
+        f"{steps} steps at sampling rate {sampling_rate!r}"
+    )
 
-    def eps(sigma: float) -> float:
-        return epsilon(SubsampledGaussian(sampling_rate, sigma, int(steps)), delta, neighbour=neighbour,
-                       accountant=accountant)
+    def event(sigma: float) -> dp_accounting.DpEvent:
+        """The library event of the ``steps`` answers at noise multiplier ``sigma``."""
+        if sigma > _MAX_SIGMA:
+            raise ValueError(failed)
+        return dp_event(SubsampledGaussian(sampling_rate, sigma, steps), neighbour, accountant)[0]
 
-    hi = 1.0
-    while eps(hi) > target:
-        hi *= 2.0
-        if hi > 1e8:
-            raise ValueError("no noise multiplier below 1e8 meets the target")
-    lo = hi / 2.0
-    while eps(lo) <= target:
-        hi, lo = lo, lo / 2.0
-        if lo < 1e-6:
-            raise ValueError("the target is met by a noise multiplier below 1e-6; check the arguments")
-    # eps(lo) > target >= eps(hi): Brent's method on log σ, then step up until verified
-    root = brentq(lambda x: eps(math.exp(x)) - target, math.log(lo), math.log(hi), xtol=_SIGMA_RTOL / 4)
-    sigma = min(math.exp(root) * (1.0 + _SIGMA_RTOL / 2), hi)
-    while eps(sigma) > target:
-        sigma = min(sigma * (1.0 + _SIGMA_RTOL), hi)
-    return sigma
+    one = epsilon(
+        SubsampledGaussian(sampling_rate, 1.0, steps),
+        delta,
+        neighbour=neighbour,
+        accountant=accountant,
+    )
+    to_sigma: Callable[[float], float]
+    if one > target:
+        to_sigma, start = math.exp, dp_accounting.LowerEndpointAndGuess(0.0, math.log(2.0))
+    else:
+        to_sigma, start = (lambda r: 1.0 / r), dp_accounting.LowerEndpointAndGuess(1.0, 2.0)
+    try:
+        x = dp_accounting.calibrate_dp_mechanism(
+            lambda: _accountant(neighbour, accountant),
+            lambda x: event(to_sigma(x)),
+            target,
+            delta,
+            start,
+            tol=_SIGMA_RTOL,
+        )
+    except NoBracketIntervalFoundError:
+        raise ValueError(failed) from None
+    return float(to_sigma(x))
+
+
+class _LimitFits(Exception):
+    """Raised from inside ``max_steps``'s search: all of its ``limit`` answers fit."""
 
 
 def max_steps(
@@ -249,27 +276,52 @@ def max_steps(
     limit: int = 10**9,
 ) -> int:
     """Largest T ≥ 0 such that T answers at (``sampling_rate``, ``noise_multiplier``) are
-    (target_epsilon, delta)-DP, by doubling then integer bisection on the accountant (ε is
-    increasing in T). Stops at ``limit``."""
+    (target_epsilon, delta)-DP, at most ``limit`` (an integer in [1, 2^31)).
+
+    ``dp_accounting.calibrate_dp_mechanism`` over the integer T (its bracket search doubles T
+    from 1) returns a T that fits and is within 1 of the largest; the next T is then checked
+    directly. The accountant never sees a T above ``limit``: the first time the search asks
+    for one, ``limit`` itself is checked, and either returned (it fits) or the larger T are
+    treated as non-private.
+    """
     target = check_epsilon(target_epsilon, "target_epsilon")
     delta = check_delta(delta)
+    limit = check_count("limit", limit)
+    if limit >= _SEARCH_SPAN:
+        raise ValueError(f"limit must be below 2^31, got {limit!r}")
 
+    def answers(t: int) -> SubsampledGaussian:
+        """``t`` answers at the given (q, σ)."""
+        return SubsampledGaussian(sampling_rate, noise_multiplier, t)
+
+    @functools.cache
     def fits(t: int) -> bool:
-        return epsilon(SubsampledGaussian(sampling_rate, noise_multiplier, t), delta, neighbour=neighbour,
-                       accountant=accountant) <= target
+        """Whether ``t`` answers are (target_epsilon, delta)-DP."""
+        return epsilon(answers(t), delta, neighbour=neighbour, accountant=accountant) <= target
+
+    def event(t: int) -> dp_accounting.DpEvent:
+        """The library event of ``t`` answers; past ``limit``, one that is never private."""
+        if t <= limit:
+            return dp_event(answers(t), neighbour, accountant)[0]
+        if fits(limit):
+            raise _LimitFits
+        return dp_accounting.NonPrivateDpEvent()
 
     if not fits(1):
         return 0
-    lo, hi = 1, 2
-    while fits(hi):
-        if hi >= limit:
-            return limit
-        lo, hi = hi, min(2 * hi, limit)
-    # invariant: fits(lo), not fits(hi)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    try:
+        t = int(
+            dp_accounting.calibrate_dp_mechanism(
+                lambda: _accountant(neighbour, accountant),
+                event,
+                target,
+                delta,
+                dp_accounting.LowerEndpointAndGuess(1, 2),
+                discrete=True,
+            )
+        )
+    except _LimitFits:
+        return limit
+    while t < limit and fits(t + 1):
+        t += 1
+    return t

@@ -19,7 +19,7 @@ q √K, i.e. noise multiplier (sd / L)
 
 The Langevin noise alone is private enough when the noise variance is at least K·(drift
 coefficient)². Only this ratio matters for privacy, so the admissible step does not depend
-on how the SGLD temperature is written. In fedpenalty's convention (DESIGN §2.3:
+on how the SGLD temperature is written. In fedpenalty's convention (docs/design.md §2.3:
 θ ← θ + (η/2) g + N(0, η), g the full-data gradient with owner-noise variance s² on each
 coordinate), the ratio is η/(η/2)² = 4/η. So Wang et al. admit
 
@@ -54,41 +54,52 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from numbers import Integral
 
 from ..models.base import Neighbour
-from .gaussian import check_delta, check_positive
 from . import subsampled
+from .gaussian import check_count, check_delta, check_positive
 from .subsampled import Accountant, SubsampledGaussian
 
-__all__ = ["StepComparison", "compare_admissible_steps", "wang_admissible_step", "wang_noise_multiplier"]
+__all__ = [
+    "StepComparison",
+    "compare_admissible_steps",
+    "wang_admissible_step",
+    "wang_noise_multiplier",
+]
 
 
-def _check_args(epsilon: float, delta: float, sampling_rate: float, iterations: int) -> tuple[float, float, float, int]:
+def _check_args(
+    epsilon: float, delta: float, sampling_rate: float, iterations: int
+) -> tuple[float, float, float, int]:
+    """(ε, δ, q, I) checked, and Wang et al.'s condition I q² ≥ ε²/(32 log(2/δ)) enforced."""
     eps = check_positive("epsilon", epsilon)
     delta = check_delta(delta)
     q = check_positive("sampling_rate", sampling_rate)
     if q > 1.0:
         raise ValueError(f"sampling_rate must be in (0, 1], got {sampling_rate!r}")
-    if isinstance(iterations, bool) or not isinstance(iterations, Integral) or iterations < 1:
-        raise ValueError(f"iterations must be an integer >= 1, got {iterations!r}")
-    iters = int(iterations)
+    iters = check_count("iterations", iterations)
     if iters * q * q < eps * eps / (32.0 * math.log(2.0 / delta)):
         raise ValueError(
-            f"Wang et al.'s Theorem 4 needs I q² >= ε²/(32 log(2/δ)) (T data passes >= ε²N/(32τ log(2/δ))); "
-            f"got I={iters}, q={q}, ε={eps}, δ={delta}")
+            f"Wang et al.'s Theorem 4 needs I q² >= ε²/(32 log(2/δ)) (T data passes >= "
+            f"ε²N/(32τ log(2/δ))); got I={iters}, q={q}, ε={eps}, δ={delta}"
+        )
     return eps, delta, q, iters
 
 
-def wang_noise_multiplier(epsilon: float, delta: float, sampling_rate: float, iterations: int) -> float:
+def wang_noise_multiplier(
+    epsilon: float, delta: float, sampling_rate: float, iterations: int
+) -> float:
     """σ_W = q √(128 I log(2.5 I/δ) log(2/δ)) / ε: Wang et al.'s noise sd on the minibatch
     gradient sum in units of the gradient bound L, for I = ``iterations`` answers at rate
     q = τ/N. ``ValueError`` when their theorem's condition fails."""
     eps, delta, q, iters = _check_args(epsilon, delta, sampling_rate, iterations)
-    return q * math.sqrt(128.0 * iters * math.log(2.5 * iters / delta) * math.log(2.0 / delta)) / eps
+    logs = math.log(2.5 * iters / delta) * math.log(2.0 / delta)
+    return q * math.sqrt(128.0 * iters * logs) / eps
 
 
-def wang_admissible_step(epsilon: float, delta: float, sampling_rate: float, iterations: int, clip: float) -> float:
+def wang_admissible_step(
+    epsilon: float, delta: float, sampling_rate: float, iterations: int, clip: float
+) -> float:
     """η_W = ε² / (32 I L² log(2.5 I/δ) log(2/δ)) (L = ``clip``), the largest SGLD step in
     fedpenalty's convention (drift η/2, noise variance η) at which Wang et al.'s Algorithm 2
     adds no noise beyond the Langevin noise. Units of θ² (the move (η/2)·g is in units of θ)."""
@@ -123,6 +134,7 @@ class StepComparison:
 
     @property
     def gain(self) -> float:
+        """``accountant_step / wang_step``."""
         return self.accountant_step / self.wang_step
 
 
@@ -141,22 +153,35 @@ def compare_admissible_steps(
     ``iterations`` gradient answers per owner at rate q = ``sampling_rate`` and ``clip`` C,
     each owner (ε, δ)-DP. With ``owners`` K equal owners, s² = K (σ C / q)² and both steps are
     divided by K."""
-    if isinstance(owners, bool) or not isinstance(owners, Integral) or owners < 1:
-        raise ValueError(f"owners must be an integer >= 1, got {owners!r}")
+    owners = check_count("owners", owners)
     clip = check_positive("clip", clip)
     sigma_w = wang_noise_multiplier(epsilon, delta, sampling_rate, iterations)
-    sigma_a = subsampled.calibrate_noise_multiplier(epsilon, delta, sampling_rate, int(iterations), neighbour=neighbour,
-                                         accountant=accountant)
+    sigma_a = subsampled.calibrate_noise_multiplier(
+        epsilon, delta, sampling_rate, int(iterations), neighbour=neighbour, accountant=accountant
+    )
     q = float(sampling_rate)
 
     def step(sigma: float) -> float:
+        """The SGLD step at which K owners' noise of multiplier σ fills the Langevin noise."""
         return 4.0 * q * q / (owners * (sigma * clip) ** 2)
 
     return StepComparison(
-        epsilon=float(epsilon), delta=float(delta), sampling_rate=q, iterations=int(iterations), clip=clip,
-        owners=int(owners), neighbour=neighbour, accountant=accountant,
-        wang_noise_multiplier=sigma_w, wang_step=step(sigma_w),
-        accountant_noise_multiplier=sigma_a, accountant_step=step(sigma_a),
-        wang_exact_epsilon=subsampled.epsilon(SubsampledGaussian(q, sigma_w, int(iterations)), delta,
-                                              neighbour=neighbour, accountant=accountant),
+        epsilon=float(epsilon),
+        delta=float(delta),
+        sampling_rate=q,
+        iterations=int(iterations),
+        clip=clip,
+        owners=owners,
+        neighbour=neighbour,
+        accountant=accountant,
+        wang_noise_multiplier=sigma_w,
+        wang_step=step(sigma_w),
+        accountant_noise_multiplier=sigma_a,
+        accountant_step=step(sigma_a),
+        wang_exact_epsilon=subsampled.epsilon(
+            SubsampledGaussian(q, sigma_w, int(iterations)),
+            delta,
+            neighbour=neighbour,
+            accountant=accountant,
+        ),
     )

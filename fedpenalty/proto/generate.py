@@ -30,8 +30,15 @@ def generated_files(proto_root: Path = PROTO_ROOT) -> dict[str, str]:
     out: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for proto in PROTOS:
-            args = ["protoc", f"-I{proto_root}", f"-I{include}", f"--python_out={tmp}", f"--pyi_out={tmp}",
-                    f"--grpc_python_out={tmp}", str(proto_root / proto)]
+            args = [
+                "protoc",
+                f"-I{proto_root}",
+                f"-I{include}",
+                f"--python_out={tmp}",
+                f"--pyi_out={tmp}",
+                f"--grpc_python_out={tmp}",
+                str(proto_root / proto),
+            ]
             if protoc.main(args) != 0:
                 raise RuntimeError(f"protoc failed on {proto}")
             for path in sorted((Path(tmp) / Path(proto).parent).iterdir()):
@@ -40,8 +47,12 @@ def generated_files(proto_root: Path = PROTO_ROOT) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=PACKAGE_DIR, help="directory to write (default: this package)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--out", type=Path, default=PACKAGE_DIR, help="directory to write (default: this package)"
+    )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     for name, text in generated_files().items():

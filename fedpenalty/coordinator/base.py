@@ -1,0 +1,165 @@
+"""The shapes every algorithm shares: what a kernel returns, what a step reports, and the two
+kinds of registry entry (docs/design.md §4, §6).
+
+* A **chain algorithm** (``ChainAlgorithm``) builds a ``SamplingAlgorithm`` — a pure
+  ``init``/``step`` pair over an immutable state, in the style of BlackJAX's kernels — from the
+  model, where its data come from (``ChainData``) and the ``[sampler]`` keys it declares.
+  The driver runs every chain algorithm through one loop.
+* A **release algorithm** (``ReleaseAlgorithm``) is a one-shot baseline: the simulation computes
+  its draws and its privacy in one call.
+
+``coordinator/algorithms.py`` maps every ``sampler.algorithm`` name to one of these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..models import Model
+
+if TYPE_CHECKING:
+    from .oracle import Oracle
+
+#: The resolved scenario sections ([model], [data], [privacy], [sampler], [run]) by name.
+Sections = Mapping[str, Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What the driver keeps of one step of any kernel, per chain ``(C,)``: ``accepted`` (None
+    for kernels without an accept step), ``queried`` (owners asked), ``noise_var`` (the noise
+    variance of the owners' answers: s² of the penalty, or of each coordinate of the gradient)
+    and ``excess`` (excess_noise_ratio of the SG-MCMC step; 0 for MH)."""
+
+    accepted: np.ndarray | None
+    queried: np.ndarray
+    noise_var: np.ndarray
+    excess: np.ndarray
+
+
+class SamplingAlgorithm(NamedTuple):
+    """A built kernel: ``init(rng, theta0 (C, d)) -> state`` and
+    ``step(rng, state) -> (state, StepRecord)``; ``accepts``: it has an accept step."""
+
+    init: Callable[[np.random.Generator, np.ndarray], Any]
+    step: Callable[[np.random.Generator, Any], tuple[Any, StepRecord]]
+    accepts: bool
+
+
+@dataclass(frozen=True)
+class ChainData:
+    """Where a kernel's data come from: the owners behind ``oracle`` (with ``n_total``, their
+    public total record count), or a trusted curator's pooled ``records`` ``(n, p)``."""
+
+    oracle: Oracle | None = None
+    records: np.ndarray | None = None
+    n_total: int | None = None
+
+    def require_oracle(self, algorithm: str) -> Oracle:
+        if self.oracle is None:
+            raise ValueError(f"{algorithm} asks the owners: it needs an oracle")
+        return self.oracle
+
+    def require_records(self, algorithm: str) -> np.ndarray:
+        if self.records is None:
+            raise ValueError(f"{algorithm} needs the pooled records (trusted curator)")
+        return self.records
+
+
+def no_check(sections: Sections, model: Model) -> None:
+    """The check of an algorithm whose settings need nothing beyond their own ranges."""
+
+
+def planned_steps(sampler: Mapping[str, Any]) -> int:
+    """Warmup plus kept iterations per chain."""
+    return int(sampler["warmup"]) + int(sampler["iterations"])
+
+
+@dataclass(frozen=True)
+class Start:
+    """A data-dependent start (hybrid): initial points ``theta`` ``(chains, d)``, the owners'
+    noise ``sigma`` to use instead of ``privacy.sigma``, and ``privacy(summary)`` which folds
+    what the start spent into the run's privacy.json content."""
+
+    theta: np.ndarray
+    sigma: float
+    privacy: Callable[[dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class ChainAlgorithm:
+    """A registry entry that runs as Markov chains through the driver.
+
+    ``build(model, data, **settings)`` returns the ``SamplingAlgorithm``; ``settings`` names the
+    ``[sampler]`` keys it takes. ``query`` is the owners' session kind it asks for (None: it
+    asks no owner — a trusted curator's baseline, simulation only). ``state`` is its state
+    class (checkpoints). ``plan(sampler)`` is the most answers one owner gives per chain.
+    ``check(sections, model)`` raises ``ConfigError`` for a scenario it cannot run.
+    ``start(rng, model, records, sections)``, when set, computes a data-dependent ``Start`` from
+    the pooled records (a trusted curator, so the algorithm runs in simulation only).
+    """
+
+    name: str
+    summary: str
+    build: Callable[..., SamplingAlgorithm]
+    settings: tuple[str, ...]
+    state: type
+    query: str | None
+    plan: Callable[[Mapping[str, Any]], int] = planned_steps
+    check: Callable[[Sections, Model], None] = no_check
+    start: Callable[[np.random.Generator, Model, np.ndarray, Sections], Start] | None = None
+
+    @property
+    def deployable(self) -> bool:
+        """It can run against deployed owners: it asks them and needs no pooled records."""
+        return self.query is not None and self.start is None
+
+    def kernel(
+        self, model: Model, data: ChainData, sampler: Mapping[str, Any]
+    ) -> SamplingAlgorithm:
+        """The kernel with the settings it declares taken from a ``[sampler]`` section."""
+        return self.build(model, data, **{key: sampler[key] for key in self.settings})
+
+    def planned_answers(self, sampler: Mapping[str, Any]) -> int:
+        """Answers each owner is asked for at most in a run (all chains)."""
+        return int(sampler["chains"]) * self.plan(sampler)
+
+
+@dataclass(frozen=True)
+class Release:
+    """The draws of a release algorithm, ``theta`` ``(chains, iterations, d)``, and its
+    privacy.json fields: ``epsilon`` and ``delta`` per owner, ``accounting`` (how), ``release``
+    (where it was computed), ``per_owner`` (extra per-owner keys) and ``extra`` (top level)."""
+
+    theta: np.ndarray
+    epsilon: float
+    delta: float
+    accounting: str
+    release: str
+    trusted_curator: bool
+    per_owner: dict[str, Any]
+    extra: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ReleaseAlgorithm:
+    """A one-shot baseline: ``release(rng, model, records, sections)`` computes its draws and
+    privacy from every owner's records (a list of ``(n_k, p)`` arrays) in the simulation."""
+
+    name: str
+    summary: str
+    release: Callable[[np.random.Generator, Model, list[np.ndarray], Sections], Release]
+    check: Callable[[Sections, Model], None] = no_check
+    query: None = None
+    deployable = False
+
+
+def require(condition: bool, message: str) -> None:
+    """``ConfigError(message)`` unless ``condition``: the scenario checks of algorithms."""
+    if not condition:
+        raise ConfigError(message)

@@ -1,0 +1,48 @@
+"""What a transport is: how ``fedpenalty simulate`` starts its owners (``OwnerSetup``) and the
+oracle that reaches them (``Launched``). The registry is ``transports.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..common import Policy
+from ..models import Model
+from .oracle import Oracle
+
+
+@dataclass(frozen=True)
+class OwnerSetup:
+    """A simulation's owners: ``names``, prepared ``records`` ``(n_k, p)``, ``policies`` and
+    noise ``seeds`` in owner order, their ``model``, the run directory ``folder`` for ledgers
+    and host files, and the ``[run]`` section."""
+
+    folder: Path
+    model: Model
+    names: Sequence[str]
+    records: Sequence[np.ndarray]
+    policies: Sequence[Policy]
+    seeds: Sequence[np.random.SeedSequence]
+    run: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Launched:
+    """Started owners: the ``oracle`` that reaches them and ``stop()``, which ends them."""
+
+    oracle: Oracle
+    stop: Callable[[], None]
+
+
+@dataclass(frozen=True)
+class Transport:
+    """A registry entry: ``launch(setup)`` starts the owners and returns how to reach them."""
+
+    name: str
+    summary: str
+    launch: Callable[[OwnerSetup], Launched]

@@ -1,0 +1,18 @@
+"""The transport registry: what ``run.transport`` selects (docs/design.md §6). A transport is
+one module defining a ``Transport`` (``transport_base.py``) plus one line here; every
+transport's oracle passes the same contract tests (tests/test_oracle_contract.py).
+"""
+
+from __future__ import annotations
+
+from .grpc_oracle import GRPC
+from .inprocess import INPROCESS
+from .transport_base import Transport
+
+TRANSPORTS: dict[str, Transport] = {
+    t.name: t
+    for t in (
+        INPROCESS,
+        GRPC,
+    )
+}

@@ -1,0 +1,155 @@
+"""One owner's privacy accountant: everything the owner released, composed, and its ε(δ).
+
+``OwnerAccountant`` follows dp-accounting's event → accountant split (compose events, then ask
+for ε at a δ) for the two kinds of answer an owner gives (docs/design.md §2.5):
+
+* Gaussian answers, each μ_t = Δ_t/σ_t (dimensionless), kept as a running ``GaussianSpend``
+  (count, Σ μ_t², max μ_t): O(1) per answer;
+* Poisson-subsampled Gaussian answers (gradients), kept as ``SubsampledGaussian`` rows
+  (q, σ, count), one per composed row, in a canonical order.
+
+With Gaussian answers only, ε is the exact analytic-Gaussian ε of μ-GDP (``"gdp"``). Once
+subsampled answers are included, everything is composed with dp-accounting's PLD accountant
+(``"pld"``, a pessimistic estimate): the Gaussian answers enter as one Gaussian mechanism of
+the same μ (multiplier 1/μ against sensitivity 1 for add/remove; 2/μ under replace-one, whose
+pair of records sits 2 sensitivities apart).
+
+PLD's memory grows with the privacy loss it represents (a plan worth ε ≈ 10⁶ asks for GiBs), so
+RDP — constant memory, always an upper bound — is computed first, and PLD only refines
+ε ≤ ``PLD_EPSILON_LIMIT``; above it, or wherever it is the smaller figure, the RDP bound is
+reported (``"rdp"``). No budget anyone would set lies up there, and any request an owner
+receives may be hostile.
+
+Accountants are immutable and hashable: ``compose_*`` return new objects, and ε is memoised
+per (accountant, δ), so the many owners of one host asking the same question pay once.
+ε is in nats, δ a probability.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+import numpy as np
+from scipy.optimize.elementwise import find_root
+
+from ..models.base import Neighbour, check_neighbour
+from .gaussian import check_delta, check_epsilon, check_positive, mu_for_epsilon
+from .spend import GaussianSpend
+from .subsampled import SubsampledGaussian, as_events
+from .subsampled import epsilon as sampled_epsilon
+
+__all__ = ["PLD_EPSILON_LIMIT", "AccountantName", "OwnerAccountant"]
+
+AccountantName = Literal["gdp", "pld", "rdp"]
+
+#: ε (nats) above which the RDP bound is reported without asking PLD to refine it.
+PLD_EPSILON_LIMIT = 50.0
+
+
+@dataclass(frozen=True)
+class OwnerAccountant:
+    """What one owner released under ``neighbour`` ("replace_one" | "add_remove"): its Gaussian
+    answers (``gaussian``) and its subsampled-Gaussian answers (``sampled``, stored sorted by
+    (q, σ, count), rows with count 0 dropped, so the order of composition does not matter)."""
+
+    neighbour: Neighbour
+    gaussian: GaussianSpend = field(default_factory=GaussianSpend)
+    sampled: tuple[SubsampledGaussian, ...] = ()
+
+    def __post_init__(self) -> None:
+        check_neighbour(self.neighbour)
+        if not isinstance(self.gaussian, GaussianSpend):
+            raise ValueError(f"gaussian must be a GaussianSpend, got {self.gaussian!r}")
+        rows = [e for e in as_events(self.sampled) if e.count > 0] if self.sampled else ()
+        if rows:
+            rows.sort(key=lambda e: (e.sampling_rate, e.noise_multiplier, e.count))
+        object.__setattr__(self, "sampled", tuple(rows))
+
+    def compose_gaussian(self, mus: np.ndarray | float) -> OwnerAccountant:
+        """Also the Gaussian answers with the given μ_t = Δ_t/σ_t (a scalar or any-shape array)."""
+        return replace(self, gaussian=self.gaussian.add(mus))
+
+    def compose_subsampled(
+        self, events: SubsampledGaussian | Sequence[SubsampledGaussian]
+    ) -> OwnerAccountant:
+        """Also the subsampled-Gaussian answers ``events`` (one row or a sequence of rows)."""
+        return replace(self, sampled=self.sampled + tuple(as_events(events)))
+
+    def account(self, delta: float) -> tuple[float, AccountantName]:
+        """(``epsilon(delta)``, ``accountant_name(delta)``) in one memoised look-up."""
+        return _account(self, delta)
+
+    def epsilon(self, delta: float) -> float:
+        """ε (nats) at ``delta`` of everything composed; 0 when nothing was released."""
+        return _account(self, delta)[0]
+
+    def accountant_name(self, delta: float) -> AccountantName:
+        """Which accountant produced ``epsilon(delta)``: "gdp", "pld" or "rdp"."""
+        return _account(self, delta)[1]
+
+    def max_gaussian_mu_squared(
+        self, budget_epsilon: float, delta: float, tolerance: float = 1e-2
+    ) -> float:
+        """The largest total Σ μ_t² of Gaussian answers (those composed so far included) that,
+        with the subsampled answers composed, keeps ε(delta) ≤ ``budget_epsilon`` (nats).
+
+        μ(budget, δ)² exactly without subsampled answers; otherwise a root search on this
+        accountant's ε (scipy's ``find_root``, Chandrupatla's method, bracket [0, μ(budget, δ)])
+        to a final bracket narrower than ``tolerance`` ∈ (0, 1] times μ(budget, δ), whose lower
+        end is returned, so it never overstates what fits. 0 when the subsampled answers alone
+        exceed the budget. Memoised.
+        """
+        return _max_gaussian_mu_squared(
+            self.neighbour, self.sampled, budget_epsilon, delta, tolerance
+        )
+
+
+@functools.lru_cache(maxsize=4096)
+def _account(acc: OwnerAccountant, delta: float) -> tuple[float, AccountantName]:
+    """(ε at ``delta``, accountant name) of ``acc``; see the module docstring."""
+    if not acc.sampled:
+        return acc.gaussian.epsilon(delta), "gdp"
+    events = list(acc.sampled)
+    if acc.gaussian.mu_squared > 0:
+        factor = 2.0 if acc.neighbour == "replace_one" else 1.0
+        events.append(SubsampledGaussian(1.0, factor / acc.gaussian.mu, 1))
+    bound = sampled_epsilon(events, delta, neighbour=acc.neighbour, accountant="rdp")
+    if bound > PLD_EPSILON_LIMIT:
+        return bound, "rdp"
+    pld = sampled_epsilon(events, delta, neighbour=acc.neighbour)
+    return (pld, "pld") if pld <= bound else (bound, "rdp")
+
+
+@functools.lru_cache(maxsize=1024)
+def _max_gaussian_mu_squared(
+    neighbour: Neighbour,
+    sampled: tuple[SubsampledGaussian, ...],
+    budget_epsilon: float,
+    delta: float,
+    tolerance: float,
+) -> float:
+    """``OwnerAccountant.max_gaussian_mu_squared`` for the subsampled answers ``sampled``
+    (canonical order)."""
+    budget = check_epsilon(budget_epsilon, "budget_epsilon")
+    tolerance = check_positive("tolerance", tolerance)
+    if tolerance > 1.0:
+        raise ValueError(f"tolerance must be in (0, 1], got {tolerance!r}")
+    upper = mu_for_epsilon(budget, check_delta(delta))
+    if not sampled:
+        return upper**2
+    acc = OwnerAccountant(neighbour, sampled=sampled)
+
+    def excess(mu: float) -> float:
+        """ε − budget with Gaussian answers of total μ (``acc`` itself at 0, so memoised)."""
+        mu = float(mu)
+        at = replace(acc, gaussian=GaussianSpend(1, mu * mu, mu)) if mu > 0 else acc
+        return at.epsilon(delta) - budget
+
+    if excess(0.0) > 0:
+        return 0.0
+    width = {"xatol": tolerance * upper, "xrtol": 0.0, "fatol": 0.0, "frtol": 0.0}
+    res = find_root(np.vectorize(excess, otypes=[float]), (0.0, upper), tolerances=width)
+    return max(float(x) for x, f in zip(res.bracket, res.f_bracket) if f <= 0) ** 2

@@ -1,0 +1,180 @@
+"""The architecture of docs/design.md §4 and §6, checked: no import cycle between modules or
+between the package's parts, the layering rules, the registries, and short functions."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+
+import pytest
+
+import fedpenalty
+from fedpenalty.config import resolve
+from fedpenalty.coordinator.algorithms import ALGORITHMS
+from fedpenalty.coordinator.base import ChainAlgorithm, ReleaseAlgorithm
+from fedpenalty.coordinator.transports import TRANSPORTS
+
+ROOT = Path(fedpenalty.__file__).parent
+#: Kernel modules: pure numpy over the oracle interface (docs/design.md §4).
+KERNELS = ("base", "mh", "exact", "expfam", "sgmcmc", "sgld", "sghmc", "sgnht", "driver")
+#: The leaves every layer may import; they import no other part of the package.
+LEAVES = ("errors", "models", "privacy")
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _resolve(module: str, is_package: bool, node: ast.ImportFrom) -> list[str]:
+    """The fedpenalty modules one ``from ... import ...`` statement loads."""
+    if node.level:
+        base = module.split(".") if is_package else module.split(".")[:-1]
+        base = base[: len(base) - node.level + 1]
+        prefix = ".".join(base + ([node.module] if node.module else []))
+    else:
+        prefix = node.module or ""
+    if not prefix.startswith("fedpenalty"):
+        return []
+    return [prefix] + [f"{prefix}.{alias.name}" for alias in node.names]
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module → the fedpenalty modules it imports when it is imported (module level, outside
+    ``if TYPE_CHECKING:`` blocks; imports inside functions run later and are left out)."""
+    paths = {_module(p): p for p in ROOT.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for module, path in paths.items():
+        tree = ast.parse(path.read_text())
+        targets: set[str] = set()
+        for node in tree.body:
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                continue
+            for child in (
+                ast.walk(node) if not isinstance(node, (ast.FunctionDef, ast.ClassDef)) else ()
+            ):
+                if isinstance(child, ast.Import):
+                    targets |= {a.name for a in child.names if a.name.startswith("fedpenalty")}
+                elif isinstance(child, ast.ImportFrom):
+                    targets |= set(_resolve(module, path.name == "__init__.py", child))
+        # importing a.b.c first imports the packages a.b (unless the importer is inside them)
+        parents = {".".join(t.split(".")[:i]) for t in targets for i in range(2, t.count(".") + 1)}
+        own = {".".join(module.split(".")[:i]) for i in range(1, module.count(".") + 2)}
+        graph[module] = {t for t in targets | (parents - own) if t in paths and t != module}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one node (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in list(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _part(module: str) -> str:
+    """The part of the package a module belongs to: ``fedpenalty.owner``, ``fedpenalty.config``."""
+    return ".".join(module.split(".")[:2])
+
+
+def test_no_import_cycle_between_modules():
+    assert _cycles(import_graph()) == []
+
+
+def test_no_import_cycle_between_the_parts_of_the_package():
+    parts: dict[str, set[str]] = {}
+    for module, targets in import_graph().items():
+        if module == "fedpenalty":
+            continue
+        parts.setdefault(_part(module), set()).update(
+            _part(t) for t in targets if _part(t) != _part(module)
+        )
+    parts.pop("fedpenalty", None)
+    for targets in parts.values():
+        targets.discard("fedpenalty")
+    assert _cycles(parts) == []
+
+
+def test_the_cycle_check_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_layers_point_one_way():
+    graph = import_graph()
+    for module, targets in graph.items():
+        parts = {_part(t) for t in targets}
+        if module.startswith("fedpenalty.owner"):
+            assert "fedpenalty.coordinator" not in parts, f"{module} imports the coordinator"
+        if module.split(".")[-1] in KERNELS and module.startswith("fedpenalty.coordinator"):
+            assert "fedpenalty.owner" not in parts, f"kernel {module} imports the owner side"
+        if _part(module) in (f"fedpenalty.{leaf}" for leaf in LEAVES):
+            allowed = {f"fedpenalty.{leaf}" for leaf in LEAVES}
+            assert parts <= allowed, f"leaf {module} imports {parts - allowed}"
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_registered_algorithms_take_the_settings_they_declare(name):
+    algorithm = ALGORITHMS[name]
+    assert algorithm.name == name
+    if isinstance(algorithm, ChainAlgorithm):
+        parameters = inspect.signature(algorithm.build).parameters
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+        for key in algorithm.settings:
+            assert takes_any or key in parameters, f"{name}.build does not take sampler.{key}"
+            assert key in resolve({})["sampler"], (
+                f"{name} declares sampler.{key}, which the scenario has not"
+            )
+        assert algorithm.query in (None, "penalty", "penalty_expfam", "sgmcmc")
+    else:
+        assert isinstance(algorithm, ReleaseAlgorithm)
+
+
+def test_registries_are_what_the_scenario_offers():
+    for name in ALGORITHMS:
+        assert resolve({"sampler": {"algorithm": name}})["sampler"]["algorithm"] == name
+    for name in TRANSPORTS:
+        assert resolve({"run": {"transport": name}})["run"]["transport"] == name
+
+
+def test_functions_are_short():
+    """No function body over 50 lines (docstring excluded) in the package."""
+    long = []
+    for path in ROOT.rglob("*.py"):
+        if "proto" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                first = node.body[0]
+                docstring = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+                start = first.end_lineno + 1 if docstring and len(node.body) > 1 else first.lineno
+                if node.end_lineno - start + 1 > 50:
+                    long.append(
+                        f"{path.relative_to(ROOT)}:{node.name} ({node.end_lineno - start + 1} "
+                        f"lines)"
+                    )
+    assert long == []
