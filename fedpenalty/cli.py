@@ -146,7 +146,9 @@ def print_run(title: str, result) -> None:
         if privacy.get("trusted_curator"):
             print("trusted curator: this baseline pools every owner's records centrally")
     elif privacy.get("trusted_curator"):
-        print("\nexact_mh is the non-private trusted-curator baseline: no owner privacy.")
+        print(
+            f"\n{privacy['algorithm']} is a non-private trusted-curator baseline: no owner privacy."
+        )
     if diag["kept_draws"] > 1:
         if diag.get("acceptance_rate") is not None:
             print(
