@@ -7,9 +7,11 @@ types (schema), so owners, transports, kernels, config and the CLI may all impor
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .errors import ConfigError
 from .privacy import GaussianSpend
 from .privacy.owner_epsilon import owner_epsilon
 from .privacy.subsampled import SubsampledGaussian
@@ -22,6 +24,11 @@ LOG_RATIO = "penalty"
 SUFF_STATS = "penalty_expfam"
 SGMCMC = "sgmcmc"
 QUERY_KINDS = (LOG_RATIO, SUFF_STATS, SGMCMC)
+
+
+#: The smallest gradient noise sd σ·clip an owner uses: the smallest normal float (below it the
+#: noise is subnormal or rounds to 0 while the ledger would still count σ).
+_SMALLEST_NOISE_SD = sys.float_info.min
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,11 @@ class Policy:
     max_answers_per_request: refuse larger requests outright (chains × block).
     max_sampling_rate, max_clip: the largest Poisson sampling rate q and per-record gradient
         clip norm the owner accepts for gradient answers.
+    min_step, min_clip: the smallest ‖θ' − θ‖₂ and gradient clip the owner answers for: below
+        them an answer carries (almost) no information yet costs storage and computation, and
+        a vanishing noise scale σ·clip must never reach the noise sampler.
+    max_record_evaluations: the most per-record terms (chains × records) one request may make
+        the owner compute; larger requests are refused before any work.
     """
 
     sigma: PositiveFloat = 1.0
@@ -49,9 +61,25 @@ class Policy:
     max_answers_per_request: PositiveInt = 1_000_000
     max_sampling_rate: Rate = 1.0
     max_clip: PositiveFloat = 10.0
+    min_step: PositiveFloat = 1e-9
+    min_clip: PositiveFloat = 1e-6
+    max_record_evaluations: PositiveInt = 50_000_000
 
     def __post_init__(self) -> None:
         check_fields(self, "privacy")
+        if self.min_step > self.max_step:
+            raise ConfigError(
+                f"privacy.min_step = {self.min_step:g} exceeds privacy.max_step = {self.max_step:g}"
+            )
+        if self.min_clip > self.max_clip:
+            raise ConfigError(
+                f"privacy.min_clip = {self.min_clip:g} exceeds privacy.max_clip = {self.max_clip:g}"
+            )
+        if self.sigma * self.min_clip < _SMALLEST_NOISE_SD:
+            raise ConfigError(
+                f"privacy.sigma × privacy.min_clip = {self.sigma * self.min_clip:g} is below "
+                f"{_SMALLEST_NOISE_SD:g}: gradient noise that small is no noise; raise min_clip"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -65,7 +93,7 @@ class OwnerDescription:
     model: str
     model_params: dict[str, Any]
     dim: int
-    n: int
+    n: int | None  # None: not disclosed (under add_remove the count itself is private)
     policy: Policy
 
 
@@ -98,7 +126,7 @@ class PrivacyReport:
     across every session the ledger has seen."""
 
     owner: str
-    n: int
+    n: int | None  # None: not disclosed (add_remove)
     delta: float
     budget_epsilon: float
     neighbour: Neighbour

@@ -358,8 +358,10 @@ def _deployed(
 ) -> RunResult:
     described = oracle.describe()
     algorithm = _deployable(ALGORITHMS[scenario["sampler"]["algorithm"]])
+    counts = [d.n for d in described]
+    n_total = None if None in counts else sum(n for n in counts if n is not None)
     chains, reports, stopped = _sample_owners(
-        scenario, algorithm, model, oracle, out, sum(d.n for d in described), info, resume
+        scenario, algorithm, model, oracle, out, n_total, info, resume
     )
     privacy = (
         privacy_summary(reports, [d.policy for d in described], algorithm, scenario["sampler"])
@@ -377,7 +379,7 @@ def _sample_owners(
     model: Model,
     oracle: Oracle,
     out: Path,
-    n_total: int,
+    n_total: int | None,
     info: dict[str, Any],
     resume: Progress | None = None,
     theta0: np.ndarray | None = None,

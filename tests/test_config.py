@@ -406,6 +406,9 @@ def test_policy_is_a_frozen_hashable_dataclass_of_floats():
         "max_answers_per_request": 1_000_000,
         "max_sampling_rate": 1.0,
         "max_clip": 3.0,
+        "min_step": 1e-9,
+        "min_clip": 1e-6,
+        "max_record_evaluations": 50_000_000,
     }
     assert Policy(**policy.to_dict()) == policy
     with pytest.raises(AttributeError):

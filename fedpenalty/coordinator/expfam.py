@@ -121,6 +121,11 @@ def plan(sampler: Mapping[str, Any]) -> int:
 def check(sections: Sections, model: Model) -> None:
     mh.check_step(sections, model)
     require(
+        sections["privacy"]["neighbour"] == "replace_one",
+        "sampler.algorithm = 'penalty_expfam' needs each owner's record count n, which owners keep "
+        "private under privacy.neighbour = 'add_remove'; use 'penalty' or 'replace_one'",
+    )
+    require(
         isinstance(model, ExpFamModel),
         "sampler.algorithm = 'penalty_expfam' needs an exponential-family "
         f"model; {model.name!r} is not one",

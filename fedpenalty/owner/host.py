@@ -92,6 +92,10 @@ class OwnerHost:
         self._normals = _Normals([n.rng for n in nodes])
         self._checked: dict[str, tuple[str, list]] = {}
         self._max_step = np.array([n.policy.max_step for n in nodes])
+        self._min_step = np.array([n.policy.min_step for n in nodes])
+        # per-record terms one chain costs each owner, and the most it computes per request
+        self._records = np.array([len(n.records) for n in nodes])
+        self._max_work = np.array([n.policy.max_record_evaluations for n in nodes])
         self._max_answers = min(n.policy.max_answers_per_request for n in nodes)
         # μ per unit step of a log-ratio answer: (2 or 1)·L/σ_k
         self._mu_per_step = (
@@ -178,15 +182,9 @@ class OwnerHost:
         chains = self._check_chains(chains)
         theta = self._check_theta("theta", theta, len(chains))
         theta_prop = self._check_theta("theta_prop", theta_prop, len(chains))
-        step = np.linalg.norm(theta_prop - theta, axis=1)
-        too_far = step[None, :] > self._max_step[:, None] * (1 + 1e-12)
-        if too_far.any():
-            k = int(np.argmax(too_far.any(axis=1)))
-            raise InvalidRequest(
-                f"step ‖θ'−θ‖ = {step.max():.6g} exceeds this owner's max_step "
-                f"{self._max_step[k]:g}",
-                self.names[k],
-            )
+        step = self._check_steps(theta, theta_prop)
+        if not self._fast:
+            self._check_work(len(chains))
         digests = [
             hashlib.sha256(
                 LOG_RATIO.encode()
@@ -293,6 +291,7 @@ class OwnerHost:
         chains = self._check_chains(chains)
         theta = self._check_theta("theta", theta, len(chains))
         clip = self._check_clip(clip)
+        self._check_work(len(chains))
         tag = SGMCMC.encode() + np.float64(clip).tobytes()
         digests = [
             hashlib.sha256(tag + theta[c].astype("<f8").tobytes()).digest()
@@ -414,6 +413,40 @@ class OwnerHost:
                 out[k, j] = np.frombuffer(row[1], dtype="<f8")
                 new[k, j] = False
 
+    def _check_steps(self, theta: np.ndarray, theta_prop: np.ndarray) -> np.ndarray:
+        """‖θ' − θ‖ per chain ``(C,)``; ``InvalidRequest`` unless every step lies within each
+        owner's [min_step, max_step] (a step below min_step — θ' = θ included — carries almost
+        no information and is refused rather than answered for free)."""
+        step = np.linalg.norm(theta_prop - theta, axis=1)
+        too_far = step[None, :] > self._max_step[:, None] * (1 + 1e-12)
+        too_short = step[None, :] < self._min_step[:, None]
+        for bad, bound, which in (
+            (too_far, self._max_step, "exceeds"),
+            (too_short, self._min_step, "is below"),
+        ):
+            if bad.any():
+                k = int(np.argmax(bad.any(axis=1)))
+                name = "max_step" if which == "exceeds" else "min_step"
+                worst = step.max() if which == "exceeds" else step.min()
+                raise InvalidRequest(
+                    f"step ‖θ'−θ‖ = {worst:.6g} {which} this owner's {name} {bound[k]:g}",
+                    self.names[k],
+                )
+        return step
+
+    def _check_work(self, chains: int) -> None:
+        """``InvalidRequest`` before any work when chains × records would pass an owner's
+        ``max_record_evaluations`` (per-record log-ratios and gradients)."""
+        over = chains * self._records > self._max_work
+        if over.any():
+            k = int(np.argmax(over))
+            raise InvalidRequest(
+                f"request asks for {chains} chains × {self._records[k]} records = "
+                f"{chains * self._records[k]} per-record evaluations; this owner computes at most "
+                f"{self._max_work[k]} per request (max_record_evaluations)",
+                self.names[k],
+            )
+
     def _check_clip(self, clip: Any) -> float:
         """``clip`` as a float; ``InvalidRequest`` unless positive, finite and within every
         owner's ``max_clip``."""
@@ -421,9 +454,10 @@ class OwnerHost:
         if not number or not 0 < clip < np.inf:
             raise InvalidRequest(f"clip must be a positive finite number, got {clip!r}", self.label)
         for node in self.nodes:
-            if clip > node.policy.max_clip:
+            if not node.policy.min_clip <= clip <= node.policy.max_clip:
                 raise InvalidRequest(
-                    f"clip {clip:g} exceeds this owner's max_clip {node.policy.max_clip:g}",
+                    f"clip {clip:g} lies outside this owner's [min_clip, max_clip] = "
+                    f"[{node.policy.min_clip:g}, {node.policy.max_clip:g}]",
                     node.name,
                 )
         return float(clip)

@@ -86,13 +86,20 @@ class OwnerNode:
         self._sessions: dict[str, _OpenSession] = {}
 
     # --- public facts ------------------------------------------------------------------------
+    @property
+    def public_n(self) -> int | None:
+        """The record count this owner discloses: under ``replace_one`` neighbours n is the
+        same for both datasets (public); under ``add_remove`` it differs by one, so it is
+        private and never released (None)."""
+        return len(self.records) if self.policy.neighbour == "replace_one" else None
+
     def describe(self) -> OwnerDescription:
         return OwnerDescription(
             self.name,
             self.model.name,
             self.model.params(),
             self.model.dim,
-            len(self.records),
+            self.public_n,
             self.policy,
         )
 
@@ -145,6 +152,12 @@ class OwnerNode:
         if algorithm == SUFF_STATS and not isinstance(self.model, ExpFamModel):
             raise InvalidRequest(
                 f"model {self.model.name!r} has no sufficient statistics", self.name
+            )
+        if algorithm == SUFF_STATS and self.public_n is None:
+            raise InvalidRequest(
+                "penalty_expfam needs each owner's record count n, which this owner keeps "
+                "private under add_remove neighbours; use the penalty algorithm",
+                self.name,
             )
         planned_ok = isinstance(planned_answers, (int, np.integer)) and planned_answers >= 0
         if isinstance(planned_answers, bool) or not planned_ok:
@@ -275,7 +288,7 @@ class OwnerNode:
         )
         return PrivacyReport(
             self.name,
-            len(self.records),
+            self.public_n,
             delta,
             self.policy.budget_epsilon,
             self.policy.neighbour,

@@ -79,7 +79,7 @@ def owner_info(d: OwnerDescription) -> pb.OwnerInfo:
         model=d.model,
         model_params_json=json.dumps(d.model_params),
         dim=d.dim,
-        n=d.n,
+        n=-1 if d.n is None else d.n,
         policy=pb.Policy(
             sigma=p.sigma,
             max_step=p.max_step,
@@ -87,6 +87,9 @@ def owner_info(d: OwnerDescription) -> pb.OwnerInfo:
             delta=p.delta,
             neighbour=p.neighbour,
             max_answers_per_request=p.max_answers_per_request,
+            min_step=p.min_step,
+            min_clip=p.min_clip,
+            max_record_evaluations=p.max_record_evaluations,
             max_sampling_rate=p.max_sampling_rate,
             max_clip=p.max_clip,
         ),
@@ -104,10 +107,12 @@ def owner_description(msg: pb.OwnerInfo) -> OwnerDescription:
         max_answers_per_request=int(p.max_answers_per_request),
         max_sampling_rate=p.max_sampling_rate,
         max_clip=p.max_clip,
+        min_step=p.min_step,
+        min_clip=p.min_clip,
+        max_record_evaluations=int(p.max_record_evaluations),
     )
-    return OwnerDescription(
-        msg.name, msg.model, json.loads(msg.model_params_json), msg.dim, msg.n, policy
-    )
+    params = json.loads(msg.model_params_json)
+    return OwnerDescription(msg.name, msg.model, params, msg.dim, _count(msg.n), policy)
 
 
 def _spend(s: SpendReport) -> pb.Spend:
@@ -127,7 +132,7 @@ def _spend_report(s: pb.Spend) -> SpendReport:
 def owner_privacy(r: PrivacyReport) -> pb.OwnerPrivacy:
     msg = pb.OwnerPrivacy(
         owner=r.owner,
-        n=r.n,
+        n=-1 if r.n is None else r.n,
         delta=r.delta,
         budget_epsilon=r.budget_epsilon,
         neighbour=r.neighbour,
@@ -142,7 +147,7 @@ def privacy_report(msg: pb.OwnerPrivacy) -> PrivacyReport:
     session = _spend_report(msg.session) if msg.HasField("session") else None
     return PrivacyReport(
         msg.owner,
-        msg.n,
+        _count(msg.n),
         msg.delta,
         msg.budget_epsilon,
         check_neighbour(msg.neighbour),
@@ -194,3 +199,8 @@ _BY_CODE: dict[str, type[errors.OwnerError]] = {
     "UNAVAILABLE": errors.OwnerUnavailable,
     "DEADLINE_EXCEEDED": errors.OwnerUnavailable,
 }
+
+
+def _count(n: int) -> int | None:
+    """A record count from the wire: −1 means the owner does not disclose it (add_remove)."""
+    return None if n < 0 else n

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Policy(_message.Message):
-    __slots__ = ("sigma", "max_step", "budget_epsilon", "delta", "neighbour", "max_answers_per_request", "max_sampling_rate", "max_clip")
+    __slots__ = ("sigma", "max_step", "budget_epsilon", "delta", "neighbour", "max_answers_per_request", "max_sampling_rate", "max_clip", "min_step", "min_clip", "max_record_evaluations")
     SIGMA_FIELD_NUMBER: _ClassVar[int]
     MAX_STEP_FIELD_NUMBER: _ClassVar[int]
     BUDGET_EPSILON_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,9 @@ class Policy(_message.Message):
     MAX_ANSWERS_PER_REQUEST_FIELD_NUMBER: _ClassVar[int]
     MAX_SAMPLING_RATE_FIELD_NUMBER: _ClassVar[int]
     MAX_CLIP_FIELD_NUMBER: _ClassVar[int]
+    MIN_STEP_FIELD_NUMBER: _ClassVar[int]
+    MIN_CLIP_FIELD_NUMBER: _ClassVar[int]
+    MAX_RECORD_EVALUATIONS_FIELD_NUMBER: _ClassVar[int]
     sigma: float
     max_step: float
     budget_epsilon: float
@@ -24,7 +27,10 @@ class Policy(_message.Message):
     max_answers_per_request: int
     max_sampling_rate: float
     max_clip: float
-    def __init__(self, sigma: _Optional[float] = ..., max_step: _Optional[float] = ..., budget_epsilon: _Optional[float] = ..., delta: _Optional[float] = ..., neighbour: _Optional[str] = ..., max_answers_per_request: _Optional[int] = ..., max_sampling_rate: _Optional[float] = ..., max_clip: _Optional[float] = ...) -> None: ...
+    min_step: float
+    min_clip: float
+    max_record_evaluations: int
+    def __init__(self, sigma: _Optional[float] = ..., max_step: _Optional[float] = ..., budget_epsilon: _Optional[float] = ..., delta: _Optional[float] = ..., neighbour: _Optional[str] = ..., max_answers_per_request: _Optional[int] = ..., max_sampling_rate: _Optional[float] = ..., max_clip: _Optional[float] = ..., min_step: _Optional[float] = ..., min_clip: _Optional[float] = ..., max_record_evaluations: _Optional[int] = ...) -> None: ...
 
 class OwnerInfo(_message.Message):
     __slots__ = ("name", "model", "model_params_json", "dim", "n", "policy")

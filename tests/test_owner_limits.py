@@ -1,0 +1,116 @@
+"""Regression tests of the owner's lower bounds and work limits (docs/design.md §3, invariants 1,
+4, 9): each reproduces an attack on the owner node and checks that it is refused before any
+work, with nothing charged."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedpenalty.common import Policy
+from fedpenalty.config import resolve
+from fedpenalty.errors import ConfigError, InvalidRequest
+from fedpenalty.models import build_model
+from fedpenalty.owner import Ledger, OwnerHost, OwnerNode
+
+GAUSS = build_model({"name": "gaussian_mean", "dim": 1})
+LOGISTIC = build_model({"name": "logistic", "dim": 2})
+
+
+class CountingLogistic(type(LOGISTIC)):  # type: ignore[misc]
+    """The logistic model, counting the per-record evaluations an owner makes."""
+
+    evaluations = 0
+
+    def log_lik_diff(self, records, theta, theta_prop):
+        CountingLogistic.evaluations += len(records) * len(theta)
+        return super().log_lik_diff(records, theta, theta_prop)
+
+    def grad_log_lik(self, records, theta):
+        CountingLogistic.evaluations += len(records) * len(theta)
+        return super().grad_log_lik(records, theta)
+
+
+def host(model, records, **policy) -> OwnerHost:
+    """One owner on ``records`` with a budget large enough for any plan here."""
+    policy = {"budget_epsilon": 1e9, **policy}
+    node = OwnerNode("o", model, records, Policy(**policy), Ledger(":memory:"),
+                     np.random.default_rng(0))  # fmt: skip
+    return OwnerHost([node])
+
+
+def answers(h: OwnerHost) -> int:
+    return h.nodes[0].ledger.total("o").answers
+
+
+@pytest.mark.parametrize("step", [0.0, 1e-12])
+def test_zero_information_steps_are_refused_and_cost_nothing(step):
+    """θ' = θ (or a step of 1e-12) used to be answered, charged ε ≈ 0 and stored: free answers
+    that fill the disk, and, with float noise, a way to read λ exactly (Mironov 2012)."""
+    records = GAUSS.simulate_records(np.random.default_rng(1), np.array([0.2]), 200)
+    h = host(GAUSS, records, max_step=0.05)
+    h.open_session("s", "penalty", 10)
+    theta = np.array([[0.1]])
+    with pytest.raises(InvalidRequest, match="min_step"):
+        h.log_ratio("s", 0, np.array([0]), theta, theta + step)
+    assert answers(h) == 0
+    h.log_ratio("s", 0, np.array([0]), theta, theta + 0.01)  # a real step is answered
+    assert answers(h) == 1
+
+
+def test_a_vanishing_clip_is_refused():
+    """A clip of 5e-324 made the noise sd σ·clip exactly 0 while the ledger charged ε 5.94."""
+    records = LOGISTIC.simulate_records(np.random.default_rng(1), np.zeros(2), 100)
+    h = host(LOGISTIC, records, sigma=0.5, max_sampling_rate=1.0)
+    h.open_session("g", "sgmcmc", 10, sampling_rate=1.0)
+    for clip in (5e-324, 1e-9):
+        with pytest.raises(InvalidRequest, match="min_clip"):
+            h.gradient("g", 0, np.array([0]), np.zeros((1, 2)), clip)
+    assert sum(e.count for e in h.nodes[0].ledger.sampled("o")) == 0
+
+
+def test_policies_refuse_noise_that_underflows():
+    with pytest.raises(ConfigError, match="min_clip"):
+        Policy(sigma=1e-300, min_clip=1e-10)
+    with pytest.raises(ConfigError, match="min_step"):
+        Policy(max_step=0.01, min_step=0.1)
+
+
+@pytest.mark.parametrize("query", ["log_ratio", "gradient"])
+def test_oversized_requests_are_refused_before_any_work(query):
+    """One 9,000-chain logistic request OOM-killed a 100k-record owner; a 60,000-chain gradient
+    computed for seconds before its refusal. The bound is checked before computing."""
+    model = CountingLogistic(**LOGISTIC.params())
+    records = model.simulate_records(np.random.default_rng(2), np.zeros(2), 1000)
+    h = host(model, records, max_record_evaluations=50_000, max_sampling_rate=1.0)
+    h.open_session("s", "penalty" if query == "log_ratio" else "sgmcmc", 100,
+                   **({} if query == "log_ratio" else {"sampling_rate": 1.0}))  # fmt: skip
+    chains = np.arange(51)  # 51 × 1000 records > 50,000
+    theta = np.zeros((51, 2))
+    CountingLogistic.evaluations = 0
+    with pytest.raises(InvalidRequest, match="max_record_evaluations"):
+        if query == "log_ratio":
+            h.log_ratio("s", 0, chains, theta, theta + 0.01)
+        else:
+            h.gradient("s", 0, chains, theta, 1.0)
+    assert CountingLogistic.evaluations == 0 and answers(h) == 0
+    if query == "log_ratio":  # 50 chains fit
+        h.log_ratio("s", 0, chains[:50], theta[:50], theta[:50] + 0.01)
+        assert CountingLogistic.evaluations == 50_000
+
+
+def test_add_remove_owners_do_not_release_their_record_count():
+    """Under add_remove, n and n + 1 are neighbours: Describe released the exact n with no
+    noise and no charge. Now n is withheld, and penalty_expfam (which needs it) is refused."""
+    records = GAUSS.simulate_records(np.random.default_rng(3), np.array([0.2]), 1000)
+    h = host(GAUSS, records, neighbour="add_remove")
+    assert [d.n for d in h.describe()] == [None]
+    assert [r.n for r in h.privacy_reports()] == [None]
+    with pytest.raises(InvalidRequest, match="add_remove"):
+        h.open_session("s", "penalty_expfam", 10)
+    replace_one = host(GAUSS, records)
+    assert [d.n for d in replace_one.describe()] == [1000]
+    with pytest.raises(ConfigError, match="add_remove"):
+        resolve(
+            {"sampler": {"algorithm": "penalty_expfam"}, "privacy": {"neighbour": "add_remove"}}
+        )
