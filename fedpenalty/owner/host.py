@@ -454,12 +454,13 @@ class OwnerHost:
         if not number or not 0 < clip < np.inf:
             raise InvalidRequest(f"clip must be a positive finite number, got {clip!r}", self.label)
         for node in self.nodes:
-            if not node.policy.min_clip <= clip <= node.policy.max_clip:
-                raise InvalidRequest(
-                    f"clip {clip:g} lies outside this owner's [min_clip, max_clip] = "
-                    f"[{node.policy.min_clip:g}, {node.policy.max_clip:g}]",
-                    node.name,
-                )
+            low, high = node.policy.min_clip, node.policy.max_clip
+            if not low <= clip <= high:
+                if clip > high:
+                    which = f"exceeds this owner's max_clip {high:g}"
+                else:
+                    which = f"is below this owner's min_clip {low:g}"
+                raise InvalidRequest(f"clip {clip:g} {which}", node.name)
         return float(clip)
 
     # --- validation ---------------------------------------------------------------------------
