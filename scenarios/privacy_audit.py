@@ -57,7 +57,7 @@ in a tail, so its accuracy is near ½: the bound comes from the ratio of two tai
 
 Sample sizes (``Settings``): ``--quick`` 20,000 answers per dataset for the owner mechanisms,
 200,000 for the simulated σ/2 mechanism and 1,000 trials for the tiny-step rows (about 10 s);
-the default 1,000,000, 2,000,000 and 10,000 (about three minutes). Seeds are fixed.
+the default 1,000,000, 2,000,000 and 10,000 (about two minutes). Seeds are fixed.
 """
 
 from __future__ import annotations
