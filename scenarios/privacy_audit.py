@@ -38,7 +38,7 @@ Mechanisms (rows):
 * ``broken_sigma_half``: the ``penalty_answer`` owner's noise-free answers with σ/2 noise,
   claiming σ; the audit must flag it.
 * ``float_noise_tiny_step``: the old floating-point sampler (λ + σ·``rng.standard_normal()``)
-  at step 1e-12, where λ_D and λ_D′ differ by 2e-11 and the ledger claims ε = 0 for the
+  at step 1e-8, where λ_D and λ_D′ differ by 2e-7 and the ledger claims ε ≈ 0 for the
   ``TINY_ANSWERS`` answers of a trial. Mironov's (2012) attack: floating-point noise takes only
   values with a particular structure, which the answer keeps; here the distinguisher asks, for
   each candidate λ, whether the answer is an output the float computation can produce from λ —
@@ -47,7 +47,7 @@ Mechanisms (rows):
   (about 82% of answers at σ = 0.7: products fl(σ·ξ) miss some doubles), so the score
   #answers inconsistent with λ_D − #answers inconsistent with λ_D′ separates D from D′.
 * ``penalty_answer_tiny_step``: the same distinguisher against the real owner API at step
-  1e-12 (the attacker recomputes the owner's noise-free λ bit for bit from the public code and
+  1e-8 (the attacker recomputes the owner's noise-free λ bit for bit from the public code and
   both candidate datasets). Owners whose answers are exact lattice points defeat it.
 
 Optional row keys: ``trials`` (per dataset: half select the test, half bound ε),
@@ -89,7 +89,7 @@ N_RECORDS = 10
 #: the log-ratio owners' σ: a number whose float products fl(σ·ξ) miss some doubles (σ = 1,
 #: or any power of two, makes fl(σ·ξ) = σ·ξ exact, and then this distinguisher sees nothing).
 LOG_RATIO_SIGMA = 0.7
-TINY_STEP = 1e-12
+TINY_STEP = 1e-8  # above the owners' default min_step (1e-9), charged ε ≈ 0
 TINY_ANSWERS = 32
 CLIP = 1.0
 SEED = 0
