@@ -176,7 +176,7 @@ class Ledger:
             self._db = self._connect(synchronous)
         except sqlite3.OperationalError as exc:
             self._release_file_lock()
-            raise self._unavailable(exc, "cannot be opened") from exc
+            raise self._unavailable(exc) from exc
         self._ids: dict[str, int] = {}
         self._groups: dict[tuple[int, ...], int] = {}
         self._members: dict[int, np.ndarray] = {}
@@ -435,11 +435,6 @@ class Ledger:
         """Everything the owner has ever been charged, across sessions."""
         with self._reading():
             return self._spend_of(owner)
-
-    def limit(self, owner: str) -> float | None:
-        """The owner's recorded Gaussian μ² cap (None when no plan lowered it)."""
-        with self._reading():
-            return self._limits(np.array([self._id(owner)]))[0]
 
     def _limits(self, owner_ids: np.ndarray) -> list[float | None]:
         """The recorded μ² cap of each owner id (None: not recorded)."""
