@@ -318,7 +318,7 @@ def cmd_owner_report(args: argparse.Namespace) -> int:
         raise FedPenaltyError(
             f"no ledger at {config.ledger}: owner {config.name!r} has never served from it"
         )
-    ledger = Ledger(config.ledger, synchronous=config.synchronous)
+    ledger = Ledger(config.ledger, read_only=True)  # no lock: works while a server runs
     try:
         policy = config.policy
         spend = SpendReport.of(

@@ -61,3 +61,12 @@ class OwnerUnavailable(OwnerError):
     """The owner cannot be reached (transport failure after retries)."""
 
     grpc_code = "UNAVAILABLE"
+
+
+class StorageUnavailable(OwnerUnavailable):
+    """The owner's ledger cannot be written (disk full, read-only, I/O error); the request was
+    neither answered nor charged, and may be retried once the storage is back."""
+
+
+class LedgerInUse(FedPenaltyError):
+    """Another process (or another ``Ledger`` in this one) already serves this ledger file."""

@@ -136,7 +136,8 @@ class LedgerReplay:
 
     def __init__(self, owners: dict, session: str):
         self.ledgers = [
-            (Ledger(o["toml"].parent / f"{name}.sqlite"), name) for name, o in owners.items()
+            (Ledger(o["toml"].parent / f"{name}.sqlite", read_only=True), name)
+            for name, o in owners.items()
         ]
         self.session = session
 

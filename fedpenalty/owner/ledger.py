@@ -16,20 +16,43 @@ owners that answered together) and hold one value per owner:
   over the rows of the groups it belongs to.
 * ``sampled`` — per (session, owner, q, σ): the number of Poisson-subsampled Gaussian answers
   (gradients), accounted with dp-accounting rather than as GDP.
-* ``sessions`` — per owner: algorithm, plan, open/close times, sampling rate.
+* ``sessions`` — per owner: algorithm, plan, open/close times, sampling rate. An open sgmcmc
+  session reserves what its plan may still give (``PlanView.reserved``).
+* ``limits`` — per owner: the μ² its Gaussian answers may reach with every gradient answer
+  given or reserved (written when a plan is admitted, read by every charge).
+
+One ledger, one writer (invariant 8): a writable ``Ledger`` holds an exclusive ``flock`` on
+``<ledger>.lock`` beside the database for its whole life. A second ``Ledger`` on the same file,
+in this process or another, is refused (``LedgerInUse``). The lock is on a separate file, not
+on the database, because opening and closing another descriptor of the database would drop
+the POSIX locks SQLite holds on it in this process. ``Ledger(path, read_only=True)`` takes no
+lock and reads the file while a server writes it (offline reports). A storage failure (disk
+full, read-only file, I/O error) rolls the transaction back and raises ``StorageUnavailable``.
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
 import sqlite3
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 import numpy as np
 
-from ..errors import BudgetExhausted, InvalidRequest, UnknownSession
+from ..common import SGMCMC
+from ..errors import (
+    BudgetExhausted,
+    InvalidRequest,
+    LedgerInUse,
+    StorageUnavailable,
+    UnknownSession,
+)
 from ..models.base import Neighbour
 from ..privacy import GaussianSpend
 from ..privacy.owner_epsilon import owner_epsilon
@@ -56,6 +79,7 @@ CREATE TABLE IF NOT EXISTS sampled (
     session_id INTEGER NOT NULL, owner_id INTEGER NOT NULL, sampling_rate REAL NOT NULL,
     noise_multiplier REAL NOT NULL, answers INTEGER NOT NULL,
     PRIMARY KEY (session_id, owner_id, sampling_rate, noise_multiplier));
+CREATE TABLE IF NOT EXISTS limits (owner_id INTEGER PRIMARY KEY, max_mu_squared REAL NOT NULL);
 """
 
 
@@ -73,12 +97,35 @@ class Session:
 
 
 @dataclass(frozen=True)
+class PlanView:
+    """What one owner has spent and holds, read inside the transaction that admits a plan.
+
+    ``existing``: the session being re-opened (None when new); ``total``: its Gaussian spend;
+    ``sampled``: the gradient answers it gave (all sessions); ``reserved``: what its *other* open
+    sgmcmc sessions may still give, at the noise multiplier the owner named; ``gaussian_open``:
+    some non-sgmcmc session of the owner is open (counting the one being opened).
+    """
+
+    existing: Session | None
+    total: GaussianSpend
+    sampled: list[SubsampledGaussian]
+    reserved: list[SubsampledGaussian]
+    gaussian_open: bool
+
+
+#: decides a plan from a ``PlanView``: raises to refuse, returns the owner's new Gaussian μ² cap
+#: (or None to keep it). It runs inside the ledger's transaction and must not call the ledger.
+Admit = Callable[[PlanView], float | None]
+
+
+@dataclass(frozen=True)
 class Charge:
     """New answers of K owners (one ledger) to one request of M keys.
 
     Keys (``chains[j]``, ``iterations[j]``) with query ``digests[j]``; ``payloads`` ``(K, M, w)``
     float64; ``mus`` ``(K, M)``; ``new`` ``(K, M)`` marks the answers to store and charge.
-    ``max_mu_squared``, ``budget_epsilon``, ``delta``: ``(K,)`` each owner's limit.
+    ``max_mu_squared``, ``budget_epsilon``, ``delta``: ``(K,)`` each owner's limit; the ledger
+    enforces the lower of ``max_mu_squared`` and the cap it recorded for the owner's plans.
 
     Gradient answers (``sampled`` set) are Poisson-subsampled Gaussian releases at
     (q, ``sampled.noise_multiplier[k]``) instead of GDP answers: ``mus`` is ignored and each
@@ -113,35 +160,118 @@ class SampledCharge:
 
 class Ledger:
     """SQLite ledger. ``synchronous="FULL"`` survives power loss; ``"NORMAL"`` survives a
-    process crash (``kill -9``) but may lose the last commits on power loss."""
+    process crash (``kill -9``) but may lose the last commits on power loss. ``read_only``:
+    no lock and no writes (reports read while a server writes the file)."""
 
-    def __init__(self, path: str | Path, synchronous: str = "FULL"):
+    def __init__(self, path: str | Path, synchronous: str = "FULL", read_only: bool = False):
         if synchronous not in ("FULL", "NORMAL"):
             raise ValueError("synchronous must be 'FULL' or 'NORMAL'")
         self.path = str(path)
-        if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self.read_only = read_only
+        #: False after a storage failure, True again after the next successful write
+        self.writable = True
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute(f"PRAGMA synchronous={synchronous}")
-        self._db.executescript(_SCHEMA)
+        self._lock_fd = None if read_only or self.path == ":memory:" else self._take_file_lock()
+        try:
+            self._db = self._connect(synchronous)
+        except sqlite3.OperationalError as exc:
+            self._release_file_lock()
+            raise self._unavailable(exc) from exc
         self._ids: dict[str, int] = {}
         self._groups: dict[tuple[int, ...], int] = {}
         self._members: dict[int, np.ndarray] = {}
 
+    def _take_file_lock(self) -> int:
+        """An exclusive ``flock`` on ``<ledger>.lock`` (the descriptor), or ``LedgerInUse``."""
+        database = Path(self.path).resolve()
+        database.parent.mkdir(parents=True, exist_ok=True)
+        lock = f"{database}.lock"
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StorageUnavailable(
+                f"ledger {database} cannot be locked: {exc.strerror} ({lock})"
+            ) from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise LedgerInUse(
+                f"ledger {database} is in use: another process serves it (it holds {lock}); "
+                "an owner's ledger has one writer"
+            ) from None
+        return fd
+
+    def _release_file_lock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor releases the flock
+            self._lock_fd = None
+
+    def _connect(self, synchronous: str) -> sqlite3.Connection:
+        if self.read_only:
+            uri = f"file:{quote(str(Path(self.path).resolve()))}?mode=ro"
+            return sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute(f"PRAGMA synchronous={synchronous}")
+        db.execute("BEGIN IMMEDIATE")  # fails at once on a file that cannot be written
+        for statement in _SCHEMA.split(";"):
+            if statement.strip():
+                db.execute(statement)
+        db.execute("COMMIT")
+        return db
+
     def close(self) -> None:
         with self._lock:
             self._db.close()
+            self._release_file_lock()
+
+    def _unavailable(self, exc: sqlite3.Error, what: str = "cannot be written") -> Exception:
+        """The ``StorageUnavailable`` of a failed SQLite call."""
+        return StorageUnavailable(
+            f"ledger {self.path} {what} ({exc}); nothing was answered or charged"
+        )
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """One write transaction under the lock (``BEGIN IMMEDIATE … COMMIT``). Any exception
+        rolls it back; a storage failure becomes ``StorageUnavailable`` and clears
+        ``writable`` until a later write commits."""
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    if self._db.in_transaction:  # SQLite may have rolled back already
+                        self._db.execute("ROLLBACK")
+                    raise
+            except sqlite3.OperationalError as exc:
+                self.writable = False
+                raise self._unavailable(exc) from exc
+            self.writable = True
+
+    @contextmanager
+    def _reading(self) -> Iterator[None]:
+        """Reads under the lock; a storage failure becomes ``StorageUnavailable``."""
+        with self._lock:
+            try:
+                yield
+            except sqlite3.OperationalError as exc:
+                raise self._unavailable(exc, "cannot be read") from exc
 
     # --- ids and groups (call under the lock) -----------------------------------------------
     def _id(self, name: str) -> int:
-        """Integer id of an owner or session name, created on first use."""
+        """Integer id of an owner or session name, created on first use (read-only: -1, which
+        matches no row, for a name never recorded)."""
         if name not in self._ids:
-            self._db.execute("INSERT OR IGNORE INTO names(name) VALUES (?)", (name,))
-            self._ids[name] = self._db.execute(
-                "SELECT id FROM names WHERE name=?", (name,)
-            ).fetchone()[0]
+            if not self.read_only:
+                self._db.execute("INSERT OR IGNORE INTO names(name) VALUES (?)", (name,))
+            row = self._db.execute("SELECT id FROM names WHERE name=?", (name,)).fetchone()
+            if row is None:
+                return -1
+            self._ids[name] = row[0]
         return self._ids[name]
 
     def _group(self, owner_ids: np.ndarray) -> int:
@@ -197,54 +327,97 @@ class Ledger:
         algorithm: str,
         planned_answers: int,
         sampling_rate: float | None = None,
-    ) -> None:
-        """Record a session; re-opening an existing open session with the same algorithm and
-        sampling rate is a no-op (a restarted coordinator resumes it)."""
-        with self._lock:
+        noise_multiplier: float = 1.0,
+        admit: Admit | None = None,
+    ) -> float | None:
+        """Record a session, or resume an open one with the same algorithm and sampling rate.
+
+        ``admit`` sees the owner's spend and the reservations of its other open sgmcmc sessions
+        (at ``noise_multiplier``) and may refuse; its cap is recorded (and returned). The check
+        and the insert are one ``BEGIN IMMEDIATE`` transaction, so two concurrent plans never
+        both fit what only one of them fits.
+        """
+        with self._writing():
             row = self._db.execute(
                 "SELECT algorithm, closed_at, sampling_rate FROM sessions WHERE owner=? AND "
                 "session=?",
                 (owner, session),
             ).fetchone()
-            if row is None:
-                self._db.execute(
-                    "INSERT INTO sessions(owner, session, algorithm, planned_answers, opened_at, "
-                    "sampling_rate) "
-                    "VALUES (?,?,?,?,?,?)",
-                    (owner, session, algorithm, planned_answers, time.time(), sampling_rate),
-                )
-            elif row[0] != algorithm or row[2] != sampling_rate:
+            if row is not None and (row[0] != algorithm or row[2] != sampling_rate):
                 raise InvalidRequest(
                     f"session {session!r} was opened for {row[0]!r} at sampling rate {row[2]}, not "
                     f"{algorithm!r} at {sampling_rate}",
                     owner,
                 )
-            elif row[1] is not None:
+            if row is not None and row[1] is not None:
                 raise UnknownSession(f"session {session!r} is closed", owner)
+            cap = (
+                None
+                if admit is None
+                else admit(self._plan_view(owner, session, algorithm, noise_multiplier))
+            )
+            if row is None:
+                self._db.execute(
+                    "INSERT INTO sessions(owner, session, algorithm, planned_answers, opened_at, "
+                    "sampling_rate) VALUES (?,?,?,?,?,?)",
+                    (owner, session, algorithm, planned_answers, time.time(), sampling_rate),
+                )
+            if cap is not None:
+                self._db.execute(
+                    "INSERT OR REPLACE INTO limits(owner_id, max_mu_squared) VALUES (?,?)",
+                    (self._id(owner), cap),
+                )
+        return cap
+
+    def _plan_view(
+        self, owner: str, session: str, algorithm: str, noise_multiplier: float
+    ) -> PlanView:
+        """The owner's spend and reservations (call inside the transaction)."""
+        open_rows = self._db.execute(
+            "SELECT session, algorithm, planned_answers, sampling_rate FROM sessions "
+            "WHERE owner=? AND closed_at IS NULL",
+            (owner,),
+        ).fetchall()
+        reserved = []
+        for name, kind, planned, rate in open_rows:
+            if kind == SGMCMC and name != session:
+                used = sum(e.count for e in self._sampled(owner, self._id(name)))
+                reserved.append(SubsampledGaussian(rate, noise_multiplier, max(planned - used, 0)))
+        return PlanView(
+            self._session(owner, session),
+            self._spend_of(owner),
+            self._sampled(owner),
+            reserved,
+            algorithm != SGMCMC or any(kind != SGMCMC for _, kind, _, _ in open_rows),
+        )
 
     def close_session(self, owner: str, session: str) -> None:
-        with self._lock:
+        """Close the session: its plan no longer holds budget."""
+        with self._writing():
             self._db.execute(
                 "UPDATE sessions SET closed_at=? WHERE owner=? AND session=? AND closed_at IS NULL",
                 (time.time(), owner, session),
             )
 
     def session(self, owner: str, session: str) -> Session | None:
-        with self._lock:
-            row = self._db.execute(
-                "SELECT algorithm, planned_answers, closed_at, sampling_rate FROM sessions "
-                "WHERE owner=? AND session=?",
-                (owner, session),
-            ).fetchone()
-            if row is None:
-                return None
-            spend = self._spend_of(owner, self._id(session))
-            sampled = self._sampled(owner, self._id(session))
+        with self._reading():
+            return self._session(owner, session)
+
+    def _session(self, owner: str, session: str) -> Session | None:
+        row = self._db.execute(
+            "SELECT algorithm, planned_answers, closed_at, sampling_rate FROM sessions "
+            "WHERE owner=? AND session=?",
+            (owner, session),
+        ).fetchone()
+        if row is None:
+            return None
+        spend = self._spend_of(owner, self._id(session))
+        sampled = self._sampled(owner, self._id(session))
         return Session(session, row[0], row[1], row[2] is not None, spend, sampled, row[3])
 
     def sampled(self, owner: str) -> list[SubsampledGaussian]:
         """The owner's subsampled-Gaussian answers across all sessions, one event per (q, σ)."""
-        with self._lock:
+        with self._reading():
             return self._sampled(owner)
 
     def _sampled(self, owner: str, session_id: int | None = None) -> list[SubsampledGaussian]:
@@ -260,8 +433,13 @@ class Ledger:
 
     def total(self, owner: str) -> GaussianSpend:
         """Everything the owner has ever been charged, across sessions."""
-        with self._lock:
+        with self._reading():
             return self._spend_of(owner)
+
+    def _limits(self, owner_ids: np.ndarray) -> list[float | None]:
+        """The recorded μ² cap of each owner id (None: not recorded)."""
+        rows = dict(self._db.execute("SELECT owner_id, max_mu_squared FROM limits").fetchall())
+        return [rows.get(int(i)) for i in owner_ids]
 
     # --- answers ----------------------------------------------------------------------------
     def stored(
@@ -270,7 +448,7 @@ class Ledger:
         """Stored answers of ``owners`` in ``session`` with iteration in [first, last]:
         (owner, chain, iteration) → (digest, payload bytes of that owner). One query."""
         found: dict[tuple[str, int, int], tuple[bytes, bytes]] = {}
-        with self._lock:
+        with self._reading():
             by_id = {self._id(o): o for o in owners}
             rows = self._db.execute(
                 "SELECT iteration, chain, group_id, digest, payload FROM answers "
@@ -297,29 +475,31 @@ class Ledger:
         add_answers = c.new.sum(axis=1).astype(np.int64)
         add_mu2 = np.einsum("km,km->k", mus, mus)
         add_max = mus.max(axis=1)
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                owner_ids = np.array([self._id(o) for o in c.owners], dtype=np.int64)
-                session_id = self._id(c.session)
-                if c.sampled is not None:
-                    self._charge_sampled(c, owner_ids, session_id, add_answers)
-                    add_answers, add_mu2, add_max = 0 * add_answers, 0 * add_mu2, 0 * add_max
-                self._check_gdp_limit(c, owner_ids, add_mu2)
-                full_group = self._group(owner_ids)
-                self._store_answers(c, owner_ids, session_id, full_group)
-                if c.sampled is None:
-                    for sid in (session_id, _ALL_SESSIONS):
-                        self._add_spend(sid, full_group, add_answers, add_mu2, add_max)
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+        with self._writing():
+            owner_ids = np.array([self._id(o) for o in c.owners], dtype=np.int64)
+            session_id = self._id(c.session)
+            if c.sampled is not None:
+                self._charge_sampled(c, owner_ids, session_id, add_answers)
+                add_answers, add_mu2, add_max = 0 * add_answers, 0 * add_mu2, 0 * add_max
+            self._check_gdp_limit(c, owner_ids, add_mu2)
+            full_group = self._group(owner_ids)
+            self._store_answers(c, owner_ids, session_id, full_group)
+            if c.sampled is None:
+                for sid in (session_id, _ALL_SESSIONS):
+                    self._add_spend(sid, full_group, add_answers, add_mu2, add_max)
 
     def _check_gdp_limit(self, c: Charge, owner_ids: np.ndarray, add_mu2: np.ndarray) -> None:
-        """Refuse (``BudgetExhausted``) when some owner's μ² would pass its ``max_mu_squared``."""
+        """Refuse (``BudgetExhausted``) when some owner's μ² would pass its cap: the lower of
+        ``max_mu_squared`` and the cap recorded when its plans were admitted."""
+        recorded = self._limits(owner_ids)
+        cap = np.array(
+            [
+                c.max_mu_squared[k] if r is None else min(c.max_mu_squared[k], r)
+                for k, r in enumerate(recorded)
+            ]
+        )
         answers_before, mu2_before, max_before = self._spend(owner_ids)
-        over = mu2_before + add_mu2 > c.max_mu_squared
+        over = mu2_before + add_mu2 > cap
         if over.any():
             k = int(np.argmax(over))
             before = GaussianSpend(

@@ -28,7 +28,7 @@ from ..models import ExpFamModel, Model
 from ..privacy import GaussianSpend, mu_for_epsilon
 from ..privacy.owner_epsilon import max_gdp_mu_squared, owner_epsilon
 from ..privacy.subsampled import SubsampledGaussian
-from .ledger import Ledger
+from .ledger import Ledger, PlanView
 
 
 @dataclass(frozen=True)
@@ -120,21 +120,37 @@ class OwnerNode:
         """Open (or resume) a session; refuse a plan whose worst case the budget cannot cover.
 
         ``sgmcmc`` sessions name their Poisson ``sampling_rate`` and may then give at most
-        ``planned_answers`` gradient answers (the plan is what the budget is checked for).
+        ``planned_answers`` gradient answers (the plan is what the budget is checked for). The
+        check reads spend and reservations from the ledger in the transaction that records the
+        session (docs/design.md §3, invariant 8).
         """
         rate = self._check_session_request(session, algorithm, planned_answers, sampling_rate)
-        committed = self._check_plan(session, algorithm, int(planned_answers), rate)
-        self.ledger.open_session(self.name, session, algorithm, int(planned_answers), rate)
-        self._sessions[session] = _OpenSession(algorithm, int(planned_answers), rate)
-        answers_gaussian = any(o.algorithm != SGMCMC for o in self._sessions.values())
-        if answers_gaussian and (algorithm == SGMCMC or committed):
-            # what Gaussian answers may still spend, with every gradient answer given or planned
-            self.max_mu_squared = max_gdp_mu_squared(
-                self.policy.budget_epsilon,
-                self.policy.delta,
-                self.policy.neighbour,
-                committed + self._reserved(),
+        planned = int(planned_answers)
+        cap = self.ledger.open_session(
+            self.name,
+            session,
+            algorithm,
+            planned,
+            rate,
+            self.policy.sigma,
+            lambda view: self._admit(view, algorithm, planned, rate),
+        )
+        self._sessions[session] = _OpenSession(algorithm, planned, rate)
+        if cap is not None:
+            self.max_mu_squared = cap
+
+    def _admit(
+        self, view: PlanView, algorithm: str, planned_answers: int, rate: float | None
+    ) -> float | None:
+        """Refuse the plan unless it fits (``_check_plan``); the μ² Gaussian answers may still
+        spend with every gradient answer given or planned, when some Gaussian session is open
+        and gradient answers are given or planned (else None: the cap stands)."""
+        committed = self._check_plan(view, algorithm, planned_answers, rate)
+        if view.gaussian_open and (algorithm == SGMCMC or committed):
+            return max_gdp_mu_squared(
+                self.policy.budget_epsilon, self.policy.delta, self.policy.neighbour, committed
             )
+        return None
 
     def _check_session_request(
         self, session: str, algorithm: str, planned_answers: int, sampling_rate: float | None
@@ -181,18 +197,18 @@ class OwnerNode:
         return float(q)
 
     def _check_plan(
-        self, session: str, algorithm: str, planned_answers: int, rate: float | None
+        self, view: PlanView, algorithm: str, planned_answers: int, rate: float | None
     ) -> list[SubsampledGaussian]:
         """``BudgetExhausted`` unless the plan's worst case fits the budget with everything
-        spent and reserved; the gradient answers given or held by other sessions."""
-        existing = self.ledger.session(self.name, session)
+        spent and reserved (``view``); returns the gradient answers given, held by other
+        sessions and (sgmcmc) planned by this one."""
+        existing = view.existing
         already = existing.spend.answers + sum(e.count for e in existing.sampled) if existing else 0
         remaining = max(planned_answers - already, 0)
-        total = self.ledger.total(self.name)
-        committed = self.ledger.sampled(self.name) + self._reserved(exclude=session)
+        total, committed = view.total, view.sampled + view.reserved
         if rate is not None:
-            plan = SubsampledGaussian(rate, self.policy.sigma, remaining)
-            worst_spend, worst_sampled = total, [*committed, plan]
+            committed = [*committed, SubsampledGaussian(rate, self.policy.sigma, remaining)]
+            worst_spend = total
         else:
             worst_mu = self.worst_case_mu(algorithm)
             worst_spend = GaussianSpend(
@@ -200,13 +216,10 @@ class OwnerNode:
                 total.mu_squared + remaining * worst_mu**2,
                 max(total.max_mu, worst_mu),
             )
-            worst_sampled = committed
         policy = self.policy
-        worst, _ = owner_epsilon(worst_spend, worst_sampled, policy.delta, policy.neighbour)
+        worst, _ = owner_epsilon(worst_spend, committed, policy.delta, policy.neighbour)
         if worst > policy.budget_epsilon:
-            now, _ = owner_epsilon(
-                total, self.ledger.sampled(self.name), policy.delta, policy.neighbour
-            )
+            now, _ = owner_epsilon(total, view.sampled, policy.delta, policy.neighbour)
             raise BudgetExhausted(
                 f"refusing a plan of {planned_answers} {algorithm} answers: in the worst case its "
                 f"policy allows it would take ε from {now:.4g} to {worst:.4g} at "
@@ -215,23 +228,6 @@ class OwnerNode:
                 epsilon_left=max(policy.budget_epsilon - now, 0.0),
             )
         return committed
-
-    def _reserved(self, exclude: str | None = None) -> list[SubsampledGaussian]:
-        """Gradient answers that open sgmcmc sessions may still give (held against the budget)."""
-        held = []
-        for name, open_session in self._sessions.items():
-            record = self.ledger.session(self.name, name)
-            if open_session.algorithm == SGMCMC and name != exclude and record is not None:
-                assert open_session.sampling_rate is not None
-                used = sum(e.count for e in record.sampled)
-                held.append(
-                    SubsampledGaussian(
-                        open_session.sampling_rate,
-                        self.policy.sigma,
-                        max(open_session.planned_answers - used, 0),
-                    )
-                )
-        return held
 
     def close_session(self, session: str) -> None:
         self.require_session(session, None)

@@ -32,15 +32,46 @@ from .owner_config import TlsFiles
 log = logging.getLogger("fedpenalty.owner")
 SERVICE = pb.DESCRIPTOR.services_by_name["Owner"].full_name
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+_NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 class OwnerServicer(pb_grpc.OwnerServicer):
     """Decodes requests, calls the host, encodes answers or refusals."""
 
-    def __init__(self, host: OwnerHost):
+    def __init__(self, host: OwnerHost, health: HealthServicer | None = None):
         self.host = host
         self._noise_sd = np.array([d.policy.sigma for d in host.describe()])
         self._names = [d.name for d in host.describe()]
+        self._health = health
+        self._ledgers = list({id(node.ledger): node.ledger for node in host.nodes}.values())
+        self._serving = True
+
+    # --- storage health -------------------------------------------------------------------
+    async def _report_storage(self) -> None:
+        """Health NOT_SERVING while some ledger cannot be written, SERVING again once its next
+        write succeeds; checked after every request (a ledger's ``writable`` is set by its
+        last write)."""
+        serving = all(ledger.writable for ledger in self._ledgers)
+        if self._health is None or serving == self._serving:
+            return
+        self._serving = serving
+        status = health_pb2.HealthCheckResponse.SERVING if serving else _NOT_SERVING
+        log.warning(
+            "ledger %s", "writable again: serving" if serving else "unwritable: not serving"
+        )
+        for name in ("", SERVICE):
+            await self._health.set(name, status)
+
+    async def _unary(self, context: grpc.aio.ServicerContext, call: Callable):
+        """Run ``call``; an owner refusal becomes its status code with the error's metadata."""
+        try:
+            return call()
+        except OwnerError as exc:
+            await context.abort(
+                getattr(grpc.StatusCode, exc.grpc_code), str(exc), wire.refusal_metadata(exc)
+            )
+        finally:
+            await self._report_storage()
 
     # --- the host's operations on decoded messages -------------------------------------------
     def _log_ratio(self, r: pb.LogRatioRequest) -> pb.Answers:
@@ -73,7 +104,7 @@ class OwnerServicer(pb_grpc.OwnerServicer):
 
     async def OpenSession(self, request, context):
         rate = request.sampling_rate if request.HasField("sampling_rate") else None
-        await _unary(
+        await self._unary(
             context,
             lambda: self.host.open_session(
                 request.session, request.algorithm, request.planned_answers, rate
@@ -92,26 +123,29 @@ class OwnerServicer(pb_grpc.OwnerServicer):
         return pb.OpenSessionReply()
 
     async def CloseSession(self, request, context):
-        await _unary(context, lambda: self.host.close_session(request.session))
+        await self._unary(context, lambda: self.host.close_session(request.session))
         return pb.CloseSessionReply()
 
     async def LogRatio(self, request, context):
-        return await _unary(context, lambda: self._log_ratio(request))
+        return await self._unary(context, lambda: self._log_ratio(request))
 
     async def SuffStats(self, request, context):
-        return await _unary(context, lambda: self._suff_stats(request))
+        return await self._unary(context, lambda: self._suff_stats(request))
 
     async def Gradient(self, request, context):
-        return await _unary(context, lambda: self._gradient(request))
+        return await self._unary(context, lambda: self._gradient(request))
 
     async def PrivacyReport(self, request, context):
-        reports = await _unary(context, lambda: self.host.privacy_reports(request.session or None))
+        reports = await self._unary(
+            context, lambda: self.host.privacy_reports(request.session or None)
+        )
         return pb.PrivacyReportReply(owners=[wire.owner_privacy(r) for r in reports])
 
     # --- the per-iteration stream ---------------------------------------------------------
     async def Query(self, request_iterator, context):
         while (request := await context.read()) is not grpc.aio.EOF:
             await context.write(self._answer(request))
+            await self._report_storage()
 
     def _answer(self, request: pb.QueryRequest) -> pb.QueryReply:
         kind = request.WhichOneof("query")
@@ -125,16 +159,6 @@ class OwnerServicer(pb_grpc.OwnerServicer):
             raise InvalidRequest("a query must carry log_ratio, suff_stats or gradient")
         except OwnerError as exc:
             return pb.QueryReply(id=request.id, refusal=wire.refusal(exc))
-
-
-async def _unary(context: grpc.aio.ServicerContext, call: Callable):
-    """Run ``call``; an owner refusal becomes its status code with the error's metadata."""
-    try:
-        return call()
-    except OwnerError as exc:
-        await context.abort(
-            getattr(grpc.StatusCode, exc.grpc_code), str(exc), wire.refusal_metadata(exc)
-        )
 
 
 def server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:
@@ -160,8 +184,8 @@ async def start(
         ("grpc.so_reuseport", 0),
     ]
     server = grpc.aio.server(options=options)
-    pb_grpc.add_OwnerServicer_to_server(OwnerServicer(host), server)
     health = HealthServicer()
+    pb_grpc.add_OwnerServicer_to_server(OwnerServicer(host, health), server)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection(
         [
