@@ -31,6 +31,7 @@ _ERRORS: dict[str, type[errors.OwnerError]] = {
         errors.UnknownSession,
         errors.ReplayConflict,
         errors.BudgetExhausted,
+        errors.NotPermitted,
         errors.OwnerUnavailable,
     )
 }
@@ -191,6 +192,7 @@ _BY_CODE: dict[str, type[errors.OwnerError]] = {
     "NOT_FOUND": errors.UnknownSession,
     "FAILED_PRECONDITION": errors.ReplayConflict,
     "RESOURCE_EXHAUSTED": errors.InvalidRequest,
+    "PERMISSION_DENIED": errors.NotPermitted,
     "UNAVAILABLE": errors.OwnerUnavailable,
     "DEADLINE_EXCEEDED": errors.OwnerUnavailable,
 }
