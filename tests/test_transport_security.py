@@ -5,6 +5,9 @@ servers that must refuse to start."""
 
 from __future__ import annotations
 
+import re
+import shutil
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,7 +22,7 @@ from fedpenalty.coordinator.grpc_oracle import GrpcOracle
 from fedpenalty.errors import ConfigError, NotPermitted
 from fedpenalty.models import build_model
 from fedpenalty.owner.owner_config import TlsFiles, load_owner_config
-from fedpenalty.owner.server import check_exposure, is_loopback
+from fedpenalty.owner.server import check_exposure, is_loopback, server_credentials
 from fedpenalty.proto import owner_pb2 as pb
 from fedpenalty.proto import owner_pb2_grpc as pb_grpc
 
@@ -29,6 +32,7 @@ POLICY = {"sigma": 1.0, "max_step": 0.05, "budget_epsilon": 100.0, "max_sampling
 CLIENTS = ("coordinator-a", "coordinator-b", "intruder")  # all with certificates from the CA
 ALLOWED = ["coordinator-a.example.org", "COORDINATOR-B.example.org"]  # names match any case
 OWNER_RPCS = set(pb.DESCRIPTOR.services_by_name["Owner"].methods_by_name)
+README = Path(__file__).parents[1] / "README.md"
 
 
 @pytest.fixture
@@ -190,3 +194,16 @@ def test_a_second_allowed_client_cannot_use_or_close_the_first_clients_session(m
     assert answers.values.shape == (1, 1)
     oracle.close()
     assert total_answers(first) == 3
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_the_readme_certificates_and_owner_file_work_as_shown(tmp_path):
+    """README's deployment section: its openssl commands and its OWNER.toml, verbatim."""
+    section = README.read_text().split("## Deploying owners on separate machines")[1]
+    commands = re.findall(r"```bash\n(.*?)```", section, re.S)[0]
+    subprocess.run(["bash", "-ec", commands], cwd=tmp_path, check=True, capture_output=True)
+    (tmp_path / "OWNER.toml").write_text(re.findall(r"```toml\n(.*?)```", section, re.S)[0])
+    config = load_owner_config(tmp_path / "OWNER.toml")
+    assert config.tls is not None and config.allowed_clients == ("coordinator.example.org",)
+    check_exposure(config.listen, config.tls, config.allowed_clients)  # 0.0.0.0 under mTLS
+    server_credentials(config.tls)  # the certificate, key and CA files are where it says
