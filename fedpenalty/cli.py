@@ -282,17 +282,18 @@ def cmd_owner_serve(args: argparse.Namespace) -> int:
     from .owner import Ledger
     from .owner.host import OwnerHost
     from .owner.owner_config import build_node, load_owner_config
-    from .owner.server import serve
+    from .owner.server import check_exposure, serve
 
     configs = [load_owner_config(path, args.listen, args.ledger) for path in args.owner_files]
     first = configs[0]
     for c in configs[1:]:
-        for key in ("listen", "tls", "max_message_bytes"):
+        for key in ("listen", "tls", "allowed_clients", "max_message_bytes"):
             if getattr(c, key) != getattr(first, key):
                 raise FedPenaltyError(
                     f"owners served by one process must share server.{key}: "
                     f"{c.name!r} differs from {first.name!r}"
                 )
+    check_exposure(first.listen, first.tls, first.allowed_clients, args.insecure)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s fedpenalty.owner %(message)s")
     ledgers: dict[Path, Ledger] = {}
     try:
@@ -301,7 +302,14 @@ def cmd_owner_serve(args: argparse.Namespace) -> int:
             if c.ledger.resolve() not in ledgers:
                 ledgers[c.ledger.resolve()] = Ledger(c.ledger, synchronous=c.synchronous)
             nodes.append(build_node(c, ledgers[c.ledger.resolve()]))
-        serve(OwnerHost(nodes), first.listen, first.tls, first.max_message_bytes)
+        serve(
+            OwnerHost(nodes),
+            first.listen,
+            first.tls,
+            first.max_message_bytes,
+            allowed_clients=first.allowed_clients,
+            insecure=args.insecure,
+        )
     finally:
         for ledger in ledgers.values():
             ledger.close()
@@ -556,6 +564,12 @@ def _add_owner(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("owner_files", nargs="+", metavar="OWNER.toml")
     serve.add_argument("--listen", help="HOST:PORT (overrides server.listen)")
     serve.add_argument("--ledger", help="ledger file (overrides server.ledger)")
+    serve.add_argument(
+        "--insecure",
+        action="store_true",
+        help="serve without mutual TLS on a non-loopback address: anyone who reaches it can "
+        "query the owners and spend their budgets",
+    )
     serve.set_defaults(func=cmd_owner_serve)
     report = owner.add_parser(
         "report", help="an owner's privacy spend, read offline from its ledger"

@@ -57,6 +57,13 @@ class BudgetExhausted(OwnerError):
         self.epsilon_left = epsilon_left
 
 
+class NotPermitted(OwnerError):
+    """The client may not make this request: its certificate is not in the owner's
+    ``server.allowed_clients``, or the session belongs to another client."""
+
+    grpc_code = "PERMISSION_DENIED"
+
+
 class OwnerUnavailable(OwnerError):
     """The owner cannot be reached (transport failure after retries)."""
 

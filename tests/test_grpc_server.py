@@ -3,8 +3,6 @@ standard services (health, reflection), its session log, clean SIGTERM, and mutu
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import json
 import re
 import signal
@@ -13,10 +11,8 @@ import tomllib
 import grpc
 import numpy as np
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
+from certificates import issue, write
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from grpc_processes import Processes, free_port, run_cli, write_owner
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from owners import save_csv
@@ -298,62 +294,32 @@ def test_health_reflection_session_log_and_clean_sigterm(alice, tmp_path):
     assert "stopping" in log
 
 
-def _cert(subject: str, key, issuer_cert=None, issuer_key=None, ca: bool = False):
-    now = datetime.datetime.now(datetime.UTC)
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(issuer_cert.subject if issuer_cert else name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-    )
-    if not ca:
-        builder = builder.add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-    return builder.sign(issuer_key or key, hashes.SHA256())
-
-
-def _write(folder, stem: str, cert, key) -> tuple:
-    cert_path, key_path = folder / f"{stem}.crt", folder / f"{stem}.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return cert_path, key_path
-
-
 def test_mutual_tls_rejects_clients_without_a_certificate_from_the_ca(tmp_path, procs):
     keys = {
         k: ec.generate_private_key(ec.SECP256R1())
         for k in ("ca", "server", "client", "rogue_ca", "rogue")
     }
-    ca = _cert("fedpenalty test CA", keys["ca"], ca=True)
-    rogue_ca = _cert("someone else's CA", keys["rogue_ca"], ca=True)
-    ca_path, _ = _write(tmp_path, "ca", ca, keys["ca"])
-    server_cert, server_key = _write(
-        tmp_path, "server", _cert("alice", keys["server"], ca, keys["ca"]), keys["server"]
+    ca = issue("fedpenalty test CA", keys["ca"], ca=True)
+    rogue_ca = issue("someone else's CA", keys["rogue_ca"], ca=True)
+    ca_path, _ = write(tmp_path, "ca", ca, keys["ca"])
+    server_cert, server_key = write(
+        tmp_path, "server", issue("alice", keys["server"], ca, keys["ca"]), keys["server"]
     )
-    client_cert, client_key = _write(
-        tmp_path, "client", _cert("coordinator", keys["client"], ca, keys["ca"]), keys["client"]
+    client_cert, client_key = write(
+        tmp_path, "client", issue("coordinator", keys["client"], ca, keys["ca"]), keys["client"]
     )
-    rogue_cert, rogue_key = _write(
+    rogue_cert, rogue_key = write(
         tmp_path,
         "rogue",
-        _cert("intruder", keys["rogue"], rogue_ca, keys["rogue_ca"]),
+        issue("intruder", keys["rogue"], rogue_ca, keys["rogue_ca"]),
         keys["rogue"],
     )
     toml, port = owner_files(
-        tmp_path, tls_cert=str(server_cert), tls_key=str(server_key), tls_ca=str(ca_path)
+        tmp_path,
+        tls_cert=str(server_cert),
+        tls_key=str(server_key),
+        tls_ca=str(ca_path),
+        allowed_clients=["coordinator"],
     )
     good = grpc.ssl_channel_credentials(
         ca_path.read_bytes(), client_key.read_bytes(), client_cert.read_bytes()

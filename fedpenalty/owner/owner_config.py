@@ -4,8 +4,8 @@
     [data]     path = "records.csv"            one CSV or NPZ file (fedpenalty.data.load_records)
     [privacy]  sigma, max_step, budget_epsilon, delta, neighbour, max_answers_per_request,
                max_sampling_rate, max_clip (the owner's Policy; defaults are Policy's)
-    [server]   name, listen, ledger, tls_cert, tls_key, tls_ca, synchronous,
-               max_message_bytes
+    [server]   name, listen, ledger, tls_cert, tls_key, tls_ca, allowed_clients,
+               synchronous, max_message_bytes
 
 Relative paths are read from the TOML file's folder; the ledger defaults to
 ``<name>-ledger.sqlite`` beside the file and ``name`` to the file's stem. Unknown sections or
@@ -25,9 +25,15 @@ from ..common import Policy
 from ..data import load_records
 from ..errors import ConfigError
 from ..models import Model, build_model
-from ..schema import NonEmptyStr, PositiveInt, Section, one_of, validate_file
+from ..schema import NonEmptyStr, PositiveInt, Section, one_of, refusal, validate_file
 from .ledger import Ledger
 from .node import OwnerNode
+
+#: Names a client certificate must carry (a SAN DNS name or the subject CN) to be let in.
+ClientNames = Annotated[
+    list[Annotated[str, Field(strict=True, min_length=1)]],
+    refusal('a list of client certificate names (e.g. ["coordinator.example.org"])'),
+]
 
 
 class DataSection(Section):
@@ -51,6 +57,11 @@ class ServerSection(Section):
     tls_key: NonEmptyStr | None = Field(default=None, description="PEM private key of the server")
     tls_ca: NonEmptyStr | None = Field(
         default=None, description="PEM CA that signs client certificates (mutual TLS)"
+    )
+    allowed_clients: ClientNames = Field(
+        default=[],
+        description="mutual TLS: the client certificate names (SAN DNS name or subject CN) "
+        "that may connect",
     )
     synchronous: Annotated[str, one_of("FULL", "NORMAL")] = Field(
         default="FULL", description="SQLite synchronous mode of the ledger"
@@ -97,6 +108,7 @@ class OwnerConfig:
     ledger: Path
     synchronous: str
     tls: TlsFiles | None
+    allowed_clients: tuple[str, ...]
     max_message_bytes: int
 
 
@@ -138,6 +150,7 @@ def load_owner_config(
         ledger=Path(ledger) if ledger else base / (server.ledger or f"{name}-ledger.sqlite"),
         synchronous=server.synchronous,
         tls=tls,
+        allowed_clients=tuple(server.allowed_clients),
         max_message_bytes=server.max_message_bytes,
     )
 

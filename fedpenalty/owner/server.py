@@ -2,18 +2,25 @@
 
 Transport only: every answer, refusal and charge comes from the host (one process may serve
 many owners, each with its own data, noise and ledger). The server adds standard health
-checking and reflection, optional TLS (with ``tls.ca``: mutual TLS, client certificates
-required and verified), one log line per session, and a clean stop on SIGTERM/SIGINT.
+checking and reflection, TLS, one log line per session, and a clean stop on SIGTERM/SIGINT.
 Requests are answered one at a time on the event loop, so the host is never re-entered.
+
+Who may ask: with mutual TLS (``tls.ca``) a client needs a certificate signed by that CA that
+names (SAN DNS name or subject CN) one of ``allowed_clients``; every Owner RPC of any other
+client is refused with PERMISSION_DENIED before any work. A session belongs to the allowed
+name that opened it: other clients are refused on it. Without mutual TLS the server listens
+on loopback only, unless ``insecure`` (``owner serve --insecure``); there clients have no
+identity and sessions are not bound.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import grpc
@@ -22,7 +29,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from ..errors import ConfigError, InvalidRequest, OwnerError
+from ..common import PrivacyReport
+from ..errors import ConfigError, InvalidRequest, NotPermitted, OwnerError
 from ..proto import owner_pb2 as pb
 from ..proto import owner_pb2_grpc as pb_grpc
 from . import wire
@@ -36,12 +44,19 @@ _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 class OwnerServicer(pb_grpc.OwnerServicer):
-    """Decodes requests, calls the host, encodes answers or refusals."""
+    """Checks who asks, decodes requests, calls the host, encodes answers or refusals."""
 
-    def __init__(self, host: OwnerHost, health: HealthServicer | None = None):
+    def __init__(
+        self,
+        host: OwnerHost,
+        allowed_clients: Sequence[str] = (),
+        health: HealthServicer | None = None,
+    ):
         self.host = host
         self._noise_sd = np.array([d.policy.sigma for d in host.describe()])
         self._names = [d.name for d in host.describe()]
+        self._allowed = tuple(allowed_clients)
+        self._opened_by: dict[str, str] = {}  # session → the allowed name that opened it
         self._health = health
         self._ledgers = list({id(node.ledger): node.ledger for node in host.nodes}.values())
         self._serving = True
@@ -73,11 +88,48 @@ class OwnerServicer(pb_grpc.OwnerServicer):
         finally:
             await self._report_storage()
 
+    # --- who asks ---------------------------------------------------------------------------
+    async def _client(self, context: grpc.aio.ServicerContext) -> str | None:
+        """The ``allowed_clients`` entry the caller's certificate names (None when there is no
+        allow-list); any other caller is aborted with PERMISSION_DENIED before any work."""
+        return await self._unary(context, lambda: self._identify(context))
+
+    def _identify(self, context: grpc.aio.ServicerContext) -> str | None:
+        if not self._allowed:
+            return None
+        names = certificate_names(context.auth_context())
+        folded = {n.casefold() for n in names}
+        for entry in self._allowed:
+            if entry.casefold() in folded:
+                return entry
+        who = f"({', '.join(names)})" if names else "(none: no DNS name or CN)"
+        log.warning("refused client %s from %s: not in server.allowed_clients", who, context.peer())
+        raise NotPermitted(
+            f"the client certificate's names {who} are not in this owner's server.allowed_clients"
+        )
+
+    def _own(self, session: str, client: str | None) -> str:
+        """``session``, once sure it is not another client's (``NotPermitted`` otherwise)."""
+        if self._opened_by.get(session, client) != client:
+            log.warning("refused %s: session %s belongs to another client", client, session)
+            raise NotPermitted(f"session {session!r} was opened by another client, not {client!r}")
+        return session
+
+    def _open(self, request: pb.OpenSessionRequest, client: str | None) -> None:
+        rate = request.sampling_rate if request.HasField("sampling_rate") else None
+        session = self._own(request.session, client)
+        self.host.open_session(session, request.algorithm, request.planned_answers, rate)
+        if client is not None:
+            self._opened_by[session] = client
+
+    def _privacy_reports(self, session: str, client: str | None) -> list[PrivacyReport]:
+        return self.host.privacy_reports(self._own(session, client) if session else None)
+
     # --- the host's operations on decoded messages -------------------------------------------
-    def _log_ratio(self, r: pb.LogRatioRequest) -> pb.Answers:
+    def _log_ratio(self, r: pb.LogRatioRequest, client: str | None) -> pb.Answers:
         chains = np.asarray(r.chains, dtype=np.int64)
         values = self.host.log_ratio(
-            r.session,
+            self._own(r.session, client),
             r.iteration,
             chains,
             wire.rows(r.theta, len(chains), "theta"),
@@ -85,80 +137,135 @@ class OwnerServicer(pb_grpc.OwnerServicer):
         )
         return wire.answers_message(values, self._noise_sd)
 
-    def _suff_stats(self, r: pb.SuffStatsRequest) -> pb.Answers:
+    def _suff_stats(self, r: pb.SuffStatsRequest, client: str | None) -> pb.Answers:
         values = self.host.suff_stats(
-            r.session, np.asarray(r.chains, dtype=np.int64), r.start, r.block
+            self._own(r.session, client), np.asarray(r.chains, dtype=np.int64), r.start, r.block
         )
         return wire.answers_message(values, self._noise_sd)
 
-    def _gradient(self, r: pb.GradientRequest) -> pb.Answers:
+    def _gradient(self, r: pb.GradientRequest, client: str | None) -> pb.Answers:
         chains = np.asarray(r.chains, dtype=np.int64)
         values = self.host.gradient(
-            r.session, r.iteration, chains, wire.rows(r.theta, len(chains), "theta"), r.clip
+            self._own(r.session, client),
+            r.iteration,
+            chains,
+            wire.rows(r.theta, len(chains), "theta"),
+            r.clip,
         )
         return wire.answers_message(values, self._noise_sd * r.clip)
 
     # --- unary RPCs -----------------------------------------------------------------------
     async def Describe(self, request, context):
+        await self._client(context)
         return pb.DescribeReply(owners=[wire.owner_info(d) for d in self.host.describe()])
 
     async def OpenSession(self, request, context):
-        rate = request.sampling_rate if request.HasField("sampling_rate") else None
-        await self._unary(
-            context,
-            lambda: self.host.open_session(
-                request.session, request.algorithm, request.planned_answers, rate
-            ),
-        )
+        client = await self._client(context)
+        await self._unary(context, lambda: self._open(request, client))
         log.info(
-            "session %s: %s%s, plan of %d answers per owner, %d owner(s) [%s], from %s",
+            "session %s: %s%s, plan of %d answers per owner, %d owner(s) [%s], from %s%s",
             request.session,
             request.algorithm,
-            "" if rate is None else f" at sampling rate {rate:g}",
+            f" at sampling rate {request.sampling_rate:g}"
+            if request.HasField("sampling_rate")
+            else "",
             request.planned_answers,
             len(self._names),
             ", ".join(self._names),
             context.peer(),
+            "" if client is None else f" ({client})",
         )
         return pb.OpenSessionReply()
 
     async def CloseSession(self, request, context):
-        await self._unary(context, lambda: self.host.close_session(request.session))
+        client = await self._client(context)
+        await self._unary(
+            context, lambda: self.host.close_session(self._own(request.session, client))
+        )
         return pb.CloseSessionReply()
 
     async def LogRatio(self, request, context):
-        return await self._unary(context, lambda: self._log_ratio(request))
+        client = await self._client(context)
+        return await self._unary(context, lambda: self._log_ratio(request, client))
 
     async def SuffStats(self, request, context):
-        return await self._unary(context, lambda: self._suff_stats(request))
+        client = await self._client(context)
+        return await self._unary(context, lambda: self._suff_stats(request, client))
 
     async def Gradient(self, request, context):
-        return await self._unary(context, lambda: self._gradient(request))
+        client = await self._client(context)
+        return await self._unary(context, lambda: self._gradient(request, client))
 
     async def PrivacyReport(self, request, context):
-        reports = await self._unary(
-            context, lambda: self.host.privacy_reports(request.session or None)
-        )
+        client = await self._client(context)
+        reports = await self._unary(context, lambda: self._privacy_reports(request.session, client))
         return pb.PrivacyReportReply(owners=[wire.owner_privacy(r) for r in reports])
 
     # --- the per-iteration stream ---------------------------------------------------------
     async def Query(self, request_iterator, context):
+        client = await self._client(context)
         while (request := await context.read()) is not grpc.aio.EOF:
-            await context.write(self._answer(request))
+            await context.write(self._answer(request, client))
             await self._report_storage()
 
-    def _answer(self, request: pb.QueryRequest) -> pb.QueryReply:
+    def _answer(self, request: pb.QueryRequest, client: str | None) -> pb.QueryReply:
         kind = request.WhichOneof("query")
         try:
             if kind == "log_ratio":
-                return pb.QueryReply(id=request.id, answers=self._log_ratio(request.log_ratio))
-            if kind == "suff_stats":
-                return pb.QueryReply(id=request.id, answers=self._suff_stats(request.suff_stats))
-            if kind == "gradient":
-                return pb.QueryReply(id=request.id, answers=self._gradient(request.gradient))
-            raise InvalidRequest("a query must carry log_ratio, suff_stats or gradient")
+                answers = self._log_ratio(request.log_ratio, client)
+            elif kind == "suff_stats":
+                answers = self._suff_stats(request.suff_stats, client)
+            elif kind == "gradient":
+                answers = self._gradient(request.gradient, client)
+            else:
+                raise InvalidRequest("a query must carry log_ratio, suff_stats or gradient")
+            return pb.QueryReply(id=request.id, answers=answers)
         except OwnerError as exc:
             return pb.QueryReply(id=request.id, refusal=wire.refusal(exc))
+
+
+def certificate_names(auth: dict[str, list[bytes]]) -> list[str]:
+    """The names a verified client certificate carries: its SAN DNS names, then its subject CN
+    (from gRPC's ``auth_context()``; empty without a client certificate)."""
+    names = [v.decode() for key in ("peer_dns", "x509_common_name") for v in auth.get(key, ())]
+    return list(dict.fromkeys(names))
+
+
+def is_loopback(listen: str) -> bool:
+    """Whether ``listen`` (HOST:PORT) binds loopback only: 127.0.0.0/8, ::1 or localhost."""
+    host = listen.rsplit(":", 1)[0].strip("[]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(
+    listen: str, tls: TlsFiles | None, allowed_clients: Sequence[str], insecure: bool = False
+) -> None:
+    """``ConfigError`` for a server that would let in clients it cannot name: mutual TLS
+    without ``allowed_clients`` (or the reverse), or no mutual TLS on a non-loopback address
+    unless ``insecure``."""
+    mutual = tls is not None and tls.ca is not None
+    if mutual and not allowed_clients:
+        raise ConfigError(
+            "mutual TLS needs server.allowed_clients: the certificate names (SAN DNS name or "
+            'CN) of the clients that may connect, e.g. ["coordinator.example.org"]'
+        )
+    if allowed_clients and not mutual:
+        raise ConfigError(
+            "server.allowed_clients needs mutual TLS: give server.tls_cert, server.tls_key "
+            "and server.tls_ca"
+        )
+    if not mutual and not insecure and not is_loopback(listen):
+        what = "plaintext" if tls is None else "TLS without client certificates"
+        raise ConfigError(
+            f"refusing to serve {what} on {listen}, which is not a loopback address: give "
+            "server.tls_cert, tls_key, tls_ca and allowed_clients in OWNER.toml, or listen on "
+            "127.0.0.1, or pass --insecure"
+        )
 
 
 def server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:
@@ -175,9 +282,12 @@ async def start(
     listen: str,
     tls: TlsFiles | None = None,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    allowed_clients: Sequence[str] = (),
+    insecure: bool = False,
 ) -> tuple[grpc.aio.Server, int, HealthServicer]:
-    """Start serving ``host`` on ``listen`` (HOST:PORT; port 0 picks a free one). Returns the
-    server, the bound port and the health servicer."""
+    """Start serving ``host`` on ``listen`` (HOST:PORT; port 0 picks a free one) to the clients
+    ``check_exposure`` lets in. Returns the server, the bound port and the health servicer."""
+    check_exposure(listen, tls, allowed_clients, insecure)
     options = [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
@@ -185,7 +295,7 @@ async def start(
     ]
     server = grpc.aio.server(options=options)
     health = HealthServicer()
-    pb_grpc.add_OwnerServicer_to_server(OwnerServicer(host, health), server)
+    pb_grpc.add_OwnerServicer_to_server(OwnerServicer(host, allowed_clients, health), server)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection(
         [
@@ -206,13 +316,25 @@ async def start(
     await server.start()
     for name in ("", SERVICE):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
-    mode = (
-        "off"
-        if tls is None
-        else ("mutual (client certificates required)" if tls.ca else "server-only")
-    )
-    log.info("serving %d owner(s) on %s (TLS %s)", len(host.describe()), _bound(listen, port), mode)
+    _log_serving(len(host.describe()), _bound(listen, port), tls, allowed_clients)
     return server, port, health
+
+
+def _log_serving(
+    owners: int, address: str, tls: TlsFiles | None, allowed_clients: Sequence[str]
+) -> None:
+    mutual = tls is not None and tls.ca is not None
+    if mutual:
+        mode = f"mutual, clients allowed: {', '.join(allowed_clients)}"
+    else:
+        mode = "server-only" if tls else "off"
+    log.info("serving %d owner(s) on %s (TLS %s)", owners, address, mode)
+    if not mutual and not is_loopback(address):
+        log.warning(
+            "no client authentication on %s: anyone who reaches it can query these owners "
+            "and spend their budgets",
+            address,
+        )
 
 
 async def stop(server: grpc.aio.Server, health: HealthServicer, grace: float = 2.0) -> None:
@@ -231,16 +353,21 @@ def serve(
     tls: TlsFiles | None = None,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     port_file: Path | None = None,
+    allowed_clients: Sequence[str] = (),
+    insecure: bool = False,
 ) -> None:
     """Serve until SIGTERM or SIGINT, then stop cleanly. ``port_file``: written (atomically)
-    with the bound port once serving — how a launcher learns a port picked with ``:0``."""
+    with the bound port once serving — how a launcher learns a port picked with ``:0``;
+    ``allowed_clients`` and ``insecure``: see ``check_exposure``."""
 
     async def main() -> None:
         stopping = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stopping.set)
-        server, port, health = await start(host, listen, tls, max_message_bytes)
+        server, port, health = await start(
+            host, listen, tls, max_message_bytes, allowed_clients, insecure
+        )
         if port_file is not None:
             tmp = port_file.with_suffix(".tmp")
             tmp.write_text(str(port))
@@ -262,21 +389,29 @@ class ServerThread:
         listen: str = "127.0.0.1:0",
         tls: TlsFiles | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        allowed_clients: Sequence[str] = (),
     ):
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, daemon=True, name="owner-server"
         )
         self._thread.start()
-        self._server, self.port, self._health = asyncio.run_coroutine_threadsafe(
-            start(host, listen, tls, max_message_bytes), self._loop
-        ).result(timeout=30)
+        try:
+            self._server, self.port, self._health = asyncio.run_coroutine_threadsafe(
+                start(host, listen, tls, max_message_bytes, allowed_clients), self._loop
+            ).result(timeout=30)
+        except BaseException:
+            self._stop_loop()
+            raise
         self.address = _bound(listen, self.port)
 
     def close(self) -> None:
         asyncio.run_coroutine_threadsafe(
             stop(self._server, self._health, grace=0.5), self._loop
         ).result(timeout=30)
+        self._stop_loop()
+
+    def _stop_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=30)
         self._loop.close()

@@ -31,7 +31,9 @@ _ERRORS: dict[str, type[errors.OwnerError]] = {
         errors.UnknownSession,
         errors.ReplayConflict,
         errors.BudgetExhausted,
+        errors.NotPermitted,
         errors.OwnerUnavailable,
+        errors.StorageUnavailable,
     )
 }
 
@@ -196,6 +198,7 @@ _BY_CODE: dict[str, type[errors.OwnerError]] = {
     "NOT_FOUND": errors.UnknownSession,
     "FAILED_PRECONDITION": errors.ReplayConflict,
     "RESOURCE_EXHAUSTED": errors.InvalidRequest,
+    "PERMISSION_DENIED": errors.NotPermitted,
     "UNAVAILABLE": errors.OwnerUnavailable,
     "DEADLINE_EXCEEDED": errors.OwnerUnavailable,
 }
