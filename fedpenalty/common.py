@@ -111,9 +111,15 @@ class SpendReport:
 
     @staticmethod
     def of(
-        spend: GaussianSpend, sampled: list[SubsampledGaussian], delta: float, neighbour: Neighbour
+        spend: GaussianSpend,
+        sampled: list[SubsampledGaussian],
+        delta: float,
+        neighbour: Neighbour,
+        lattice: bool = False,
     ) -> SpendReport:
-        epsilon, accountant = owner_epsilon(spend, sampled, delta, neighbour)
+        """The report of ``spend`` and ``sampled``; ``lattice``: the Gaussian answers were exact
+        lattice answers (accounted by RDP, docs/design.md §2.7)."""
+        epsilon, accountant = owner_epsilon(spend, sampled, delta, neighbour, lattice)
         paper = spend.epsilon_paper_bound(delta) if accountant == "gdp" else math.inf
         return SpendReport(
             spend.answers + sum(e.count for e in sampled), spend.mu, epsilon, paper, accountant

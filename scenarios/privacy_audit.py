@@ -79,6 +79,7 @@ from fedpenalty.cli import table
 from fedpenalty.common import Policy
 from fedpenalty.models import ExpFamModel, Model, build_model
 from fedpenalty.owner import Ledger, OwnerHost, OwnerNode
+from fedpenalty.owner.noise import NoiseKey
 
 DELTA = 1e-5
 CONFIDENCE = 0.95
@@ -260,9 +261,14 @@ class OwnerMechanism:
     sampling_rate: float | None = None
 
     def host(self, records: np.ndarray, seed: list[int]) -> OwnerHost:
-        """A fresh owner on ``records`` with its own in-memory ledger and noise stream."""
+        """A fresh owner on ``records`` with its own in-memory ledger, answering as a deployed
+        owner does (exact lattice noise), from a noise key derived from ``seed`` so that the
+        audit is reproducible."""
         rng = np.random.default_rng(seed)
-        node = OwnerNode("owner", self.model, records, self.policy, Ledger(":memory:"), rng)
+        key = NoiseKey.derive(repr(seed).encode(), "owner")
+        node = OwnerNode(
+            "owner", self.model, records, self.policy, Ledger(":memory:"), rng, noise_key=key
+        )
         return OwnerHost([node])
 
     def answers(

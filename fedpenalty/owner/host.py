@@ -12,6 +12,7 @@ and, within one ledger, charges nobody. A lone ``OwnerNode`` answers through a h
 from __future__ import annotations
 
 import hashlib
+import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -24,6 +25,12 @@ from ..models import ExpFamModel
 from .gradient import owner_gradient
 from .ledger import Charge, SampledCharge
 from .node import OwnerNode
+from .noise import SCALE_MAX, ChaChaSource, discrete_gaussian, from_lattice, to_lattice
+
+#: The lattice step γ lies 2^LATTICE_BITS to 2^(LATTICE_BITS + 1) below the smallest σ of a host.
+LATTICE_BITS = 20
+#: Exact values are clipped to ±2⁵² γ before rounding (data independent; 1-Lipschitz).
+LATTICE_LIMIT = 2.0**52
 
 _STATS_DIGEST = hashlib.sha256(SUFF_STATS.encode()).digest()
 
@@ -118,6 +125,56 @@ class OwnerHost:
             )
         self._n = np.array([len(n.records) for n in nodes], dtype=float)
         self._fast = not any(n.per_record for n in nodes)
+        self._lattice = self._lattice_noise(nodes, sigma)
+
+    def _lattice_noise(self, nodes: Sequence[OwnerNode], sigma: np.ndarray) -> bool:
+        """Set up exact lattice noise when the owners use it (all of them or none): their
+        ChaCha20 keys and one lattice step γ, a power of two 2²⁰ to 2²¹ times below the
+        smallest σ (docs/design.md §2.7)."""
+        modes = {n.lattice for n in nodes}
+        if len(modes) != 1:
+            raise ValueError("the owners of one host must all use lattice noise, or all not")
+        if not modes.pop():
+            return False
+        self._source = ChaChaSource([n.noise_key for n in nodes if n.noise_key is not None])
+        self._gamma = 2.0 ** (math.floor(math.log2(float(sigma.min()))) - LATTICE_BITS)
+        if sigma.max() / self._gamma > SCALE_MAX:
+            raise ValueError("the owners' σ of one host must lie within a factor 2¹⁹ of each other")
+        return True
+
+    def _lattice_answers(
+        self,
+        session: str,
+        kind: str,
+        owners: np.ndarray,
+        exact: np.ndarray,
+        chains: np.ndarray,
+        iterations: np.ndarray,
+    ) -> np.ndarray:
+        """Released answers ``(K', M, w)``: ``exact`` ``(K', M, w)`` of ``owners`` rounded to γℤ
+        plus exact discrete-Gaussian noise of scale σ_k/γ, keyed (session, kind, owner, chain,
+        iteration, component) — every entry an exact multiple of γ."""
+        noise = discrete_gaussian(
+            self._source,
+            session,
+            kind,
+            (self._sigma[owners] / self._gamma)[:, None, None],
+            owner=owners[:, None, None],
+            chain=chains[None, :, None],
+            iteration=iterations[None, :, None],
+            component=np.arange(exact.shape[2])[None, None, :],
+        )
+        # a data-independent bound that keeps every released value an exact float (2^53 γ)
+        bound = LATTICE_LIMIT * self._gamma
+        rounded = to_lattice(np.clip(exact, -bound, bound), self._gamma)
+        return from_lattice(rounded + noise, self._gamma)
+
+    def _rounding_mu(self, width: int) -> np.ndarray:
+        """What rounding to γℤ adds to each owner's μ of one answer of ``width`` components:
+        γ√w/σ_k (0 without lattice noise)."""
+        if not self._lattice:
+            return np.zeros(len(self.nodes))
+        return self._gamma * math.sqrt(width) / self._sigma
 
     # --- sessions and reports ---------------------------------------------------------------
     def describe(self) -> list[OwnerDescription]:
@@ -195,18 +252,30 @@ class OwnerHost:
         ]
 
         exact = self._clipped_log_ratio_sums(theta, theta_prop, step)
+        iterations = np.full(len(chains), iteration)
 
         def fresh(k: int, new: np.ndarray) -> np.ndarray:
+            if self._lattice:
+                one = exact[k : k + 1, new, None]
+                answer = self._lattice_answers(
+                    session, LOG_RATIO, np.array([k]), one, chains[new], iterations[new]
+                )
+                return answer[0]
             return (exact[k, new] + self._sigma[k] * self._normals.take(k, int(new.sum())))[:, None]
 
         def fresh_all() -> np.ndarray:
+            if self._lattice:
+                owners = np.arange(len(self.nodes))
+                return self._lattice_answers(
+                    session, LOG_RATIO, owners, exact[:, :, None], chains, iterations
+                )
             return (exact + self._sigma[:, None] * self._normals.take_all(len(chains)))[:, :, None]
 
-        mus = self._mu_per_step[:, None] * step[None, :]
+        mus = self._mu_per_step[:, None] * step[None, :] + self._rounding_mu(1)[:, None]
         return self._answer(
             session,
             chains,
-            np.full(len(chains), iteration),
+            iterations,
             digests,
             1,
             fresh,
@@ -232,14 +301,25 @@ class OwnerHost:
 
         def fresh(k: int, new: np.ndarray) -> np.ndarray:
             m = int(new.sum())
+            if self._lattice:
+                exact = np.broadcast_to(self._stat_sum[k], (1, m, s))
+                owner = np.array([k])
+                keys = key_chains[new], key_iterations[new]
+                return self._lattice_answers(session, SUFF_STATS, owner, exact, *keys)[0]
             return self._stat_sum[k] + self._sigma[k] * self._normals.take(k, m * s).reshape(m, s)
 
         def fresh_all() -> np.ndarray:
-            m = len(key_chains)
+            m, owners = len(key_chains), np.arange(len(self.nodes))
+            if self._lattice:
+                exact = np.broadcast_to(self._stat_sum[:, None, :], (len(owners), m, s))
+                return self._lattice_answers(
+                    session, SUFF_STATS, owners, exact, key_chains, key_iterations
+                )
             noise = self._normals.take_all(m * s).reshape(len(self.nodes), m, s)
             return self._stat_sum[:, None, :] + self._sigma[:, None, None] * noise
 
-        mus = np.broadcast_to(self._stat_mu[:, None], (len(self.nodes), len(key_chains)))
+        stat_mu = self._stat_mu + self._rounding_mu(s)
+        mus = np.broadcast_to(stat_mu[:, None], (len(self.nodes), len(key_chains)))
         out = self._answer(
             session,
             key_chains,
@@ -384,6 +464,7 @@ class OwnerHost:
                         np.array([n.policy.budget_epsilon for n in nodes]),
                         np.array([n.policy.delta for n in nodes]),
                         part,
+                        self._lattice,
                     )
                 )
         return out

@@ -145,6 +145,7 @@ class Charge:
     budget_epsilon: np.ndarray
     delta: np.ndarray
     sampled: SampledCharge | None = None
+    lattice: bool = False
 
 
 @dataclass(frozen=True)
@@ -511,6 +512,7 @@ class Ledger:
                 c.mus[k][c.new[k]],
                 float(c.budget_epsilon[k]),
                 float(c.delta[k]),
+                c.lattice,
             )
 
     def _store_answers(
@@ -553,6 +555,7 @@ class Ledger:
                 self._sampled(c.owners[k]),
                 float(c.delta[k]),
                 sampled.neighbour[k],
+                c.lattice,
             )
             left = max(float(c.budget_epsilon[k]) - spent, 0.0)
             raise BudgetExhausted(
@@ -606,14 +609,21 @@ class Ledger:
 
     @staticmethod
     def _refuse(
-        owner: str, before: GaussianSpend, mus: np.ndarray, budget_epsilon: float, delta: float
+        owner: str,
+        before: GaussianSpend,
+        mus: np.ndarray,
+        budget_epsilon: float,
+        delta: float,
+        lattice: bool,
     ) -> None:
-        eps_before = before.epsilon(delta)
+        # the μ_t already hold the neighbour factor: without gradient answers the relation
+        # does not change ε, so any valid one will do
+        eps_before, _ = owner_epsilon(before, [], delta, "add_remove", lattice)
+        eps_after, _ = owner_epsilon(before.add(mus), [], delta, "add_remove", lattice)
         left = max(budget_epsilon - eps_before, 0.0)
         raise BudgetExhausted(
-            f"privacy budget exhausted: {len(mus)} more answers would take ε from {eps_before:.4g} "
-            f"to "
-            f"{before.add(mus).epsilon(delta):.4g} at δ={delta:g}, past the budget "
+            f"privacy budget exhausted: {len(mus)} more answers would take ε from "
+            f"{eps_before:.4g} to {eps_after:.4g} at δ={delta:g}, past the budget "
             f"ε={budget_epsilon:g} ({left:.4g} left)",
             owner,
             epsilon_left=left,

@@ -25,10 +25,11 @@ from ..common import (
 )
 from ..errors import BudgetExhausted, InvalidRequest, UnknownSession
 from ..models import ExpFamModel, Model
-from ..privacy import GaussianSpend, mu_for_epsilon
+from ..privacy import GaussianSpend
 from ..privacy.owner_epsilon import max_gdp_mu_squared, owner_epsilon
 from ..privacy.subsampled import SubsampledGaussian
 from .ledger import Ledger, PlanView
+from .noise import NoiseKey
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,12 @@ class OwnerNode:
     """One data owner.
 
     records: ``(n, p)`` raw records; they are validated and clipped into the model's domain.
-    rng: the owner's private randomness — noise and Poisson sampling (default: OS entropy).
+    rng: seeded randomness for a *simulated* owner: float Gaussian noise and Poisson sampling
+        reproducible from a run's seed (whoever knows the seed knows the noise).
+    noise_key: the owner's secret key of exact lattice noise (docs/design.md §2.7): log-ratio
+        and statistic answers are rounded to a lattice and noised with the discrete Gaussian
+        from a ChaCha20 stream addressed by (session, chain, iteration). The default when no
+        ``rng`` is given is a fresh key from OS entropy (every deployed owner).
     simulation: keep data-dependent diagnostics (clip counts). Off for deployed owners.
     per_record: evaluate log-ratios record by record with the per-record clip. By default
     exponential-family models use the identity Σ_x ℓ(x,θ') − ℓ(x,θ) = Δηᵀ Σ S(x) − n ΔA, which is
@@ -68,6 +74,7 @@ class OwnerNode:
         rng: np.random.Generator | None = None,
         simulation: bool = False,
         per_record: bool | None = None,
+        noise_key: NoiseKey | None = None,
     ):
         self.name = name
         self.model = model
@@ -75,7 +82,10 @@ class OwnerNode:
         self.records = model.prepare_records(records)
         self.ledger = ledger
         self.rng = rng if rng is not None else np.random.default_rng()
-        self.max_mu_squared = mu_for_epsilon(policy.budget_epsilon, policy.delta) ** 2
+        self.noise_key = NoiseKey.from_os() if rng is None and noise_key is None else noise_key
+        self.max_mu_squared = max_gdp_mu_squared(
+            policy.budget_epsilon, policy.delta, policy.neighbour, [], lattice=self.lattice
+        )
         self.stat_sum = (
             model.suff_stat(self.records).sum(axis=0) if isinstance(model, ExpFamModel) else None
         )
@@ -84,6 +94,11 @@ class OwnerNode:
             per_record if per_record is not None else not isinstance(model, ExpFamModel)
         )
         self._sessions: dict[str, _OpenSession] = {}
+
+    @property
+    def lattice(self) -> bool:
+        """This owner's log-ratio and statistic answers are exact lattice answers."""
+        return self.noise_key is not None
 
     # --- public facts ------------------------------------------------------------------------
     @property
@@ -148,7 +163,11 @@ class OwnerNode:
         committed = self._check_plan(view, algorithm, planned_answers, rate)
         if view.gaussian_open and (algorithm == SGMCMC or committed):
             return max_gdp_mu_squared(
-                self.policy.budget_epsilon, self.policy.delta, self.policy.neighbour, committed
+                self.policy.budget_epsilon,
+                self.policy.delta,
+                self.policy.neighbour,
+                committed,
+                lattice=self.lattice,
             )
         return None
 
@@ -217,9 +236,13 @@ class OwnerNode:
                 max(total.max_mu, worst_mu),
             )
         policy = self.policy
-        worst, _ = owner_epsilon(worst_spend, committed, policy.delta, policy.neighbour)
+        worst, _ = owner_epsilon(
+            worst_spend, committed, policy.delta, policy.neighbour, self.lattice
+        )
         if worst > policy.budget_epsilon:
-            now, _ = owner_epsilon(total, view.sampled, policy.delta, policy.neighbour)
+            now, _ = owner_epsilon(
+                total, view.sampled, policy.delta, policy.neighbour, self.lattice
+            )
             raise BudgetExhausted(
                 f"refusing a plan of {planned_answers} {algorithm} answers: in the worst case its "
                 f"policy allows it would take ε from {now:.4g} to {worst:.4g} at "
@@ -274,13 +297,14 @@ class OwnerNode:
             if record is None:
                 raise UnknownSession(f"unknown session {session!r}", self.name)
             session_report = SpendReport.of(
-                record.spend, record.sampled, delta, self.policy.neighbour
+                record.spend, record.sampled, delta, self.policy.neighbour, self.lattice
             )
         total = SpendReport.of(
             self.ledger.total(self.name),
             self.ledger.sampled(self.name),
             delta,
             self.policy.neighbour,
+            self.lattice,
         )
         return PrivacyReport(
             self.name,

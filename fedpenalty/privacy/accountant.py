@@ -20,6 +20,15 @@ RDP — constant memory, always an upper bound — is computed first, and PLD on
 reported (``"rdp"``). No budget anyone would set lies up there, and any request an owner
 receives may be hostile.
 
+**Lattice answers** (``lattice=True``: owners that release exact discrete-Gaussian noise on a
+lattice, docs/design.md §2.7) are accounted by Rényi DP throughout (``"rdp"``): the discrete
+Gaussian with lattice-unit sensitivity Δ/γ and scale σ/γ has the same Rényi divergences
+α(Δ/σ)²/2 as the continuous Gaussian (Canonne, Kamath & Steinke 2020, Thm 4; their Thm 14 adds
+a term τ·d for d-dimensional answers with τ ≤ 10 (σ/γ)² e^(−π²(σ/γ)²), below 10^(−10¹²) at
+σ/γ ≥ 2²⁰ and so nothing a float can hold), and Rényi DP composes by adding, so the Gaussian
+answers enter as one Gaussian of total μ. The exact μ-GDP curve is not used for them: it is
+proved for the continuous Gaussian only.
+
 Accountants are immutable and hashable: ``compose_*`` return new objects, and ε is memoised
 per (accountant, δ), so the many owners of one host asking the same question pay once.
 ε is in nats, δ a probability.
@@ -58,6 +67,7 @@ class OwnerAccountant:
     neighbour: Neighbour
     gaussian: GaussianSpend = field(default_factory=GaussianSpend)
     sampled: tuple[SubsampledGaussian, ...] = ()
+    lattice: bool = False
 
     def __post_init__(self) -> None:
         check_neighbour(self.neighbour)
@@ -103,21 +113,23 @@ class OwnerAccountant:
         exceed the budget. Memoised.
         """
         return _max_gaussian_mu_squared(
-            self.neighbour, self.sampled, budget_epsilon, delta, tolerance
+            self.neighbour, self.sampled, budget_epsilon, delta, tolerance, self.lattice
         )
 
 
 @functools.lru_cache(maxsize=4096)
 def _account(acc: OwnerAccountant, delta: float) -> tuple[float, AccountantName]:
     """(ε at ``delta``, accountant name) of ``acc``; see the module docstring."""
-    if not acc.sampled:
+    if not acc.sampled and not acc.lattice:
         return acc.gaussian.epsilon(delta), "gdp"
     events = list(acc.sampled)
     if acc.gaussian.mu_squared > 0:
         factor = 2.0 if acc.neighbour == "replace_one" else 1.0
         events.append(SubsampledGaussian(1.0, factor / acc.gaussian.mu, 1))
+    if not events:
+        return 0.0, "rdp"
     bound = sampled_epsilon(events, delta, neighbour=acc.neighbour, accountant="rdp")
-    if bound > PLD_EPSILON_LIMIT:
+    if acc.lattice or bound > PLD_EPSILON_LIMIT:
         return bound, "rdp"
     pld = sampled_epsilon(events, delta, neighbour=acc.neighbour)
     return (pld, "pld") if pld <= bound else (bound, "rdp")
@@ -130,17 +142,19 @@ def _max_gaussian_mu_squared(
     budget_epsilon: float,
     delta: float,
     tolerance: float,
+    lattice: bool,
 ) -> float:
     """``OwnerAccountant.max_gaussian_mu_squared`` for the subsampled answers ``sampled``
-    (canonical order)."""
+    (canonical order). The exact GDP μ(budget, δ) bounds the search: every other accountant's
+    ε is at least the GDP one at the same μ."""
     budget = check_epsilon(budget_epsilon, "budget_epsilon")
     tolerance = check_positive("tolerance", tolerance)
     if tolerance > 1.0:
         raise ValueError(f"tolerance must be in (0, 1], got {tolerance!r}")
     upper = mu_for_epsilon(budget, check_delta(delta))
-    if not sampled:
+    if not sampled and not lattice:
         return upper**2
-    acc = OwnerAccountant(neighbour, sampled=sampled)
+    acc = OwnerAccountant(neighbour, sampled=sampled, lattice=lattice)
 
     def excess(mu: float) -> float:
         """ε − budget with Gaussian answers of total μ (``acc`` itself at 0, so memoised)."""

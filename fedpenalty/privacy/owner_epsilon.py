@@ -14,11 +14,15 @@ __all__ = ["max_gdp_mu_squared", "owner_epsilon"]
 
 
 def owner_epsilon(
-    spend: GaussianSpend, sampled: Sequence[SubsampledGaussian], delta: float, neighbour: Neighbour
+    spend: GaussianSpend,
+    sampled: Sequence[SubsampledGaussian],
+    delta: float,
+    neighbour: Neighbour,
+    lattice: bool = False,
 ) -> tuple[float, AccountantName]:
     """(ε at ``delta``, accountant name: "gdp" | "pld" | "rdp") of the Gaussian answers
     ``spend`` and the subsampled answers ``sampled`` together. Memoised."""
-    return OwnerAccountant(neighbour, spend, tuple(sampled)).account(delta)
+    return OwnerAccountant(neighbour, spend, tuple(sampled), lattice).account(delta)
 
 
 def max_gdp_mu_squared(
@@ -27,10 +31,10 @@ def max_gdp_mu_squared(
     neighbour: Neighbour,
     sampled: Sequence[SubsampledGaussian],
     tolerance: float = 1e-2,
+    lattice: bool = False,
 ) -> float:
     """The largest μ² of Gaussian answers that, with ``sampled``, keeps ε(δ) ≤ the budget
     (``OwnerAccountant.max_gaussian_mu_squared``: never overstates what fits; 0 when
     ``sampled`` alone already exceeds the budget). Memoised."""
-    return OwnerAccountant(neighbour, sampled=tuple(sampled)).max_gaussian_mu_squared(
-        budget_epsilon, delta, tolerance
-    )
+    acc = OwnerAccountant(neighbour, sampled=tuple(sampled), lattice=lattice)
+    return acc.max_gaussian_mu_squared(budget_epsilon, delta, tolerance)
