@@ -120,16 +120,15 @@ class OwnerAccountant:
 @functools.lru_cache(maxsize=4096)
 def _account(acc: OwnerAccountant, delta: float) -> tuple[float, AccountantName]:
     """(ε at ``delta``, accountant name) of ``acc``; see the module docstring."""
-    if not acc.sampled and not acc.lattice:
+    lattice_answers = acc.lattice and acc.gaussian.mu_squared > 0
+    if not acc.sampled and not lattice_answers:
         return acc.gaussian.epsilon(delta), "gdp"
     events = list(acc.sampled)
     if acc.gaussian.mu_squared > 0:
         factor = 2.0 if acc.neighbour == "replace_one" else 1.0
         events.append(SubsampledGaussian(1.0, factor / acc.gaussian.mu, 1))
-    if not events:
-        return 0.0, "rdp"
     bound = sampled_epsilon(events, delta, neighbour=acc.neighbour, accountant="rdp")
-    if acc.lattice or bound > PLD_EPSILON_LIMIT:
+    if lattice_answers or bound > PLD_EPSILON_LIMIT:
         return bound, "rdp"
     pld = sampled_epsilon(events, delta, neighbour=acc.neighbour)
     return (pld, "pld") if pld <= bound else (bound, "rdp")
