@@ -55,9 +55,11 @@ CHECKPOINT, RUN_INFO = "checkpoint.npz", "run.json"
 #: privacy.json; None: a trusted curator's non-private baseline).
 _LEDGER = "ledger_epsilon: the owner's spend across all its sessions, as its ledger reports it"
 _GDP = (
-    "exact composition of Gaussian answers as μ-GDP (analytic Gaussian ε(δ)); epsilon_paper_bound: "
-    "classical "
-    "Gaussian mechanism + advanced composition (null: not applicable); " + _LEDGER
+    "Gaussian answers composed by their total μ (each μ = Δ/σ): accountant 'gdp' is the exact "
+    "μ-GDP ε(δ) (analytic Gaussian) of float noise (simulated owners); 'rdp' is the Rényi-DP ε of "
+    "the same μ, for owners releasing exact lattice answers (deployed owners, docs/design.md "
+    "§2.7); epsilon_paper_bound: classical Gaussian mechanism + advanced composition (null: not "
+    "applicable); " + _LEDGER
 )
 ACCOUNTING = {
     LOG_RATIO: _GDP,
@@ -503,7 +505,7 @@ def privacy_summary(
                 **noise,
                 "delta": report.delta,
                 "answers": spend.answers,
-                "mu": spend.mu if spend.accountant == "gdp" else None,
+                "mu": None if gradient else spend.mu,
                 "epsilon": spend.epsilon,
                 "accountant": spend.accountant,
                 "epsilon_paper_bound": _finite_or_none(spend.epsilon_paper_bound),
