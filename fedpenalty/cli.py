@@ -329,8 +329,13 @@ def cmd_owner_report(args: argparse.Namespace) -> int:
     ledger = Ledger(config.ledger, read_only=True)  # no lock: works while a server runs
     try:
         policy = config.policy
+        # a served owner (OWNER.toml) gives lattice answers: Rényi-DP accounting, as it does
         spend = SpendReport.of(
-            ledger.total(config.name), ledger.sampled(config.name), policy.delta, policy.neighbour
+            ledger.total(config.name),
+            ledger.sampled(config.name),
+            policy.delta,
+            policy.neighbour,
+            lattice=True,
         )
     finally:
         ledger.close()

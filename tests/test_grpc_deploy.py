@@ -21,7 +21,9 @@ from fedpenalty.coordinator.oracle import Answers
 from fedpenalty.errors import BudgetExhausted
 from fedpenalty.models import build_model
 from fedpenalty.owner import Ledger
-from fedpenalty.privacy import epsilon_for_delta
+from fedpenalty.owner.noise import LATTICE_BITS
+from fedpenalty.privacy import GaussianSpend
+from fedpenalty.privacy.accountant import OwnerAccountant
 from fedpenalty.proto import owner_pb2 as pb
 from fedpenalty.proto import owner_pb2_grpc as pb_grpc
 from fedpenalty.simulation import chain_start
@@ -221,12 +223,14 @@ def test_kill_9_of_an_owner_then_resume_charges_nothing_twice_and_gives_the_same
 
 @pytest.mark.slow
 def test_an_owner_past_its_budget_refuses_and_the_run_stops_resumably(tmp_path, procs):
-    # Worst-case answers cost μ_w = 2·L·max_step/σ each; the budget covers 40,000 of them, so the
-    # run's session (10,000 answers) and a second session (40,000) each fit alone, not together.
-    mu_w = 2 * MODEL.lipschitz * 0.02 / 100.0
-    budget = epsilon_for_delta(
-        math.sqrt(40_000) * mu_w * (1 + 1e-9), 1e-5
-    )  # 40,000 fit despite rounding
+    # Worst-case answers cost μ_w = 2·L·max_step/σ + 2^-20 (lattice rounding) each, accounted by
+    # Rényi DP; the budget covers 40,000 of them, so the run's session (10,000 answers) and a
+    # second session (40,000) each fit alone, not together.
+    mu_w = 2 * MODEL.lipschitz * 0.02 / 100.0 + 2.0**-LATTICE_BITS
+    mu = math.sqrt(40_000) * mu_w * (1 + 1e-9)  # 40,000 fit despite rounding
+    budget = OwnerAccountant("replace_one", GaussianSpend(1, mu * mu, mu), lattice=True).epsilon(
+        1e-5
+    )
     owners = deploy(tmp_path, procs, {"sigma": 100.0, "max_step": 0.02, "budget_epsilon": budget})
     carol = owners["carol"]
     out = tmp_path / "run"

@@ -25,10 +25,15 @@ from ..models import ExpFamModel
 from .gradient import owner_gradient
 from .ledger import Charge, SampledCharge
 from .node import OwnerNode
-from .noise import SCALE_MAX, ChaChaSource, discrete_gaussian, from_lattice, to_lattice
+from .noise import (
+    LATTICE_BITS,
+    SCALE_MAX,
+    ChaChaSource,
+    discrete_gaussian,
+    from_lattice,
+    to_lattice,
+)
 
-#: The lattice step γ lies 2^LATTICE_BITS to 2^(LATTICE_BITS + 1) below the smallest σ of a host.
-LATTICE_BITS = 20
 #: Exact values are clipped to ±2⁵² γ before rounding (data independent; 1-Lipschitz).
 LATTICE_LIMIT = 2.0**52
 

@@ -9,6 +9,7 @@ itself, never trusting the coordinator's accounting (docs/design.md §3).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,7 +30,7 @@ from ..privacy import GaussianSpend
 from ..privacy.owner_epsilon import max_gdp_mu_squared, owner_epsilon
 from ..privacy.subsampled import SubsampledGaussian
 from .ledger import Ledger, PlanView
-from .noise import NoiseKey
+from .noise import LATTICE_BITS, NoiseKey
 
 
 @dataclass(frozen=True)
@@ -119,14 +120,18 @@ class OwnerNode:
         )
 
     def worst_case_mu(self, algorithm: str) -> float:
-        """μ of the most expensive single answer the policy allows for ``algorithm``."""
+        """μ of the most expensive single answer the policy allows for ``algorithm``; with
+        lattice noise, plus the most rounding can add (√w·2^−LATTICE_BITS, whatever host)."""
+        policy = self.policy
         if algorithm == LOG_RATIO:
-            return (
-                float(self.model.log_ratio_sensitivity(self.policy.max_step, self.policy.neighbour))
-                / self.policy.sigma
-            )
-        assert isinstance(self.model, ExpFamModel)
-        return self.model.stat_sensitivity(self.policy.neighbour) / self.policy.sigma
+            width = 1
+            delta = float(self.model.log_ratio_sensitivity(policy.max_step, policy.neighbour))
+        else:
+            assert isinstance(self.model, ExpFamModel)
+            width = self.model.stat_dim
+            delta = self.model.stat_sensitivity(policy.neighbour)
+        rounding = math.sqrt(width) * 2.0**-LATTICE_BITS if self.lattice else 0.0
+        return delta / policy.sigma + rounding
 
     # --- sessions ------------------------------------------------------------------------------
     def open_session(

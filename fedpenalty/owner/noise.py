@@ -43,6 +43,9 @@ KEY_BYTES = 32
 #: e^-0.07·words, so the cap is reached with probability ≈ e^-1000. It also bounds every loop
 #: counter by 2^14, which keeps all integer arithmetic below 2^63.
 MAX_WORDS = 1 << 14
+#: An owner host's lattice step γ lies 2^LATTICE_BITS to 2^(LATTICE_BITS + 1) below the smallest
+#: σ of its owners, so rounding adds at most √w·2^−LATTICE_BITS to an answer's μ = Δ/σ.
+LATTICE_BITS = 20
 #: Accepted range of σ/γ for the exact sampler.
 SCALE_MIN, SCALE_MAX = 2.0**-20, 2.0**40
 #: Largest |x|/γ that ``to_lattice`` accepts and largest |n| that ``from_lattice`` converts.
