@@ -114,3 +114,39 @@ def test_add_remove_owners_do_not_release_their_record_count():
         resolve(
             {"sampler": {"algorithm": "penalty_expfam"}, "privacy": {"neighbour": "add_remove"}}
         )
+
+
+def test_heavy_work_does_not_block_the_server(monkeypatch):
+    """Session opens with gradient plans blocked the event loop for 12–25 s, so health checks and
+    every other call waited. While a host call is stuck, the health check must still answer."""
+    import threading
+
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from fedpenalty.owner.server import ServerThread
+    from fedpenalty.proto import owner_pb2 as pb
+    from fedpenalty.proto import owner_pb2_grpc as pb_grpc
+
+    records = GAUSS.simulate_records(np.random.default_rng(4), np.array([0.2]), 100)
+    h = host(GAUSS, records)
+    entered, release = threading.Event(), threading.Event()
+    open_session = h.open_session
+
+    def slow_open(*args, **kwargs):
+        entered.set()
+        release.wait(30)  # bounded: the test releases it at once
+        open_session(*args, **kwargs)
+
+    monkeypatch.setattr(h, "open_session", slow_open)
+    with ServerThread(h) as server, grpc.insecure_channel(server.address) as channel:
+        opening = pb_grpc.OwnerStub(channel).OpenSession.future(
+            pb.OpenSessionRequest(session="s", algorithm="penalty", planned_answers=10), timeout=60
+        )
+        assert entered.wait(30)
+        health = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=""), timeout=20
+        )
+        assert health.status == health_pb2.HealthCheckResponse.SERVING and not opening.done()
+        release.set()
+        opening.result()

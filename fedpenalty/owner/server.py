@@ -3,7 +3,8 @@
 Transport only: every answer, refusal and charge comes from the host (one process may serve
 many owners, each with its own data, noise and ledger). The server adds standard health
 checking and reflection, TLS, one log line per session, and a clean stop on SIGTERM/SIGINT.
-Requests are answered one at a time on the event loop, so the host is never re-entered.
+Requests are answered one at a time on one worker thread, off the event loop, so the host is
+never re-entered and the loop stays free for health checks.
 
 Who may ask: with mutual TLS (``tls.ca``) a client needs a certificate signed by that CA that
 names (SAN DNS name or subject CN) one of ``allowed_clients``; every Owner RPC of any other
@@ -21,6 +22,7 @@ import logging
 import signal
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -58,6 +60,10 @@ class OwnerServicer(pb_grpc.OwnerServicer):
         self._allowed = tuple(allowed_clients)
         self._opened_by: dict[str, str] = {}  # session → the allowed name that opened it
         self._health = health
+        # the host's work (validation, accounting, answers, charges) runs on this one thread:
+        # never on the event loop, which stays free for health checks and other calls, and
+        # never two at once, so the host is not re-entered (docs/design.md §3, invariant 9)
+        self._work = ThreadPoolExecutor(max_workers=1, thread_name_prefix="owner-host")
         self._ledgers = list({id(node.ledger): node.ledger for node in host.nodes}.values())
         self._serving = True
 
@@ -78,9 +84,10 @@ class OwnerServicer(pb_grpc.OwnerServicer):
             await self._health.set(name, status)
 
     async def _unary(self, context: grpc.aio.ServicerContext, call: Callable):
-        """Run ``call``; an owner refusal becomes its status code with the error's metadata."""
+        """Run ``call`` off the event loop (``_work``); an owner refusal becomes its status code
+        with the error's metadata."""
         try:
-            return call()
+            return await asyncio.get_running_loop().run_in_executor(self._work, call)
         except OwnerError as exc:
             await context.abort(
                 getattr(grpc.StatusCode, exc.grpc_code), str(exc), wire.refusal_metadata(exc)
@@ -204,8 +211,11 @@ class OwnerServicer(pb_grpc.OwnerServicer):
     # --- the per-iteration stream ---------------------------------------------------------
     async def Query(self, request_iterator, context):
         client = await self._client(context)
+        loop = asyncio.get_running_loop()
         while (request := await context.read()) is not grpc.aio.EOF:
-            await context.write(self._answer(request, client))
+            await context.write(
+                await loop.run_in_executor(self._work, self._answer, request, client)
+            )
             await self._report_storage()
 
     def _answer(self, request: pb.QueryRequest, client: str | None) -> pb.QueryReply:
