@@ -71,6 +71,12 @@ ACCOUNTING = {
     "not applicable; " + _LEDGER,
     None: "non-private baseline: a trusted curator pools every record; no owner privacy",
 }
+#: privacy.json's ``noise`` line of a simulation (docs/design.md §2.7, invariant 7).
+SIMULATED_NOISE = (
+    "simulated owners: float Gaussian noise from generators spawned from run.seed, so that a run "
+    "repeats; whoever knows the seed knows the noise (deployed owners draw exact lattice noise "
+    "from a secret key instead)"
+)
 NEIGHBOUR_MEANING = {
     "replace_one": "one record of this owner replaced by another",
     "add_remove": "one record added to or removed from this owner's records",
@@ -183,6 +189,8 @@ def run_scenario(scenario: Scenario, out: str | Path | None = None) -> RunResult
     finally:
         launched.stop()
     privacy = privacy_summary(reports, policies, algorithm, scenario["sampler"]) if reports else {}
+    if privacy:
+        privacy["noise"] = SIMULATED_NOISE
     if privacy and start is not None:
         start.privacy(privacy)
     return _finish(out, chains.theta, chains.accepted, privacy, reference, extra, stopped)
