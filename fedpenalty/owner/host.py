@@ -29,9 +29,8 @@ from .noise import (
     LATTICE_BITS,
     SCALE_MAX,
     ChaChaSource,
-    discrete_gaussian,
-    from_lattice,
-    to_lattice,
+    lattice_sensitivity,
+    noisy_lattice_answers,
 )
 
 #: Exact values are clipped to ±2⁵² γ before rounding (data independent; 1-Lipschitz).
@@ -147,6 +146,28 @@ class OwnerHost:
             raise ValueError("the owners' σ of one host must lie within a factor 2¹⁹ of each other")
         return True
 
+    def _noisy(
+        self,
+        session: str,
+        kind: str,
+        owner: int | None,
+        exact: np.ndarray,
+        chains: np.ndarray,
+        iterations: np.ndarray,
+    ) -> np.ndarray:
+        """Noisy answers ``(K', M, w)`` to keys (chains[j], iterations[j]) from the exact values
+        ``exact`` ``(K', M, w)`` of one ``owner`` (K' = 1) or of every owner (None, K' = K):
+        lattice answers (``_lattice_answers``), or each owner's next float normals × σ_k."""
+        owners = np.arange(len(self.nodes)) if owner is None else np.array([owner])
+        if self._lattice:
+            return self._lattice_answers(session, kind, owners, exact, chains, iterations)
+        size = exact.shape[1] * exact.shape[2]
+        if owner is None:
+            normals = self._normals.take_all(size)
+        else:
+            normals = self._normals.take(owner, size)[None, :]
+        return exact + self._sigma[owners, None, None] * normals.reshape(exact.shape)
+
     def _lattice_answers(
         self,
         session: str,
@@ -159,27 +180,29 @@ class OwnerHost:
         """Released answers ``(K', M, w)``: ``exact`` ``(K', M, w)`` of ``owners`` rounded to γℤ
         plus exact discrete-Gaussian noise of scale σ_k/γ, keyed (session, kind, owner, chain,
         iteration, component) — every entry an exact multiple of γ."""
-        noise = discrete_gaussian(
+        # a data-independent bound that keeps every released value an exact float (2^53 γ)
+        bound = LATTICE_LIMIT * self._gamma
+        clipped = np.clip(exact, -bound, bound)
+        sigma = self._sigma[owners]
+        gamma = self._gamma
+        return noisy_lattice_answers(
             self._source,
             session,
             kind,
-            (self._sigma[owners] / self._gamma)[:, None, None],
-            owner=owners[:, None, None],
-            chain=chains[None, :, None],
-            iteration=iterations[None, :, None],
-            component=np.arange(exact.shape[2])[None, None, :],
+            iterations,
+            clipped,
+            sigma,
+            gamma,
+            owners=owners,
+            chains=chains,
         )
-        # a data-independent bound that keeps every released value an exact float (2^53 γ)
-        bound = LATTICE_LIMIT * self._gamma
-        rounded = to_lattice(np.clip(exact, -bound, bound), self._gamma)
-        return from_lattice(rounded + noise, self._gamma)
 
     def _rounding_mu(self, width: int) -> np.ndarray:
         """What rounding to γℤ adds to each owner's μ of one answer of ``width`` components:
         γ√w/σ_k (0 without lattice noise)."""
         if not self._lattice:
             return np.zeros(len(self.nodes))
-        return self._gamma * math.sqrt(width) / self._sigma
+        return lattice_sensitivity(0.0, self._gamma, width) / self._sigma
 
     # --- sessions and reports ---------------------------------------------------------------
     def describe(self) -> list[OwnerDescription]:
@@ -260,21 +283,11 @@ class OwnerHost:
         iterations = np.full(len(chains), iteration)
 
         def fresh(k: int, new: np.ndarray) -> np.ndarray:
-            if self._lattice:
-                one = exact[k : k + 1, new, None]
-                answer = self._lattice_answers(
-                    session, LOG_RATIO, np.array([k]), one, chains[new], iterations[new]
-                )
-                return answer[0]
-            return (exact[k, new] + self._sigma[k] * self._normals.take(k, int(new.sum())))[:, None]
+            one = exact[k : k + 1, new, None]
+            return self._noisy(session, LOG_RATIO, k, one, chains[new], iterations[new])[0]
 
         def fresh_all() -> np.ndarray:
-            if self._lattice:
-                owners = np.arange(len(self.nodes))
-                return self._lattice_answers(
-                    session, LOG_RATIO, owners, exact[:, :, None], chains, iterations
-                )
-            return (exact + self._sigma[:, None] * self._normals.take_all(len(chains)))[:, :, None]
+            return self._noisy(session, LOG_RATIO, None, exact[:, :, None], chains, iterations)
 
         mus = self._mu_per_step[:, None] * step[None, :] + self._rounding_mu(1)[:, None]
         return self._answer(
@@ -305,23 +318,15 @@ class OwnerHost:
         key_iterations = np.tile(start + np.arange(block), len(chains))
 
         def fresh(k: int, new: np.ndarray) -> np.ndarray:
-            m = int(new.sum())
-            if self._lattice:
-                exact = np.broadcast_to(self._stat_sum[k], (1, m, s))
-                owner = np.array([k])
-                keys = key_chains[new], key_iterations[new]
-                return self._lattice_answers(session, SUFF_STATS, owner, exact, *keys)[0]
-            return self._stat_sum[k] + self._sigma[k] * self._normals.take(k, m * s).reshape(m, s)
+            exact = np.broadcast_to(self._stat_sum[k], (1, int(new.sum()), s))
+            keys = key_chains[new], key_iterations[new]
+            return self._noisy(session, SUFF_STATS, k, exact, *keys)[0]
 
         def fresh_all() -> np.ndarray:
-            m, owners = len(key_chains), np.arange(len(self.nodes))
-            if self._lattice:
-                exact = np.broadcast_to(self._stat_sum[:, None, :], (len(owners), m, s))
-                return self._lattice_answers(
-                    session, SUFF_STATS, owners, exact, key_chains, key_iterations
-                )
-            noise = self._normals.take_all(m * s).reshape(len(self.nodes), m, s)
-            return self._stat_sum[:, None, :] + self._sigma[:, None, None] * noise
+            exact = np.broadcast_to(
+                self._stat_sum[:, None, :], (len(self.nodes), len(key_chains), s)
+            )
+            return self._noisy(session, SUFF_STATS, None, exact, key_chains, key_iterations)
 
         stat_mu = self._stat_mu + self._rounding_mu(s)
         mus = np.broadcast_to(stat_mu[:, None], (len(self.nodes), len(key_chains)))

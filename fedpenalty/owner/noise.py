@@ -882,7 +882,7 @@ def noisy_lattice_answers(
     source: WordSource,
     session: str,
     kind: str,
-    iteration: int,
+    iteration: npt.ArrayLike,
     values: npt.ArrayLike,
     sigma: npt.ArrayLike,
     gamma: float,
@@ -895,7 +895,8 @@ def noisy_lattice_answers(
     values ``(K, M, w)``: owner k's exact answers for M chains, width w. sigma ``(K,)``: each
     owner's noise σ in answer units (the sampler uses lattice_scale(σ/γ) ≥ σ/γ). gamma: lattice
     step, a power of two. owners ``(K,)``: key indices into ``source`` (default 0..K−1); chains
-    ``(M,)`` (default 0..M−1). Every entry returned is an exact multiple of γ.
+    ``(M,)`` (default 0..M−1); iteration: one for all M keys, or ``(M,)``, one per key. Every
+    entry returned is an exact multiple of γ.
     """
     values = np.asarray(values, dtype=float)
     if values.ndim != 3:
@@ -917,7 +918,7 @@ def noisy_lattice_answers(
         (sigma / gamma)[:, None, None],
         owner=owners[:, None, None],
         chain=chains[None, :, None],
-        iteration=iteration,
+        iteration=np.broadcast_to(np.asarray(iteration), (n_chains,))[None, :, None],
         component=np.arange(width)[None, None, :],
     )
     return from_lattice(exact + noise, gamma)

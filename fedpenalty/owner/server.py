@@ -89,17 +89,21 @@ class OwnerServicer(pb_grpc.OwnerServicer):
         try:
             return await asyncio.get_running_loop().run_in_executor(self._work, call)
         except OwnerError as exc:
-            await context.abort(
-                getattr(grpc.StatusCode, exc.grpc_code), str(exc), wire.refusal_metadata(exc)
-            )
+            await _abort(context, exc)
         finally:
             await self._report_storage()
 
     # --- who asks ---------------------------------------------------------------------------
     async def _client(self, context: grpc.aio.ServicerContext) -> str | None:
         """The ``allowed_clients`` entry the caller's certificate names (None when there is no
-        allow-list); any other caller is aborted with PERMISSION_DENIED before any work."""
-        return await self._unary(context, lambda: self._identify(context))
+        allow-list); any other caller is aborted with PERMISSION_DENIED before any work. Cheap
+        and free of host state, so it runs on the event loop: a refusal never waits for the
+        host's work."""
+        try:
+            return self._identify(context)
+        except NotPermitted as exc:
+            await _abort(context, exc)
+            raise  # not reached: abort ends the call by raising
 
     def _identify(self, context: grpc.aio.ServicerContext) -> str | None:
         if not self._allowed:
@@ -232,6 +236,13 @@ class OwnerServicer(pb_grpc.OwnerServicer):
             return pb.QueryReply(id=request.id, answers=answers)
         except OwnerError as exc:
             return pb.QueryReply(id=request.id, refusal=wire.refusal(exc))
+
+
+async def _abort(context: grpc.aio.ServicerContext, exc: OwnerError) -> None:
+    """End the call with the owner error's status code, message and metadata."""
+    await context.abort(
+        getattr(grpc.StatusCode, exc.grpc_code), str(exc), wire.refusal_metadata(exc)
+    )
 
 
 def certificate_names(auth: dict[str, list[bytes]]) -> list[str]:

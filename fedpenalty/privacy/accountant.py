@@ -108,8 +108,9 @@ class OwnerAccountant:
 
         μ(budget, δ)² exactly without subsampled answers; otherwise a root search on this
         accountant's ε (scipy's ``find_root``, Chandrupatla's method, bracket [0, μ(budget, δ)])
-        to a final bracket narrower than ``tolerance`` ∈ (0, 1] times μ(budget, δ), whose lower
-        end is returned, so it never overstates what fits. 0 when the subsampled answers alone
+        to a final bracket narrower than ``tolerance`` ∈ (0, 1] times μ(budget, δ) (lattice
+        answers alone: to float precision), whose lower end is returned, so it never overstates
+        what fits. 0 when the subsampled answers alone
         exceed the budget. Memoised.
         """
         return _max_gaussian_mu_squared(
@@ -163,6 +164,8 @@ def _max_gaussian_mu_squared(
 
     if excess(0.0) > 0:
         return 0.0
+    if not sampled:  # lattice answers alone: RDP is cheap, so the cap is found to float precision
+        tolerance = 1e-12
     width = {"xatol": tolerance * upper, "xrtol": 0.0, "fatol": 0.0, "frtol": 0.0}
     res = find_root(np.vectorize(excess, otypes=[float]), (0.0, upper), tolerances=width)
     return max(float(x) for x, f in zip(res.bracket, res.f_bracket) if f <= 0) ** 2
