@@ -40,6 +40,7 @@ from scipy import special, stats
 from ..models import Bernoulli, ExpFamModel, GaussianMean, Logistic, Model, Neighbour, Poisson
 from ..privacy import gaussian, subsampled
 from . import mh
+from .exact import pooled_log_ratio
 
 OPSForm = Literal["wang", "foulds"]
 Mechanism = Literal["laplace", "gaussian"]
@@ -222,13 +223,16 @@ def tempered_mh_draws(
 ) -> np.ndarray:
     """``size`` draws ``(size, d)`` from ∝ [p(θ) Π p(x | θ)]^ρ on Θ by exact MH on the pooled
     ``records`` (trusted curator): ``size`` independent chains from θ = 0, with a tempered
-    ratio ρ Σ_x Δℓ + (ρ − 1) Δlog p(θ). The ball radius is tuned to acceptance ≈ 0.3, then
+    ratio ρ Σ_x Δℓ + (ρ − 1) Δlog p(θ) (Σ_x Δℓ from summed statistics where the model has them,
+    ``exact.pooled_log_ratio``). The ball radius is tuned to acceptance ≈ 0.3, then
     ``mh_steps`` steps are run with it frozen, and each chain's last state is returned."""
     if not 0.0 < rho <= 1.0:
         raise ValueError(f"rho must be in (0, 1], got {rho!r}")
 
+    pooled = pooled_log_ratio(model, records)
+
     def ratio(iteration: int, chains: np.ndarray, theta: np.ndarray, theta_prop: np.ndarray):
-        lik = model.log_lik_diff(records, theta, theta_prop).sum(axis=1)
+        lik = pooled(theta, theta_prop)
         prior = model.log_prior(theta_prop) - model.log_prior(theta)
         return rho * lik + (rho - 1.0) * prior, np.zeros(len(chains))
 
