@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -104,13 +105,45 @@ def privacy_table(privacy: dict[str, Any]) -> str:
     )
 
 
+#: Owners shown one row each in the console; past this, a summary over owners (privacy.json
+#: keeps every owner).
+MAX_OWNER_ROWS = 20
+
+
+def privacy_overview(privacy: dict[str, Any]) -> str:
+    """The per-owner privacy of a run for the console: the table of ``privacy_table`` for up
+    to MAX_OWNER_ROWS owners, else min / median / max ε over the owners and which owners are at
+    the max."""
+    owners = privacy["owners"]
+    if len(owners) <= MAX_OWNER_ROWS:
+        return privacy_table(privacy)
+    eps = [o["epsilon"] for o in owners]
+    top = max(eps)
+    at_max = [o["owner"] for o in owners if o["epsilon"] >= top * (1 - 1e-12)]
+    named = ", ".join(at_max[:5]) + (f" and {len(at_max) - 5} more" if len(at_max) > 5 else "")
+    lines = [
+        f"{len(owners)} owners; ε over owners: min {_fmt(min(eps))}, median "
+        f"{_fmt(statistics.median(eps))}, max {_fmt(top)} ({named})"
+    ]
+    paper = [o.get("epsilon_paper_bound") for o in owners]
+    if all(p is not None for p in paper):
+        lines.append(f"paper's bound over owners: min {_fmt(min(paper))}, max {_fmt(max(paper))}")
+    budgets = [o.get("budget_epsilon") for o in owners]
+    if all(b is not None for b in budgets):
+        left = [o["budget_left"] for o in owners if o.get("budget_left") is not None]
+        spare = f", least left {_fmt(min(left))}" if left else ""
+        lines.append(f"budgets: min {_fmt(min(budgets))}, max {_fmt(max(budgets))}{spare}")
+    return "\n".join([*lines, "(every owner's row is in privacy.json)"])
+
+
 def mixing_table(diag: dict[str, Any]) -> str:
+    names = diag.get("param_names")
     d = len(diag["posterior_mean"])
     shown = range(min(d, 10))
     rows = []
     for j in shown:
         row = [
-            f"θ[{j}]",
+            names[j] if names else f"θ[{j}]",
             _fmt(diag["posterior_mean"][j]),
             _fmt(diag["posterior_sd"][j]),
             _fmt(diag["ess_bulk"][j], 3),
@@ -142,7 +175,7 @@ def print_run(title: str, result) -> None:
             f"\nPer-owner privacy ({neighbour}: {privacy.get('neighbour_meaning', '')}; {delta}; "
             f"{privacy['release']}):"
         )
-        print(privacy_table(privacy))
+        print(privacy_overview(privacy))
         if privacy.get("trusted_curator"):
             print("trusted curator: this baseline pools every owner's records centrally")
     elif privacy.get("trusted_curator"):
@@ -185,7 +218,8 @@ def excess_warning(diag: dict[str, Any]) -> str | None:
 
 def stop_message(result, resumable: bool) -> str:
     """One message saying why a run stopped early, what it kept and how to continue."""
-    from .errors import BudgetExhausted
+    from .errors import BudgetExhausted, InvalidRequest
+    from .refusals import policy_refusal
 
     cause = result.stopped
     kept = f"kept {result.diagnostics['kept_draws']} draws per chain in {result.out}"
@@ -194,6 +228,8 @@ def stop_message(result, resumable: bool) -> str:
         if resumable
         else ""
     )
+    if isinstance(cause, InvalidRequest):
+        return f"stopped: {policy_refusal(cause)}; {kept}"
     if isinstance(cause, BudgetExhausted):
         return (
             f"stopped: owner {cause.owner!r} refused to answer: its privacy budget is exhausted "
@@ -227,8 +263,22 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return _exit_status(result, resumable=False)
 
 
+#: Mixing warnings printed one per line; the rest are counted (diagnostics.json has them all).
+MAX_WARNING_LINES = 5
+
+
 def _exit_status(result, resumable: bool) -> int:
-    """Warn about excess noise; 3 (with the one-line reason) when the run stopped early, else 0."""
+    """Warn about unmixed chains and excess noise; 3 (with the one-line reason) when the run
+    stopped early, else 0."""
+    warnings = result.diagnostics.get("warnings", [])
+    for line in warnings[:MAX_WARNING_LINES]:
+        print(f"warning: {line}", file=sys.stderr)
+    if len(warnings) > MAX_WARNING_LINES:
+        print(
+            f"warning: {len(warnings) - MAX_WARNING_LINES} more parameters have not mixed "
+            "(diagnostics.json: warnings)",
+            file=sys.stderr,
+        )
     if warning := excess_warning(result.diagnostics):
         print(warning, file=sys.stderr)
     if result.stopped is not None:

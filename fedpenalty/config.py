@@ -215,8 +215,31 @@ class Scenario:
 
 
 def default_scenario_text() -> str:
-    """The scenario ``fedpenalty simulate`` runs when given none."""
+    """The model-independent part of the scenario ``fedpenalty simulate`` runs when given none
+    (``default_scenario_for`` adds the model's keys)."""
     return resources.files("fedpenalty").joinpath("default_scenario.toml").read_text()
+
+
+def model_defaults() -> dict[str, dict[str, dict[str, Any]]]:
+    """Per model name, the embedded default scenario's [model], [data] and [sampler] keys
+    sized for that model (``model_defaults.toml``)."""
+    text = resources.files("fedpenalty").joinpath("model_defaults.toml").read_text()
+    return tomllib.loads(text)
+
+
+def default_scenario_for(model: str | None = None) -> dict[str, Any]:
+    """The embedded default scenario (parsed) for ``model`` (default: the one it names), with
+    that model's keys from ``model_defaults.toml``."""
+    raw = tomllib.loads(default_scenario_text())
+    name = model or raw["model"]["name"]
+    sized = model_defaults().get(name)
+    if sized is None:
+        known = ", ".join(sorted(MODELS))
+        raise ConfigError(f"[model] unknown model name {name!r}; known models: {known}")
+    for section, keys in sized.items():
+        raw.setdefault(section, {}).update(keys)
+    raw["model"]["name"] = name
+    return raw
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:
@@ -233,20 +256,29 @@ def parse_override(text: str) -> tuple[str, str, Any]:
 
 
 def load_scenario(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Scenario:
-    """Read a scenario file (or the embedded default), apply overrides, validate, resolve."""
+    """Read a scenario file (or the embedded default), apply overrides, validate, resolve.
+
+    ``--set model.name=NAME`` switches the model: a [model] table's other keys belong to the
+    model it names, so they are dropped (NAME's defaults apply, then any ``model.*`` given);
+    the embedded default also takes NAME's data and sampler sizes (``model_defaults.toml``)."""
+    parsed = [parse_override(item) for item in overrides]
+    names = [v for section, key, v in parsed if (section, key) == ("model", "name")]
+    chosen = names[-1] if names and isinstance(names[-1], str) else None
     if path is None:
-        text, origin = default_scenario_text(), "the embedded default scenario"
+        raw = default_scenario_for(chosen)
     else:
         try:
-            text, origin = Path(path).read_text(), str(path)
+            text = Path(path).read_text()
         except OSError as exc:
             raise ConfigError(f"cannot read scenario {path}: {exc.strerror}") from exc
-    try:
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{origin} is not valid TOML: {exc}") from exc
-    for item in overrides:
-        section, key, value = parse_override(item)
+        try:
+            raw = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
+        model = raw.get("model")
+        if chosen is not None and isinstance(model, dict) and model.get("name") != chosen:
+            raw["model"] = {"name": chosen}
+    for section, key, value in parsed:
         raw.setdefault(section, {})
         if not isinstance(raw[section], dict):
             raise ConfigError(f"[{section}] must be a table")

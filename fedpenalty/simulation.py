@@ -13,40 +13,52 @@ both connect through an oracle, run the sampler with checkpoints and write
   and ``privacy.json`` says so;
 * ``diagnostics.json`` — acceptance (MH), bulk ESS, split R-hat, moments, error vs reference,
   and for SG-MCMC ``excess_noise_ratio`` (0 when the owners' noise fits under the design noise);
-* ``config.toml`` — the fully resolved scenario; ``trace.png`` — a trace plot;
+* ``posterior.nc`` — the draws as ArviZ data (posterior, sample_stats, the owners' running
+  privacy spend; ``inference_data``);
+* ``config.toml`` — the fully resolved scenario; ``trace.png``, ``rank.png`` and
+  ``privacy.png`` — the figures of ``plots``;
 * ``run.json`` — how to reach the owners again and the session id; ``checkpoint.npz`` — while
   a run is unfinished: its chain state (``resume_run`` continues it).
 
 An owner that refuses (budget) or cannot be reached stops the run: what was sampled is kept and
-written, with a checkpoint, and ``RunResult.stopped`` holds the owner's error.
+written, with a checkpoint, and ``RunResult.stopped`` holds the owner's error. A run that fails
+before its first iteration (a plan refused at session open, say) leaves no run directory, so
+that the same ``--out`` can be used again.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from . import plots
 from .common import LOG_RATIO, SGMCMC, SUFF_STATS, Policy, PrivacyReport
 from .config import Scenario, load_scenario
 from .coordinator import checkpoint
 from .coordinator.algorithms import ALGORITHMS, Algorithm
-from .coordinator.base import ChainAlgorithm, ChainData, ReleaseAlgorithm
+from .coordinator.base import ChainAlgorithm, ChainData, ReleaseAlgorithm, SamplingAlgorithm
 from .coordinator.driver import ChainResult, Progress, SamplingStopped, sample
 from .coordinator.grpc_oracle import GrpcOracle
 from .coordinator.oracle import Oracle
 from .coordinator.reference import reference_posterior
+from .coordinator.sgmcmc import StepSchedule
 from .coordinator.transport_base import OwnerSetup
 from .coordinator.transports import TRANSPORTS
 from .data import load_records, synthetic_owners
 from .diagnostics import summarize
-from .errors import ConfigError, OwnerError
+from .errors import BudgetExhausted, ConfigError, InvalidRequest, OwnerError
+from .inference_data import POSTERIOR_FILE, SpendTrace, posterior_tree, read_spend, write_posterior
 from .models import Model, Reference, build_model
 from .owner.owner_config import TlsFiles
+from .refusals import budget_refusal, plan_needs, policy_refusal
 
 CHECKPOINT, RUN_INFO = "checkpoint.npz", "run.json"
 
@@ -144,13 +156,40 @@ def chain_start(scenario: Scenario, model: Model) -> tuple[np.random.Generator, 
     return rng, rng.uniform(-scale, scale, size=(sampler["chains"], model.dim))
 
 
-def _new_run_dir(scenario: Scenario, out: str | Path | None) -> Path:
+def _new_run_dir(scenario: Scenario, out: str | Path | None) -> tuple[Path, bool]:
+    """The run directory (new, or existing and empty) with the resolved scenario in it, and
+    whether it existed before."""
     out = Path(out or scenario["run"]["out"] or default_out_dir(scenario))
+    if out.exists() and not out.is_dir():
+        raise ConfigError(
+            f"--out {out} is a file, not a directory: name a new or empty directory (or run.out)"
+        )
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"run directory {out} exists and is not empty; choose another --out")
+    existed = out.is_dir()
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.toml").write_text(scenario.to_toml())
-    return out
+    return out, existed
+
+
+#: Files that hold draws: a run directory with one of these is kept, whatever happened.
+_DRAW_FILES = ("samples.npz", CHECKPOINT)
+
+
+@contextmanager
+def _drawless_run_removed(out: Path, existed: bool) -> Iterator[None]:
+    """Remove the run directory ``out`` (from ``_new_run_dir``; emptied instead when it
+    ``existed``) when what runs inside fails before it holds any draw (a plan refused at
+    session open, a launch failure, Ctrl-C during start-up), so that a rerun may use the same
+    ``--out``; a run with draws keeps them with its checkpoint."""
+    try:
+        yield
+    except BaseException:
+        if not any((out / name).exists() for name in _DRAW_FILES):
+            shutil.rmtree(out, ignore_errors=True)
+            if existed:
+                out.mkdir(parents=True, exist_ok=True)
+        raise
 
 
 def run_scenario(scenario: Scenario, out: str | Path | None = None) -> RunResult:
@@ -158,29 +197,46 @@ def run_scenario(scenario: Scenario, out: str | Path | None = None) -> RunResult
     gRPC owner hosts), run the algorithm and write the run directory."""
     model = build_model(scenario["model"])
     algorithm = ALGORITHMS[scenario["sampler"]["algorithm"]]
-    out = _new_run_dir(scenario, out)
-    data_seed, owner_seed, _, release_seed = _seeds(scenario)
-    records = owner_records(scenario, model, np.random.default_rng(data_seed))
+    out, existed = _new_run_dir(scenario, out)
+    with _drawless_run_removed(out, existed):
+        data_seed, owner_seed, _, release_seed = _seeds(scenario)
+        records = owner_records(scenario, model, np.random.default_rng(data_seed))
+        pooled = np.concatenate(records)
+        reference = reference_posterior(model, pooled, progress=scenario["run"]["progress"])
+        release_rng = np.random.default_rng(release_seed)
+        if isinstance(algorithm, ReleaseAlgorithm):
+            return _run_release(scenario, algorithm, model, records, release_rng, out, reference)
+        if algorithm.query is None:
+            return _run_pooled(scenario, algorithm, model, pooled, out, reference)
+        seeds = owner_seed.spawn(len(records))
+        return _run_owners(scenario, algorithm, model, records, seeds, release_rng, out, reference)
+
+
+def _run_owners(
+    scenario: Scenario,
+    algorithm: ChainAlgorithm,
+    model: Model,
+    records: list[np.ndarray],
+    seeds: list[np.random.SeedSequence],
+    release_rng: np.random.Generator,
+    out: Path,
+    reference: Reference,
+) -> RunResult:
+    """Simulated owners (``run.transport``) answering ``algorithm``'s chains."""
     pooled = np.concatenate(records)
-    reference = reference_posterior(model, pooled, progress=scenario["run"]["progress"])
-    release_rng = np.random.default_rng(release_seed)
-    if isinstance(algorithm, ReleaseAlgorithm):
-        return _run_release(scenario, algorithm, model, records, release_rng, out, reference)
-    if algorithm.query is None:
-        return _run_pooled(scenario, algorithm, model, pooled, out, reference)
     start = None
     if algorithm.start is not None:
         start = algorithm.start(release_rng, model, pooled, scenario.sections)
     policies = owner_policies(scenario, len(records), None if start is None else start.sigma)
     names = [f"owner-{k}" for k in range(len(records))]
-    seeds = owner_seed.spawn(len(records))
     setup = OwnerSetup(out, model, names, records, policies, seeds, scenario["run"])
     launched = TRANSPORTS[scenario["run"]["transport"]].launch(setup)
     try:
+        owners = _Owners(launched.oracle, names, policies, deployed=False)
         info = {"mode": "simulate", "transport": scenario["run"]["transport"]}
         theta0 = None if start is None else start.theta
-        chains, reports, stopped = _sample_owners(
-            scenario, algorithm, model, launched.oracle, out, len(pooled), info, theta0=theta0
+        chains, reports, stopped, spend = _sample_owners(
+            scenario, algorithm, model, owners, out, len(pooled), info, theta0=theta0
         )
         extra = _chain_diagnostics(chains)
         simulated = launched.oracle.simulation_diagnostics()
@@ -193,7 +249,59 @@ def run_scenario(scenario: Scenario, out: str | Path | None = None) -> RunResult
         privacy["noise"] = SIMULATED_NOISE
     if privacy and start is not None:
         start.privacy(privacy)
-    return _finish(out, chains.theta, chains.accepted, privacy, reference, extra, stopped)
+    outputs = _Outputs(model, algorithm.name, reference, _sample_stats(chains, scenario, algorithm))
+    return _finish(out, chains.theta, chains.accepted, privacy, outputs, extra, stopped, spend)
+
+
+@dataclass(frozen=True)
+class _Owners:
+    """The owners of a run behind ``oracle``: their ``names`` and ``policies`` in the order
+    the oracle reports them; ``deployed``: served by ``fedpenalty owner serve`` (their policies
+    live in their OWNER.toml files, and they give lattice answers)."""
+
+    oracle: Oracle
+    names: list[str]
+    policies: list[Policy]
+    deployed: bool
+
+
+@dataclass(frozen=True)
+class _Outputs:
+    """What the run's files say about its draws beyond ``theta``: the ``model`` (parameter
+    names), the ``algorithm``'s name, the ``reference`` posterior, and ``sample_stats``
+    (name → ``(chains, draws)``, ``inference_data``)."""
+
+    model: Model
+    algorithm: str
+    reference: Reference | None
+    sample_stats: dict[str, np.ndarray]
+
+
+def _sample_stats(
+    chains: ChainResult, scenario: Scenario, algorithm: ChainAlgorithm
+) -> dict[str, np.ndarray]:
+    """The per-draw statistics of chains (posterior.nc's sample_stats): accepted (MH),
+    queried, the owners' noise variance and the step size (MH: the proposal radius; SG-MCMC:
+    η_t of the step schedule)."""
+    stats: dict[str, np.ndarray] = {"queried": chains.queried}
+    if chains.accepted is not None:
+        stats["accepted"] = chains.accepted
+    if chains.noise_draws is not None:
+        stats["noise_variance"] = chains.noise_draws
+    sampler = scenario["sampler"]
+    draws = chains.theta.shape[1]
+    if "step_schedule" in algorithm.settings:
+        schedule = StepSchedule.of(
+            sampler["step"],
+            sampler["step_schedule"],
+            sampler["step_decay_b"],
+            sampler["step_decay_gamma"],
+        )
+        eta = [schedule(sampler["warmup"] + k) for k in range(draws)]
+        stats["step_size"] = np.broadcast_to(np.array(eta), chains.queried.shape)
+    elif "step" in algorithm.settings:
+        stats["step_size"] = np.full(chains.queried.shape, float(sampler["step"]))
+    return stats
 
 
 def _run_pooled(
@@ -222,9 +330,8 @@ def _run_pooled(
         "owners": [],
         "accounting": ACCOUNTING[None],
     }
-    return _finish(
-        out, chains.theta, chains.accepted, privacy, reference, _chain_diagnostics(chains)
-    )
+    outputs = _Outputs(model, algorithm.name, reference, _sample_stats(chains, scenario, algorithm))
+    return _finish(out, chains.theta, chains.accepted, privacy, outputs, _chain_diagnostics(chains))
 
 
 def _run_release(
@@ -260,7 +367,8 @@ def _run_release(
         ],
         **release.extra,
     }
-    return _finish(out, release.theta, None, privacy, reference, {})
+    outputs = _Outputs(model, algorithm.name, reference, {})
+    return _finish(out, release.theta, None, privacy, outputs, {})
 
 
 def _chain_diagnostics(chains: ChainResult) -> dict[str, Any]:
@@ -291,7 +399,7 @@ def run_deployed(
     _deployable(ALGORITHMS[scenario["sampler"]["algorithm"]])
     oracle = GrpcOracle(owners, model, tls, retry_seconds=scenario["run"]["retry_seconds"])
     try:
-        out = _new_run_dir(scenario, out)
+        out, existed = _new_run_dir(scenario, out)
     except BaseException:
         oracle.disconnect()
         raise
@@ -306,7 +414,8 @@ def run_deployed(
             "ca": str(tls.ca.resolve()) if tls.ca else None,
         },
     }
-    return _deployed(scenario, model, oracle, out, info, None)
+    with _drawless_run_removed(out, existed):
+        return _deployed(scenario, model, oracle, out, info, None)
 
 
 def _deployable(algorithm: Algorithm) -> ChainAlgorithm:
@@ -370,16 +479,22 @@ def _deployed(
     algorithm = _deployable(ALGORITHMS[scenario["sampler"]["algorithm"]])
     counts = [d.n for d in described]
     n_total = None if None in counts else sum(n for n in counts if n is not None)
-    chains, reports, stopped = _sample_owners(
-        scenario, algorithm, model, oracle, out, n_total, info, resume
+    policies = [d.policy for d in described]
+    owners = _Owners(oracle, [d.name for d in described], policies, deployed=True)
+    chains, reports, stopped, spend = _sample_owners(
+        scenario, algorithm, model, owners, out, n_total, info, resume
     )
-    privacy = (
-        privacy_summary(reports, [d.policy for d in described], algorithm, scenario["sampler"])
-        if reports
-        else {}
-    )
+    privacy = privacy_summary(reports, policies, algorithm, scenario["sampler"]) if reports else {}
+    outputs = _Outputs(model, algorithm.name, None, _sample_stats(chains, scenario, algorithm))
     return _finish(
-        out, chains.theta, chains.accepted, privacy, None, _chain_diagnostics(chains), stopped
+        out,
+        chains.theta,
+        chains.accepted,
+        privacy,
+        outputs,
+        _chain_diagnostics(chains),
+        stopped,
+        spend,
     )
 
 
@@ -387,35 +502,30 @@ def _sample_owners(
     scenario: Scenario,
     algorithm: ChainAlgorithm,
     model: Model,
-    oracle: Oracle,
+    owners: _Owners,
     out: Path,
     n_total: int | None,
     info: dict[str, Any],
     resume: Progress | None = None,
     theta0: np.ndarray | None = None,
-) -> tuple[ChainResult, list[PrivacyReport], OwnerError | None]:
+) -> tuple[ChainResult, list[PrivacyReport], OwnerError | None, SpendTrace]:
     """Open (or resume) the session, sample with checkpoints, collect the owners' reports.
-    Returns the kept draws, the reports (empty if some owner cannot report) and the owner
-    error that stopped the run early, if any. ``theta0`` ``(chains, d)`` overrides the
-    data-independent starts (hybrid: the OPS draws). The oracle is closed (session closed) when
-    the run completed, and only disconnected (session left open for a resume) when it stopped."""
-    sampler, run = scenario["sampler"], scenario["run"]
-    assert algorithm.query is not None  # only algorithms that ask owners come here
+    Returns the kept draws, the reports (empty if some owner cannot report), the owner error
+    that stopped the run early, if any, and the owners' running spend. ``theta0`` ``(chains,
+    d)`` overrides the data-independent starts (hybrid: the OPS draws). The oracle is closed
+    (session closed) when the run completed or stopped before its first iteration, and only
+    disconnected (session left open for a resume) when it stopped later."""
+    sampler, run, oracle = scenario["sampler"], scenario["run"], owners.oracle
     stopped: OwnerError | None = None
     try:
-        rate = (
-            {"sampling_rate": sampler["sampling_rate"]}
-            if "sampling_rate" in algorithm.settings
-            else {}
-        )
-        info["session"] = oracle.open_session(
-            algorithm.query, algorithm.planned_answers(sampler), info.get("session"), **rate
-        )
+        info["session"] = _open_session(scenario, algorithm, model, owners, info.get("session"))
         _write_info(out, info)
         rng, start = chain_start(scenario, model)
+        recorder = _SpendRecorder.start(oracle, algorithm, sampler, out, resume)
+        kernel = algorithm.kernel(model, ChainData(oracle=oracle, n_total=n_total), sampler)
         try:
             chains = sample(
-                algorithm.kernel(model, ChainData(oracle=oracle, n_total=n_total), sampler),
+                recorder.observing(kernel),
                 rng,
                 start if theta0 is None else theta0,
                 iterations=sampler["iterations"],
@@ -427,6 +537,9 @@ def _sample_owners(
                 checkpoint_every=run["checkpoint_every"],
             )
         except SamplingStopped as stop:
+            if stop.progress.done == 0:  # nothing sampled: nothing to keep or to resume
+                _close_quietly(oracle)
+                raise _unstarted(stop.cause) from stop.cause
             checkpoint.save(out / CHECKPOINT, stop.progress)
             chains, stopped = stop.progress.result(), stop.cause
         try:
@@ -445,7 +558,100 @@ def _sample_owners(
         _write_info(out, info)
     else:
         oracle.disconnect()
-    return chains, reports, stopped
+    return chains, reports, stopped, recorder.trace
+
+
+def _open_session(
+    scenario: Scenario,
+    algorithm: ChainAlgorithm,
+    model: Model,
+    owners: _Owners,
+    session: str | None,
+) -> str:
+    """Open (or resume) the run's session at every owner; a plan an owner refuses for its
+    budget becomes a ``PlanRefused`` that says what would make it fit."""
+    assert algorithm.query is not None  # only algorithms that ask owners come here
+    sampler = scenario["sampler"]
+    rate = sampler["sampling_rate"] if "sampling_rate" in algorithm.settings else None
+    planned = algorithm.planned_answers(sampler)
+    try:
+        if rate is None:
+            return owners.oracle.open_session(algorithm.query, planned, session)
+        return owners.oracle.open_session(algorithm.query, planned, session, sampling_rate=rate)
+    except BudgetExhausted as exc:
+        if exc.owner not in owners.names:
+            raise
+        policy = owners.policies[owners.names.index(exc.owner)]
+        needs = plan_needs(algorithm.query, model, policy, planned, rate, owners.deployed)
+        raise budget_refusal(
+            exc, needs, policy, algorithm.query, sampler["chains"], owners.deployed
+        ) from exc
+
+
+def _unstarted(cause: OwnerError) -> Exception:
+    """The error of a run stopped before its first iteration: for a request outside an
+    owner's policy, what to change (a resume would repeat it); else the owner's error."""
+    return ConfigError(policy_refusal(cause)) if isinstance(cause, InvalidRequest) else cause
+
+
+def _close_quietly(oracle: Oracle) -> None:
+    """Close the session (releasing what a gradient plan reserved); an owner that cannot be
+    reached keeps it open until it is closed or expires."""
+    with suppress(OwnerError):
+        oracle.close()
+
+
+class _SpendRecorder:
+    """Asks the owners for their reports every ``every`` iterations while the chains run
+    (``observing``), so ``trace`` holds each owner's running spend as its ledger reports it."""
+
+    #: Points recorded per run: at most 100, fewer with many owners (each point asks every
+    #: owner for a report).
+    POINTS = 100
+    OWNER_POINTS = 200_000
+
+    def __init__(self, oracle: Oracle, trace: SpendTrace, every: int, total: int, gradient: bool):
+        self.oracle, self.trace, self.every, self.total = oracle, trace, every, total
+        self.gradient = gradient
+
+    @classmethod
+    def start(
+        cls,
+        oracle: Oracle,
+        algorithm: ChainAlgorithm,
+        sampler: dict[str, Any],
+        out: Path,
+        resume: Progress | None,
+    ) -> _SpendRecorder:
+        """The recorder of a run about to start (or resume: with the points recorded before
+        it, from the run's posterior.nc) holding its first point."""
+        reports = oracle.privacy_reports()
+        done = 0 if resume is None else resume.done
+        earlier = read_spend(out / POSTERIOR_FILE) if resume is not None else None
+        trace = SpendTrace.empty(reports) if earlier is None else earlier.before(done)
+        total = int(sampler["warmup"]) + int(sampler["iterations"])
+        points = min(cls.POINTS, max(10, cls.OWNER_POINTS // max(len(reports), 1)))
+        recorder = cls(oracle, trace, max(1, total // points), total, algorithm.query == SGMCMC)
+        recorder.trace = trace.added(done, reports, recorder.gradient)
+        return recorder
+
+    def observing(self, kernel: SamplingAlgorithm) -> SamplingAlgorithm:
+        """``kernel`` that records a point after every ``every``-th iteration and the last."""
+        done = int(self.trace.iterations[-1])
+
+        def step(rng: np.random.Generator, state: Any) -> tuple[Any, Any]:
+            nonlocal done
+            new, record = kernel.step(rng, state)
+            done += 1
+            if done % self.every == 0 or done == self.total:
+                # a failed report only loses this point: the next query meets the same failure
+                # and stops the run, which reports what it can
+                with suppress(OwnerError):
+                    reports = self.oracle.privacy_reports()
+                    self.trace = self.trace.added(done, reports, self.gradient)
+            return new, record
+
+        return SamplingAlgorithm(kernel.init, step, kernel.accepts)
 
 
 def _write_info(out: Path, info: dict[str, Any]) -> None:
@@ -459,16 +665,19 @@ def _finish(
     theta: np.ndarray,
     accepted: np.ndarray | None,
     privacy: dict[str, Any],
-    reference: Reference | None,
+    outputs: _Outputs,
     extra: dict[str, Any],
     stopped: OwnerError | None = None,
+    spend: SpendTrace | None = None,
 ) -> RunResult:
-    """Write samples, privacy, diagnostics and the trace plot of what was sampled: ``theta``
-    ``(chains, draws, d)``, ``accepted`` ``(chains, draws)`` (None without an accept step)."""
+    """Write samples, privacy, diagnostics, posterior.nc and the figures of what was sampled:
+    ``theta`` ``(chains, draws, d)``, ``accepted`` ``(chains, draws)`` (None without an accept
+    step), the owners' running ``spend`` (None without owners' ledgers)."""
     kept = theta.shape[1]
-    diagnostics: dict[str, Any] = {"kept_draws": kept}
+    names = outputs.model.param_names
+    diagnostics: dict[str, Any] = {"kept_draws": kept, "param_names": names}
     if kept > 1:
-        diagnostics.update(summarize(theta, accepted, reference))
+        diagnostics.update(summarize(theta, accepted, outputs.reference, names))
     diagnostics.update(extra)
     if stopped is not None:
         diagnostics["stopped"] = str(stopped)
@@ -477,8 +686,16 @@ def _finish(
     if privacy:
         (out / "privacy.json").write_text(json.dumps(privacy, indent=2))
     (out / "diagnostics.json").write_text(json.dumps(diagnostics, indent=2))
+    attrs = {"algorithm": outputs.algorithm, "model": outputs.model.name}
+    tree = posterior_tree(theta, names, outputs.sample_stats, spend, outputs.reference, attrs)
+    write_posterior(out / POSTERIOR_FILE, tree)
     if kept:
-        _trace_plot(out / "trace.png", theta, reference)
+        rhat = diagnostics.get("rhat")
+        plots.trace_plot(out / "trace.png", theta, names, outputs.reference, rhat)
+        if kept > 1 and theta.shape[0] > 1:
+            plots.rank_plot(out / "rank.png", theta, names, rhat)
+    if spend is not None and len(spend.iterations) > 1:
+        plots.privacy_plot(out / "privacy.png", spend)
     return RunResult(out, privacy, diagnostics, theta, stopped)
 
 
@@ -542,28 +759,3 @@ def _common(values: list[Any]) -> Any:
 
 def _finite_or_none(x: float) -> float | None:
     return float(x) if np.isfinite(x) else None
-
-
-def _trace_plot(path: Path, theta: np.ndarray, reference) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    d = theta.shape[2]
-    shown = min(d, 4)
-    fig, axes = plt.subplots(shown, 1, figsize=(8, 2.2 * shown), squeeze=False)
-    for j in range(shown):
-        ax = axes[j, 0]
-        for c in range(theta.shape[0]):
-            ax.plot(theta[c, :, j], lw=0.6, alpha=0.8)
-        if reference is not None:
-            ax.axhline(reference.mean[j], color="k", ls="--", lw=1, label="reference mean")
-        ax.set_ylabel(f"θ[{j}]")
-    axes[0, 0].set_title(
-        "trace of kept draws" + (f" (first {shown} of {d} dimensions)" if d > shown else "")
-    )
-    axes[-1, 0].set_xlabel("iteration")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)

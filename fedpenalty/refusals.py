@@ -1,0 +1,144 @@
+"""What to change when an owner refuses a run (docs/design.md §5): the owner's refusal says
+that a plan does not fit its budget; this says by how much and which keys would make it fit.
+
+Every figure comes from the accountants the owners use (``privacy.owner_epsilon``): the plan's
+worst case is every answer at the largest sensitivity the owner's policy allows, as the owner
+checks it at session open (docs/design.md §2.5).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .common import LOG_RATIO, SGMCMC, Policy
+from .errors import BudgetExhausted, FedPenaltyError
+from .models import ExpFamModel, Model
+from .privacy import GaussianSpend
+from .privacy.owner_epsilon import max_gdp_mu_squared, owner_epsilon
+from .privacy.subsampled import SubsampledGaussian, calibrate_noise_multiplier, max_steps
+
+
+class PlanRefused(FedPenaltyError):
+    """An owner refused the run's plan at session open; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class PlanNeeds:
+    """What a plan of ``answers`` answers per owner needs against one owner's policy:
+    ``epsilon`` at the policy's δ, and what would fit the budget — ``max_answers``,
+    ``sigma`` (the smallest noise), ``max_step`` (penalty only: the largest step; else None)."""
+
+    answers: int
+    epsilon: float
+    max_answers: int
+    sigma: float
+    max_step: float | None
+
+
+def plan_needs(
+    query: str,
+    model: Model,
+    policy: Policy,
+    answers: int,
+    sampling_rate: float | None,
+    lattice: bool,
+) -> PlanNeeds:
+    """The needs of ``answers`` answers of kind ``query`` for an owner with ``policy`` that has
+    spent nothing yet (``lattice``: it accounts its Gaussian answers by Rényi DP)."""
+    budget, delta, neighbour = policy.budget_epsilon, policy.delta, policy.neighbour
+    if query == SGMCMC:
+        assert sampling_rate is not None
+        event = SubsampledGaussian(sampling_rate, policy.sigma, answers)
+        need, _ = owner_epsilon(GaussianSpend(), [event], delta, neighbour)
+        fit = max_steps(policy.sigma, sampling_rate, budget, delta, neighbour=neighbour)
+        sigma = calibrate_noise_multiplier(
+            budget, delta, sampling_rate, max(answers, 1), neighbour=neighbour
+        )
+        return PlanNeeds(answers, need, fit, sigma, None)
+    if query == LOG_RATIO:
+        sensitivity = float(model.log_ratio_sensitivity(policy.max_step, neighbour))
+    else:
+        assert isinstance(model, ExpFamModel)
+        sensitivity = model.stat_sensitivity(neighbour)
+    mu = sensitivity / policy.sigma
+    spend = GaussianSpend(answers, answers * mu * mu, mu)
+    need, _ = owner_epsilon(spend, [], delta, neighbour, lattice)
+    cap = max_gdp_mu_squared(budget, delta, neighbour, [], lattice=lattice)
+    scale = math.sqrt(cap / (answers * mu * mu)) if answers else math.inf
+    return PlanNeeds(
+        answers,
+        need,
+        int(cap / (mu * mu)),
+        policy.sigma / scale,
+        policy.max_step * scale if query == LOG_RATIO else None,
+    )
+
+
+def _up(x: float) -> str:
+    """``x`` rounded up to 3 significant digits (a noise that is surely enough)."""
+    digits = 2 - math.floor(math.log10(abs(x)))
+    return f"{math.ceil(x * 10**digits) / 10**digits:.3g}"
+
+
+def _down(x: float) -> str:
+    digits = 2 - math.floor(math.log10(abs(x)))
+    return f"{math.floor(x * 10**digits) / 10**digits:.3g}"
+
+
+def budget_refusal(
+    exc: BudgetExhausted,
+    needs: PlanNeeds,
+    policy: Policy,
+    query: str,
+    chains: int,
+    deployed: bool,
+) -> PlanRefused:
+    """The one-line error for an owner's refusal of the plan: the ε it needs, the budget, and
+    the keys that would make it fit (scenario keys, or the owner's OWNER.toml for deployed
+    owners, whose policy the coordinator cannot change)."""
+    owner = exc.owner or "an owner"
+    spent = exc.epsilon_left < policy.budget_epsilon * (1 - 1e-9)
+    head = (
+        f"owner {owner!r} refused the run at session open: its plan of {needs.answers} "
+        f"{query} answers needs ε = {_up(needs.epsilon)} at δ = {policy.delta:g} in the worst "
+        f"case its policy allows, past its budget ε = {policy.budget_epsilon:g}"
+        + (f" ({exc.epsilon_left:.3g} left: it has spent before)" if spent else "")
+    )
+    per_chain = needs.max_answers // max(chains, 1)
+    fewer = (
+        f"fewer answers: at most {needs.max_answers} per owner, i.e. sampler.warmup + "
+        f"sampler.iterations ≤ {per_chain} with {chains} chains (or fewer sampler.chains)"
+    )
+    budget_key = (
+        "the owner's budget_epsilon in the [privacy] table of its OWNER.toml"
+        if deployed
+        else "privacy.budget_epsilon"
+    )
+    sigma_key = ("the owner's [privacy] sigma in OWNER.toml" if deployed else "privacy.sigma") + (
+        " (noise multiplier)" if query == SGMCMC else ""
+    )
+    options = [f"{budget_key} ≥ {_up(needs.epsilon)}", fewer]
+    if math.isfinite(needs.sigma):
+        options.append(f"{sigma_key} ≥ {_up(needs.sigma)} (noisier answers mix slower)")
+    if needs.max_step is not None:
+        step_key = (
+            "the owner's [privacy] max_step in OWNER.toml"
+            if deployed
+            else "sampler.step (and privacy.max_step, if set)"
+        )
+        options.append(f"{step_key} ≤ {_down(needs.max_step)} (smaller moves mix slower)")
+    note = " (figures for an owner that has spent nothing yet)" if spent else ""
+    return PlanRefused(f"{head}. To run, change one of{note}: {'; '.join(options)}")
+
+
+def policy_refusal(cause: Exception) -> str:
+    """The message for a request an owner's policy refuses (a step above its max_step, a
+    sampling rate or clip above its limits, ...): resuming would repeat the same request, so
+    say what to change instead."""
+    return (
+        f"{cause}. The owner's policy refuses this request, so resuming would only repeat the "
+        "refusal: change the scenario to fit its policy (sampler.step ≤ its max_step, "
+        "sampler.sampling_rate ≤ its max_sampling_rate, sampler.clip ≤ its max_clip) and start "
+        "a new run"
+    )
