@@ -158,9 +158,9 @@ def test_a_plan_past_the_budget_is_refused_before_any_answer(capsys, tmp_path):
         "--set",
         f"privacy.budget_epsilon={needed * 0.9}",
     )
-    assert code == 2 and "refusing a plan" in err and "sgmcmc" in err
-    assert not (tmp_path / "run" / "samples.npz").exists()
-    assert not (tmp_path / "run" / "privacy.json").exists()
+    assert code == 2 and "refused the run at session open" in err and "sgmcmc" in err
+    assert "privacy.budget_epsilon ≥" in err and "privacy.sigma (noise multiplier) ≥" in err
+    assert not (tmp_path / "run").exists()  # nothing sampled: no run directory is left
 
 
 @pytest.mark.parametrize(
