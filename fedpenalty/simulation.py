@@ -536,12 +536,13 @@ def _sample_owners(
                 checkpoint=lambda p: checkpoint.save(out / CHECKPOINT, p),
                 checkpoint_every=run["checkpoint_every"],
             )
+            done = int(sampler["warmup"]) + int(sampler["iterations"])
         except SamplingStopped as stop:
             if stop.progress.done == 0:  # nothing sampled: nothing to keep or to resume
                 _close_quietly(oracle)
                 raise _unstarted(stop.cause) from stop.cause
             checkpoint.save(out / CHECKPOINT, stop.progress)
-            chains, stopped = stop.progress.result(), stop.cause
+            chains, stopped, done = stop.progress.result(), stop.cause, stop.progress.done
         try:
             reports = oracle.privacy_reports()
         except OwnerError:
@@ -558,7 +559,7 @@ def _sample_owners(
         _write_info(out, info)
     else:
         oracle.disconnect()
-    return chains, reports, stopped, recorder.trace
+    return chains, reports, stopped, recorder.finished(done, reports)
 
 
 def _open_session(
@@ -602,17 +603,18 @@ def _close_quietly(oracle: Oracle) -> None:
 
 
 class _SpendRecorder:
-    """Asks the owners for their reports every ``every`` iterations while the chains run
-    (``observing``), so ``trace`` holds each owner's running spend as its ledger reports it."""
+    """Asks the owners for their reports while the chains run (``observing``), so ``trace``
+    holds each owner's running spend as its ledger reports it: at most POINTS points, and only
+    while the reports have taken at most SHARE of the time the steps took (an owner accounts
+    gradient answers with PLD, about a second a report), then after the last iteration
+    (``finished``)."""
 
-    #: Points recorded per run: at most 100, fewer with many owners (each point asks every
-    #: owner for a report).
     POINTS = 100
-    OWNER_POINTS = 200_000
+    SHARE = 0.05
 
-    def __init__(self, oracle: Oracle, trace: SpendTrace, every: int, total: int, gradient: bool):
-        self.oracle, self.trace, self.every, self.total = oracle, trace, every, total
-        self.gradient = gradient
+    def __init__(self, oracle: Oracle, trace: SpendTrace, every: int, gradient: bool):
+        self.oracle, self.trace, self.every, self.gradient = oracle, trace, every, gradient
+        self.stepping = self.reporting = 0.0
 
     @classmethod
     def start(
@@ -630,28 +632,38 @@ class _SpendRecorder:
         earlier = read_spend(out / POSTERIOR_FILE) if resume is not None else None
         trace = SpendTrace.empty(reports) if earlier is None else earlier.before(done)
         total = int(sampler["warmup"]) + int(sampler["iterations"])
-        points = min(cls.POINTS, max(10, cls.OWNER_POINTS // max(len(reports), 1)))
-        recorder = cls(oracle, trace, max(1, total // points), total, algorithm.query == SGMCMC)
+        recorder = cls(oracle, trace, max(1, total // cls.POINTS), algorithm.query == SGMCMC)
         recorder.trace = trace.added(done, reports, recorder.gradient)
         return recorder
 
     def observing(self, kernel: SamplingAlgorithm) -> SamplingAlgorithm:
-        """``kernel`` that records a point after every ``every``-th iteration and the last."""
+        """``kernel`` that records a point after every ``every``-th iteration, time allowing."""
         done = int(self.trace.iterations[-1])
 
         def step(rng: np.random.Generator, state: Any) -> tuple[Any, Any]:
             nonlocal done
+            began = time.perf_counter()
             new, record = kernel.step(rng, state)
+            self.stepping += time.perf_counter() - began
             done += 1
-            if done % self.every == 0 or done == self.total:
+            if done % self.every == 0 and self.reporting <= self.SHARE * self.stepping:
+                began = time.perf_counter()
                 # a failed report only loses this point: the next query meets the same failure
                 # and stops the run, which reports what it can
                 with suppress(OwnerError):
-                    reports = self.oracle.privacy_reports()
-                    self.trace = self.trace.added(done, reports, self.gradient)
+                    self.trace = self.trace.added(
+                        done, self.oracle.privacy_reports(), self.gradient
+                    )
+                self.reporting += time.perf_counter() - began
             return new, record
 
         return SamplingAlgorithm(kernel.init, step, kernel.accepts)
+
+    def finished(self, done: int, reports: list[PrivacyReport]) -> SpendTrace:
+        """The trace with the run's final ``reports`` after ``done`` iterations."""
+        if reports and (not len(self.trace.iterations) or self.trace.iterations[-1] < done):
+            return self.trace.added(done, reports, self.gradient)
+        return self.trace
 
 
 def _write_info(out: Path, info: dict[str, Any]) -> None:
