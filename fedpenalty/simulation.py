@@ -697,10 +697,15 @@ def _finish(
     np.savez_compressed(out / "samples.npz", **arrays)  # type: ignore[arg-type]  # numpy's stub
     if privacy:
         (out / "privacy.json").write_text(json.dumps(privacy, indent=2))
-    (out / "diagnostics.json").write_text(json.dumps(diagnostics, indent=2))
     attrs = {"algorithm": outputs.algorithm, "model": outputs.model.name}
     tree = posterior_tree(theta, names, outputs.sample_stats, spend, outputs.reference, attrs)
-    write_posterior(out / POSTERIOR_FILE, tree)
+    try:
+        write_posterior(out / POSTERIOR_FILE, tree)
+    except ImportError as exc:  # an install without the NetCDF writer: keep the rest of the run
+        diagnostics.setdefault("warnings", []).append(
+            f"{POSTERIOR_FILE} not written ({exc}); `pip install -e .` installs h5netcdf and h5py"
+        )
+    (out / "diagnostics.json").write_text(json.dumps(diagnostics, indent=2))
     if kept:
         rhat = diagnostics.get("rhat")
         plots.trace_plot(out / "trace.png", theta, names, outputs.reference, rhat)
