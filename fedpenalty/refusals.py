@@ -9,11 +9,13 @@ checks it at session open (docs/design.md §2.5).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .common import LOG_RATIO, SGMCMC, Policy
 from .errors import BudgetExhausted, FedPenaltyError
 from .models import ExpFamModel, Model
+from .owner.noise import lattice_gradient_multiplier
 from .privacy import GaussianSpend
 from .privacy.owner_epsilon import max_gdp_mu_squared, owner_epsilon
 from .privacy.subsampled import SubsampledGaussian, calibrate_noise_multiplier, max_steps
@@ -26,13 +28,14 @@ class PlanRefused(FedPenaltyError):
 @dataclass(frozen=True)
 class PlanNeeds:
     """What a plan of ``answers`` answers per owner needs against one owner's policy:
-    ``epsilon`` at the policy's δ, and what would fit the budget — ``max_answers``,
-    ``sigma`` (the smallest noise), ``max_step`` (penalty only: the largest step; else None)."""
+    ``epsilon`` at the policy's δ, and what would fit the budget — ``max_answers``, ``sigma``
+    (the smallest noise) and ``max_step`` (penalty only: the largest step); None where not
+    computed."""
 
     answers: int
     epsilon: float
-    max_answers: int
-    sigma: float
+    max_answers: int | None
+    sigma: float | None
     max_step: float | None
 
 
@@ -41,23 +44,18 @@ def plan_needs(
     model: Model,
     policy: Policy,
     answers: int,
-    sampling_rate: float | None,
+    session: Mapping[str, float],
     lattice: bool,
 ) -> PlanNeeds:
     """The needs of ``answers`` answers of kind ``query`` for an owner with ``policy`` that has
-    spent nothing yet (``lattice``: it accounts its Gaussian answers by Rényi DP)."""
+    spent nothing yet, in a session that declares ``session`` (``sampling_rate``,
+    ``max_step``); ``lattice``: a deployed owner (exact lattice answers, Rényi-DP accounting)."""
     budget, delta, neighbour = policy.budget_epsilon, policy.delta, policy.neighbour
     if query == SGMCMC:
-        assert sampling_rate is not None
-        event = SubsampledGaussian(sampling_rate, policy.sigma, answers)
-        need, _ = owner_epsilon(GaussianSpend(), [event], delta, neighbour)
-        fit = max_steps(policy.sigma, sampling_rate, budget, delta, neighbour=neighbour)
-        sigma = calibrate_noise_multiplier(
-            budget, delta, sampling_rate, max(answers, 1), neighbour=neighbour
-        )
-        return PlanNeeds(answers, need, fit, sigma, None)
+        return _gradient_needs(model, policy, answers, session["sampling_rate"], lattice)
+    step = min(policy.max_step, session.get("max_step", policy.max_step))
     if query == LOG_RATIO:
-        sensitivity = float(model.log_ratio_sensitivity(policy.max_step, neighbour))
+        sensitivity = float(model.log_ratio_sensitivity(step, neighbour))
     else:
         assert isinstance(model, ExpFamModel)
         sensitivity = model.stat_sensitivity(neighbour)
@@ -71,8 +69,25 @@ def plan_needs(
         need,
         int(cap / (mu * mu)),
         policy.sigma / scale,
-        policy.max_step * scale if query == LOG_RATIO else None,
+        step * scale if query == LOG_RATIO else None,
     )
+
+
+def _gradient_needs(
+    model: Model, policy: Policy, answers: int, rate: float, lattice: bool
+) -> PlanNeeds:
+    """``plan_needs`` of gradient answers. Simulated owners account them by the smaller of
+    dp-accounting's PLD and RDP figures, so the PLD answers count and noise multiplier fit
+    (never overstated); deployed owners' lattice bounds are not inverted here (None)."""
+    budget, delta, neighbour = policy.budget_epsilon, policy.delta, policy.neighbour
+    sigma = lattice_gradient_multiplier(policy.sigma, model.dim) if lattice else policy.sigma
+    event = SubsampledGaussian(rate, sigma, answers)
+    need, _ = owner_epsilon(GaussianSpend(), [event], delta, neighbour, lattice)
+    if lattice:
+        return PlanNeeds(answers, need, None, None, None)
+    fit = max_steps(sigma, rate, budget, delta, neighbour=neighbour)
+    least = calibrate_noise_multiplier(budget, delta, rate, max(answers, 1), neighbour=neighbour)
+    return PlanNeeds(answers, need, fit, least, None)
 
 
 def _up(x: float) -> str:
@@ -105,11 +120,6 @@ def budget_refusal(
         f"case its policy allows, past its budget ε = {policy.budget_epsilon:g}"
         + (f" ({exc.epsilon_left:.3g} left: it has spent before)" if spent else "")
     )
-    per_chain = needs.max_answers // max(chains, 1)
-    fewer = (
-        f"fewer answers: at most {needs.max_answers} per owner, i.e. sampler.warmup + "
-        f"sampler.iterations ≤ {per_chain} with {chains} chains (or fewer sampler.chains)"
-    )
     budget_key = (
         "the owner's budget_epsilon in the [privacy] table of its OWNER.toml"
         if deployed
@@ -118,15 +128,23 @@ def budget_refusal(
     sigma_key = ("the owner's [privacy] sigma in OWNER.toml" if deployed else "privacy.sigma") + (
         " (noise multiplier)" if query == SGMCMC else ""
     )
-    options = [f"{budget_key} ≥ {_up(needs.epsilon)}", fewer]
-    if math.isfinite(needs.sigma):
+    options = [f"{budget_key} ≥ {_up(needs.epsilon)}"]
+    if needs.max_answers is None:
+        options.append(
+            "fewer answers per owner: sampler.warmup + sampler.iterations, or sampler.chains"
+        )
+    else:
+        options.append(
+            f"fewer answers: at most {needs.max_answers} per owner, i.e. sampler.warmup + "
+            f"sampler.iterations ≤ {needs.max_answers // max(chains, 1)} with {chains} chains "
+            "(or fewer sampler.chains)"
+        )
+    if needs.sigma is None:
+        options.append(f"a larger {sigma_key} (noisier answers mix slower)")
+    elif math.isfinite(needs.sigma):
         options.append(f"{sigma_key} ≥ {_up(needs.sigma)} (noisier answers mix slower)")
     if needs.max_step is not None:
-        step_key = (
-            "the owner's [privacy] max_step in OWNER.toml"
-            if deployed
-            else "sampler.step (and privacy.max_step, if set)"
-        )
+        step_key = "sampler.step" if deployed else "sampler.step (and privacy.max_step, if set)"
         options.append(f"{step_key} ≤ {_down(needs.max_step)} (smaller moves mix slower)")
     note = " (figures for an owner that has spent nothing yet)" if spent else ""
     return PlanRefused(f"{head}. To run, change one of{note}: {'; '.join(options)}")

@@ -85,8 +85,9 @@ ACCOUNTING = {
 }
 #: privacy.json's ``noise`` line of a simulation (docs/design.md §2.7, invariant 7).
 SIMULATED_NOISE = (
-    "simulated owners: float Gaussian noise from generators spawned from run.seed, so that a run "
-    "repeats; whoever knows the seed knows the noise (deployed owners draw exact lattice noise "
+    "simulated owners: float Gaussian noise seeded from run.seed and addressed by (session, "
+    "chain, iteration), so that a run repeats and a resumed run draws what an uninterrupted one "
+    "does; whoever knows the seed knows the noise (deployed owners draw exact lattice noise "
     "from a secret key instead)"
 )
 NEIGHBOUR_MEANING = {
@@ -573,17 +574,15 @@ def _open_session(
     budget becomes a ``PlanRefused`` that says what would make it fit."""
     assert algorithm.query is not None  # only algorithms that ask owners come here
     sampler = scenario["sampler"]
-    rate = sampler["sampling_rate"] if "sampling_rate" in algorithm.settings else None
+    options = algorithm.session_options(sampler)
     planned = algorithm.planned_answers(sampler)
     try:
-        if rate is None:
-            return owners.oracle.open_session(algorithm.query, planned, session)
-        return owners.oracle.open_session(algorithm.query, planned, session, sampling_rate=rate)
+        return owners.oracle.open_session(algorithm.query, planned, session, **options)
     except BudgetExhausted as exc:
         if exc.owner not in owners.names:
             raise
         policy = owners.policies[owners.names.index(exc.owner)]
-        needs = plan_needs(algorithm.query, model, policy, planned, rate, owners.deployed)
+        needs = plan_needs(algorithm.query, model, policy, planned, options, owners.deployed)
         raise budget_refusal(
             exc, needs, policy, algorithm.query, sampler["chains"], owners.deployed
         ) from exc

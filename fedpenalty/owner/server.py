@@ -17,9 +17,11 @@ identity and sessions are not bound.
 from __future__ import annotations
 
 import asyncio
+import errno
 import ipaddress
 import logging
 import signal
+import socket
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -66,12 +68,16 @@ class OwnerServicer(pb_grpc.OwnerServicer):
         self._work = ThreadPoolExecutor(max_workers=1, thread_name_prefix="owner-host")
         self._ledgers = list({id(node.ledger): node.ledger for node in host.nodes}.values())
         self._serving = True
+        self._recovery: asyncio.Task | None = None
+        #: seconds between probe writes while a ledger is unwritable
+        self.probe_seconds = 2.0
 
     # --- storage health -------------------------------------------------------------------
     async def _report_storage(self) -> None:
-        """Health NOT_SERVING while some ledger cannot be written, SERVING again once its next
-        write succeeds; checked after every request (a ledger's ``writable`` is set by its
-        last write)."""
+        """Health NOT_SERVING while some ledger cannot be written, SERVING again once it can;
+        checked after every request (a ledger's ``writable`` is set by its last write) and,
+        while not serving, by a probe write every ``probe_seconds`` (``_recover``), so health
+        recovers without waiting for a request that a health-checking client would not send."""
         serving = all(ledger.writable for ledger in self._ledgers)
         if self._health is None or serving == self._serving:
             return
@@ -82,6 +88,18 @@ class OwnerServicer(pb_grpc.OwnerServicer):
         )
         for name in ("", SERVICE):
             await self._health.set(name, status)
+        if not serving and (self._recovery is None or self._recovery.done()):
+            self._recovery = asyncio.get_running_loop().create_task(self._recover())
+
+    async def _recover(self) -> None:
+        """Probe the unwritable ledgers (on the host's worker thread) until all can be written."""
+        loop = asyncio.get_running_loop()
+        while not all(ledger.writable for ledger in self._ledgers):
+            await asyncio.sleep(self.probe_seconds)
+            for ledger in self._ledgers:
+                if not ledger.writable:
+                    await loop.run_in_executor(self._work, ledger.probe)
+        await self._report_storage()
 
     async def _unary(self, context: grpc.aio.ServicerContext, call: Callable):
         """Run ``call`` off the event loop (``_work``); an owner refusal becomes its status code
@@ -128,8 +146,13 @@ class OwnerServicer(pb_grpc.OwnerServicer):
 
     def _open(self, request: pb.OpenSessionRequest, client: str | None) -> None:
         rate = request.sampling_rate if request.HasField("sampling_rate") else None
+        step = request.max_step if request.HasField("max_step") else None
         session = self._own(request.session, client)
-        self.host.open_session(session, request.algorithm, request.planned_answers, rate)
+        # the ledger binds the session to ``client`` too, so a restarted server still refuses
+        # another client's re-open
+        self.host.open_session(
+            session, request.algorithm, request.planned_answers, rate, client, step
+        )
         if client is not None:
             self._opened_by[session] = client
 
@@ -216,11 +239,17 @@ class OwnerServicer(pb_grpc.OwnerServicer):
     async def Query(self, request_iterator, context):
         client = await self._client(context)
         loop = asyncio.get_running_loop()
-        while (request := await context.read()) is not grpc.aio.EOF:
-            await context.write(
-                await loop.run_in_executor(self._work, self._answer, request, client)
-            )
-            await self._report_storage()
+        try:
+            while (request := await context.read()) is not grpc.aio.EOF:
+                await context.write(
+                    await loop.run_in_executor(self._work, self._answer, request, client)
+                )
+                await self._report_storage()
+        except asyncio.CancelledError:
+            # the server is stopping: end the stream quietly (the coordinator sees it end
+            # without a reply and retries elsewhere or reports the owner unreachable); an
+            # answer being computed is still charged and stored, and replayed on a retry
+            log.info("query stream from %s closed: the server is stopping", context.peer())
 
     def _answer(self, request: pb.QueryRequest, client: str | None) -> pb.QueryReply:
         kind = request.WhichOneof("query")
@@ -333,12 +362,33 @@ async def start(
             else server.add_insecure_port(listen)
         )
     except RuntimeError as exc:
-        raise ConfigError(f"cannot listen on {listen!r}: {exc}") from exc
+        raise ConfigError(_bind_failure(listen, exc)) from exc
     await server.start()
     for name in ("", SERVICE):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
     _log_serving(len(host.describe()), _bound(listen, port), tls, allowed_clients)
     return server, port, health
+
+
+def _bind_failure(listen: str, exc: RuntimeError) -> str:
+    """Why ``listen`` could not be bound, in words an operator can act on (gRPC only says
+    "Failed to bind"): a plain socket on the same address tells a taken port from the rest."""
+    fix = "choose another with --listen HOST:PORT (or server.listen in OWNER.toml)"
+    host, _, port = listen.rpartition(":")
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET) as probe:
+            probe.bind((host.strip("[]") or "0.0.0.0", int(port)))
+    except OSError as os_error:
+        if os_error.errno == errno.EADDRINUSE:
+            return f"port in use: {listen} is taken by another process; {fix}"
+        if os_error.errno == errno.EACCES:
+            return (
+                f"cannot listen on {listen}: permission denied (ports below 1024 need root); {fix}"
+            )
+        return f"cannot listen on {listen}: {os_error.strerror}; {fix}"
+    except ValueError:
+        pass
+    return f"cannot listen on {listen!r}: {exc}"
 
 
 def _log_serving(
