@@ -90,6 +90,10 @@ SIMULATED_NOISE = (
     "does; whoever knows the seed knows the noise (deployed owners draw exact lattice noise "
     "from a secret key instead)"
 )
+#: The session id of every simulation: simulated owners address their seeded noise by session
+#: (docs/design.md §2.7), so one fixed id gives the same draws for the same seed on every
+#: transport and run; each simulation has fresh owners and ledgers, so ids never collide.
+SIMULATION_SESSION = "simulation"
 NEIGHBOUR_MEANING = {
     "replace_one": "one record of this owner replaced by another",
     "add_remove": "one record added to or removed from this owner's records",
@@ -234,7 +238,11 @@ def _run_owners(
     launched = TRANSPORTS[scenario["run"]["transport"]].launch(setup)
     try:
         owners = _Owners(launched.oracle, names, policies, deployed=False)
-        info = {"mode": "simulate", "transport": scenario["run"]["transport"]}
+        info = {
+            "mode": "simulate",
+            "transport": scenario["run"]["transport"],
+            "session": SIMULATION_SESSION,
+        }
         theta0 = None if start is None else start.theta
         chains, reports, stopped, spend = _sample_owners(
             scenario, algorithm, model, owners, out, len(pooled), info, theta0=theta0
