@@ -14,10 +14,10 @@ import json
 import math
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import matplotlib
 import numpy as np
@@ -29,8 +29,6 @@ from .simulation import RunResult, run_scenario
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # after the backend is chosen
-
-T = TypeVar("T")
 
 #: Where scenarios write NAME.json and NAME.png unless told otherwise (``--out``).
 DEFAULT_OUT = Path("runs") / "scenarios"
@@ -52,12 +50,6 @@ def scenario_parser(description: str, quick: str) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
-
-
-def sweep(items: Iterable[T], description: str, enabled: bool = True) -> Iterator[T]:
-    """``items`` with a progress bar on stderr (none when not ``enabled``)."""
-    listed = list(items)
-    yield from tqdm(listed, desc=description, disable=not enabled, leave=False, unit="run")
 
 
 def progress(total: int, description: str, enabled: bool = True) -> Any:
