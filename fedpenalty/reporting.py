@@ -61,20 +61,40 @@ def progress(total: int, description: str, enabled: bool = True) -> Any:
 @dataclass(frozen=True)
 class Simulated:
     """One ``fedpenalty simulate`` run: the resolved ``scenario``, its ``result`` and its wall
-    time in ``seconds`` (owners started, chains run, run directory written)."""
+    time in ``seconds`` (owners started, chains run, run directory written). ``stopped`` lists
+    the attempts an owner stopped before this one (``seed`` and the owner's ``message``)."""
 
     scenario: Scenario
     result: RunResult
     seconds: float
+    stopped: tuple[dict[str, Any], ...] = ()
 
 
-def simulate(raw: Mapping[str, Any], folder: Path) -> Simulated:
+#: Seed offset between attempts of a run that an owner stopped.
+RETRY_SEED_STEP = 1_000_003
+
+
+def simulate(raw: Mapping[str, Any], folder: Path, retries: int = 2) -> Simulated:
     """Resolve the scenario ``raw`` (sections as in a scenario file) and run it with the
-    library's own simulation into the new directory ``folder``."""
-    scenario = resolve(dict(raw))
-    start = time.perf_counter()
-    result = run_scenario(scenario, folder)
-    return Simulated(scenario, result, time.perf_counter() - start)
+    library's own simulation into the new directory ``folder``.
+
+    A run that an owner stops (``RunResult.stopped``: for instance a uniform-in-ball proposal
+    shorter than the owners' ``min_step``, which they refuse) is run again, up to ``retries``
+    times, with ``run.seed`` advanced by ``RETRY_SEED_STEP``; the stopped attempts stay in
+    ``Simulated.stopped`` so that reports show them. ``RuntimeError`` when every attempt stops.
+    """
+    stopped: list[dict[str, Any]] = []
+    for attempt in range(retries + 1):
+        sections = {k: dict(v) for k, v in raw.items()}
+        sections["run"]["seed"] = sections["run"].get("seed", 0) + attempt * RETRY_SEED_STEP
+        scenario = resolve(sections)
+        start = time.perf_counter()
+        result = run_scenario(scenario, folder / f"attempt-{attempt}")
+        seconds = time.perf_counter() - start
+        if result.stopped is None:
+            return Simulated(scenario, result, seconds, tuple(stopped))
+        stopped.append({"seed": scenario["run"]["seed"], "message": str(result.stopped)})
+    raise RuntimeError(f"every attempt of the run in {folder} was stopped: {stopped}")
 
 
 def spread(values: Iterable[float | None]) -> dict[str, Any]:
