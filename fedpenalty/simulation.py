@@ -54,7 +54,7 @@ from .coordinator.transport_base import OwnerSetup
 from .coordinator.transports import TRANSPORTS
 from .data import load_records, synthetic_owners
 from .diagnostics import summarize
-from .errors import BudgetExhausted, ConfigError, InvalidRequest, OwnerError
+from .errors import BudgetExhausted, ConfigError, Interrupted, InvalidRequest, OwnerError
 from .inference_data import POSTERIOR_FILE, SpendTrace, posterior_tree, read_spend, write_posterior
 from .models import Model, Reference, build_model
 from .owner.owner_config import TlsFiles
@@ -110,7 +110,7 @@ class RunResult:
     privacy: dict[str, Any]
     diagnostics: dict[str, Any]
     theta: np.ndarray
-    stopped: OwnerError | None = None
+    stopped: OwnerError | Interrupted | None = None
 
 
 def owner_records(scenario: Scenario, model: Model, rng: np.random.Generator) -> list[np.ndarray]:
@@ -204,17 +204,63 @@ def run_scenario(scenario: Scenario, out: str | Path | None = None) -> RunResult
     algorithm = ALGORITHMS[scenario["sampler"]["algorithm"]]
     out, existed = _new_run_dir(scenario, out)
     with _drawless_run_removed(out, existed):
-        data_seed, owner_seed, _, release_seed = _seeds(scenario)
-        records = owner_records(scenario, model, np.random.default_rng(data_seed))
+        records, seeds, release_rng, reference = _simulated_world(scenario, model)
         pooled = np.concatenate(records)
-        reference = reference_posterior(model, pooled, progress=scenario["run"]["progress"])
-        release_rng = np.random.default_rng(release_seed)
         if isinstance(algorithm, ReleaseAlgorithm):
             return _run_release(scenario, algorithm, model, records, release_rng, out, reference)
         if algorithm.query is None:
             return _run_pooled(scenario, algorithm, model, pooled, out, reference)
-        seeds = owner_seed.spawn(len(records))
         return _run_owners(scenario, algorithm, model, records, seeds, release_rng, out, reference)
+
+
+def _simulated_world(
+    scenario: Scenario, model: Model
+) -> tuple[list[np.ndarray], list[np.random.SeedSequence], np.random.Generator, Reference]:
+    """What a simulation derives from ``run.seed``: the owners' records, their noise seeds,
+    the generator of releases and data-dependent starts, and the reference posterior."""
+    data_seed, owner_seed, _, release_seed = _seeds(scenario)
+    records = owner_records(scenario, model, np.random.default_rng(data_seed))
+    reference = reference_posterior(
+        model, np.concatenate(records), progress=scenario["run"]["progress"]
+    )
+    seeds = owner_seed.spawn(len(records))
+    return records, seeds, np.random.default_rng(release_seed), reference
+
+
+def resume_simulation(out: str | Path) -> RunResult:
+    """Continue a stopped or interrupted ``fedpenalty simulate`` in ``out`` from its checkpoint.
+
+    The owners are built again from the run's seeds on their ledgers: they replay what they
+    answered, and their seeded noise is addressed by (session, chain, iteration) (docs/design.md
+    §2.7), so the draws are exactly those of an uninterrupted run with the same seed.
+    """
+    out = Path(out)
+    info = _run_info(out)
+    if info.get("mode") != "simulate":
+        raise ConfigError(
+            f"{out} is a run of `fedpenalty run`; continue it with `fedpenalty run --resume {out}`"
+        )
+    if info.get("complete"):
+        raise ConfigError(f"{out} holds a finished simulation; nothing to resume")
+    scenario = load_scenario(out / "config.toml")
+    model = build_model(scenario["model"])
+    algorithm = ALGORITHMS[scenario["sampler"]["algorithm"]]
+    assert isinstance(algorithm, ChainAlgorithm)  # only owner-asking chains write a run.json
+    progress = checkpoint.load(out / CHECKPOINT) if (out / CHECKPOINT).exists() else None
+    records, seeds, release_rng, reference = _simulated_world(scenario, model)
+    return _run_owners(
+        scenario, algorithm, model, records, seeds, release_rng, out, reference, progress
+    )
+
+
+def _run_info(out: Path) -> dict[str, Any]:
+    """The ``run.json`` of the run directory ``out``, or a ``ConfigError`` saying why not."""
+    try:
+        return json.loads((out / RUN_INFO).read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"{out} is not a resumable run directory (no readable {RUN_INFO}: {exc})"
+        ) from exc
 
 
 def _run_owners(
@@ -226,8 +272,10 @@ def _run_owners(
     release_rng: np.random.Generator,
     out: Path,
     reference: Reference,
+    resume: Progress | None = None,
 ) -> RunResult:
-    """Simulated owners (``run.transport``) answering ``algorithm``'s chains."""
+    """Simulated owners (``run.transport``) answering ``algorithm``'s chains (``resume``: from
+    that checkpoint, on the owners' existing ledgers)."""
     pooled = np.concatenate(records)
     start = None
     if algorithm.start is not None:
@@ -245,7 +293,7 @@ def _run_owners(
         }
         theta0 = None if start is None else start.theta
         chains, reports, stopped, spend = _sample_owners(
-            scenario, algorithm, model, owners, out, len(pooled), info, theta0=theta0
+            scenario, algorithm, model, owners, out, len(pooled), info, resume, theta0
         )
         extra = _chain_diagnostics(chains)
         simulated = launched.oracle.simulation_diagnostics()
@@ -451,14 +499,11 @@ def resume_run(
     start when it has none). The owners replay what they already answered, so the resumed
     chain is the chain of an uninterrupted run, and nothing is charged twice."""
     out = Path(out)
-    try:
-        info = json.loads((out / RUN_INFO).read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(
-            f"{out} is not a resumable run directory (no readable {RUN_INFO}: {exc})"
-        ) from exc
+    info = _run_info(out)
     if info.get("mode") != "deployed":
-        raise ConfigError(f"{out} is a simulation; only runs of `fedpenalty run` can be resumed")
+        raise ConfigError(
+            f"{out} is a simulation; continue it with `fedpenalty simulate --resume {out}`"
+        )
     if info.get("session") is None or info.get("complete"):
         raise ConfigError(
             f"{out} holds a finished run (or one that never opened a session); nothing to resume"
@@ -517,7 +562,7 @@ def _sample_owners(
     info: dict[str, Any],
     resume: Progress | None = None,
     theta0: np.ndarray | None = None,
-) -> tuple[ChainResult, list[PrivacyReport], OwnerError | None, SpendTrace]:
+) -> tuple[ChainResult, list[PrivacyReport], OwnerError | Interrupted | None, SpendTrace]:
     """Open (or resume) the session, sample with checkpoints, collect the owners' reports.
     Returns the kept draws, the reports (empty if some owner cannot report), the owner error
     that stopped the run early, if any, and the owners' running spend. ``theta0`` ``(chains,
@@ -525,7 +570,7 @@ def _sample_owners(
     (session closed) when the run completed or stopped before its first iteration, and only
     disconnected (session left open for a resume) when it stopped later."""
     sampler, run, oracle = scenario["sampler"], scenario["run"], owners.oracle
-    stopped: OwnerError | None = None
+    stopped: OwnerError | Interrupted | None = None
     try:
         info["session"] = _open_session(scenario, algorithm, model, owners, info.get("session"))
         _write_info(out, info)
@@ -596,7 +641,7 @@ def _open_session(
         ) from exc
 
 
-def _unstarted(cause: OwnerError) -> Exception:
+def _unstarted(cause: OwnerError | Interrupted) -> Exception:
     """The error of a run stopped before its first iteration: for a request outside an
     owner's policy, what to change (a resume would repeat it); else the owner's error."""
     return ConfigError(policy_refusal(cause)) if isinstance(cause, InvalidRequest) else cause
@@ -686,7 +731,7 @@ def _finish(
     privacy: dict[str, Any],
     outputs: _Outputs,
     extra: dict[str, Any],
-    stopped: OwnerError | None = None,
+    stopped: OwnerError | Interrupted | None = None,
     spend: SpendTrace | None = None,
 ) -> RunResult:
     """Write samples, privacy, diagnostics, posterior.nc and the figures of what was sampled:
