@@ -42,10 +42,10 @@ from .coordinator.oracle import Oracle
 from .coordinator.reference import reference_posterior
 from .coordinator.transport_base import OwnerSetup
 from .coordinator.transports import TRANSPORTS
-from .data import load_records, synthetic_owners
+from .data import FileRecords, OwnerRecords, synthetic_sources
 from .diagnostics import summarize
 from .errors import ConfigError, OwnerError
-from .models import Model, Reference, build_model
+from .models import ExpFamModel, Model, Reference, build_model
 from .owner.owner_config import TlsFiles
 
 CHECKPOINT, RUN_INFO = "checkpoint.npz", "run.json"
@@ -96,14 +96,31 @@ class RunResult:
     stopped: OwnerError | None = None
 
 
-def owner_records(scenario: Scenario, model: Model, rng: np.random.Generator) -> list[np.ndarray]:
+def owner_records(scenario: Scenario, model: Model, seed: np.random.SeedSequence) -> OwnerRecords:
+    """The owners' records, made on demand: read from ``data.paths``, or simulated, owner k
+    from the k-th stream of ``seed`` (so every transport's hosts make the same records)."""
     data = scenario["data"]
     if data["source"] == "files":
-        return [load_records(p, model) for p in data["paths"]]
+        return OwnerRecords(model, [FileRecords(str(Path(p).resolve())) for p in data["paths"]])
     n = data["n_per_owner"]
     n_per_owner = n if isinstance(n, list) else [n] * data["owners"]
     true_theta = np.broadcast_to(np.asarray(data["true_theta"], dtype=float), (model.dim,))
-    return synthetic_owners(model, rng, true_theta, n_per_owner)
+    return OwnerRecords(model, synthetic_sources(seed, true_theta, n_per_owner))
+
+
+def pooled_reference(
+    model: Model, records: OwnerRecords, progress: bool = False
+) -> tuple[Reference, int]:
+    """The reference posterior given every owner's records, and their total count. Closed-form
+    exponential-family references sum the owners' statistics one owner at a time, so the
+    records are never all held at once; otherwise the records are pooled."""
+    if isinstance(model, ExpFamModel):
+        n, total = records.stat_total()
+        closed = model.reference_from_stats(n, total)
+        if closed is not None:
+            return closed, n
+    pooled = records.pooled()
+    return reference_posterior(model, pooled, progress=progress), len(pooled)
 
 
 def owner_policies(scenario: Scenario, owners: int, sigma: float | None = None) -> list[Policy]:
@@ -160,17 +177,16 @@ def run_scenario(scenario: Scenario, out: str | Path | None = None) -> RunResult
     algorithm = ALGORITHMS[scenario["sampler"]["algorithm"]]
     out = _new_run_dir(scenario, out)
     data_seed, owner_seed, _, release_seed = _seeds(scenario)
-    records = owner_records(scenario, model, np.random.default_rng(data_seed))
-    pooled = np.concatenate(records)
-    reference = reference_posterior(model, pooled, progress=scenario["run"]["progress"])
+    records = owner_records(scenario, model, data_seed)
+    reference, n_total = pooled_reference(model, records, progress=scenario["run"]["progress"])
     release_rng = np.random.default_rng(release_seed)
     if isinstance(algorithm, ReleaseAlgorithm):
-        return _run_release(scenario, algorithm, model, records, release_rng, out, reference)
+        return _run_release(scenario, algorithm, model, list(records), release_rng, out, reference)
     if algorithm.query is None:
-        return _run_pooled(scenario, algorithm, model, pooled, out, reference)
+        return _run_pooled(scenario, algorithm, model, records.pooled(), out, reference)
     start = None
     if algorithm.start is not None:
-        start = algorithm.start(release_rng, model, pooled, scenario.sections)
+        start = algorithm.start(release_rng, model, records.pooled(), scenario.sections)
     policies = owner_policies(scenario, len(records), None if start is None else start.sigma)
     names = [f"owner-{k}" for k in range(len(records))]
     seeds = owner_seed.spawn(len(records))
@@ -180,7 +196,7 @@ def run_scenario(scenario: Scenario, out: str | Path | None = None) -> RunResult
         info = {"mode": "simulate", "transport": scenario["run"]["transport"]}
         theta0 = None if start is None else start.theta
         chains, reports, stopped = _sample_owners(
-            scenario, algorithm, model, launched.oracle, out, len(pooled), info, theta0=theta0
+            scenario, algorithm, model, launched.oracle, out, n_total, info, theta0=theta0
         )
         extra = _chain_diagnostics(chains)
         simulated = launched.oracle.simulation_diagnostics()
