@@ -329,13 +329,13 @@ def cmd_owner_report(args: argparse.Namespace) -> int:
     ledger = Ledger(config.ledger, read_only=True)  # no lock: works while a server runs
     try:
         policy = config.policy
-        # a served owner (OWNER.toml) gives lattice answers: Rényi-DP accounting, as it does
+        # accounted as the serving owner accounts: by Rényi DP once it gave lattice answers
         spend = SpendReport.of(
             ledger.total(config.name),
             ledger.sampled(config.name),
             policy.delta,
             policy.neighbour,
-            lattice=True,
+            lattice=ledger.answered_on_lattice(config.name),
         )
     finally:
         ledger.close()

@@ -419,13 +419,11 @@ def _sample_owners(
     assert algorithm.query is not None  # only algorithms that ask owners come here
     stopped: OwnerError | None = None
     try:
-        rate = (
-            {"sampling_rate": sampler["sampling_rate"]}
-            if "sampling_rate" in algorithm.settings
-            else {}
-        )
         info["session"] = oracle.open_session(
-            algorithm.query, algorithm.planned_answers(sampler), info.get("session"), **rate
+            algorithm.query,
+            algorithm.planned_answers(sampler),
+            info.get("session"),
+            **algorithm.session_options(sampler),
         )
         _write_info(out, info)
         rng, start = chain_start(scenario, model)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import signal
 
 import grpc
@@ -18,7 +19,7 @@ from fedpenalty.config import load_scenario
 from fedpenalty.coordinator.driver import sample
 from fedpenalty.coordinator.grpc_oracle import GrpcOracle
 from fedpenalty.coordinator.oracle import Answers
-from fedpenalty.errors import BudgetExhausted
+from fedpenalty.errors import BudgetExhausted, InvalidRequest
 from fedpenalty.models import build_model
 from fedpenalty.owner import Ledger
 from fedpenalty.owner.noise import LATTICE_BITS
@@ -304,3 +305,28 @@ def test_an_owner_past_its_budget_refuses_and_the_run_stops_resumably(tmp_path, 
     resumed = np.load(out / "samples.npz")["theta"]
     assert resumed.shape == (2, 5000, 1)
     np.testing.assert_array_equal(resumed[:, : kept.shape[1]], kept)
+
+
+def test_deployed_owners_check_a_plan_at_the_step_the_session_declares(tmp_path, procs):
+    """Owners with max_step 0.05 and budget ε = 200: 3,400 planned penalty answers are refused
+    at the policy's step (ε 0 → ≈ 1,000) but admitted when the session declares step 0.01
+    (worst case ε ≈ 88); the owners then hold every request to 0.01."""
+    owners = deploy(tmp_path, procs, {"sigma": 1.0, "max_step": 0.05, "budget_epsilon": 200.0})
+    oracle = GrpcOracle([f"127.0.0.1:{o['port']}" for o in owners.values()], MODEL)
+    try:
+        for declared in (None, 0.05):
+            with pytest.raises(BudgetExhausted, match=re.escape("every step at max_step 0.05")):
+                oracle.open_session("penalty", 3400, session="wide", max_step=declared)
+        oracle.open_session("penalty", 3400, session="narrow", max_step=0.01)
+        theta = np.zeros((2, 1))
+        answers = oracle.log_ratio(0, np.arange(2), theta, theta + 0.01)
+        assert answers.values.shape == (3, 2)
+        with pytest.raises(
+            InvalidRequest, match=re.escape("exceeds the session's declared max_step 0.01")
+        ):
+            oracle.log_ratio(1, np.arange(2), theta, theta + 0.02)
+        with pytest.raises(InvalidRequest, match="resumed session keeps its terms"):
+            oracle.open_session("penalty", 3400, session="narrow", max_step=0.02)
+        oracle.open_session("penalty", 3400, session="narrow", max_step=0.01)  # a resume
+    finally:
+        oracle.close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import resource
 import signal
 import threading
+import time
 from pathlib import Path
 
 import grpc
@@ -185,8 +186,12 @@ def test_an_unwritable_ledger_answers_nothing_charges_nothing_and_flips_health(
         assert health.Check(health_pb2.HealthCheckRequest(), timeout=10).status == NOT_SERVING
         assert ledger.total("alice") == before
         _repair(ledger, how)
-        stub.LogRatio(request, timeout=10)  # the next write succeeds: serving again
-        assert health.Check(health_pb2.HealthCheckRequest(), timeout=10).status == SERVING
+        # no request needed: the server probes the ledger while not serving (every 2 s)
+        deadline = time.monotonic() + 15
+        while health.Check(health_pb2.HealthCheckRequest(), timeout=10).status != SERVING:
+            assert time.monotonic() < deadline, "health did not recover after the repair"
+            time.sleep(0.2)
+        stub.LogRatio(request, timeout=10)
         assert ledger.total("alice").answers == before.answers + 10
     ledger.close()
 

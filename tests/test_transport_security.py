@@ -207,3 +207,26 @@ def test_the_readme_certificates_and_owner_file_work_as_shown(tmp_path):
     assert config.tls is not None and config.allowed_clients == ("coordinator.example.org",)
     check_exposure(config.listen, config.tls, config.allowed_clients)  # 0.0.0.0 under mTLS
     server_credentials(config.tls)  # the certificate, key and CA files are where it says
+
+
+def test_a_session_stays_bound_to_its_client_after_the_owner_restarts(tmp_path):
+    """The binding lives in the ledger (``sessions.client``), not only in the server's memory:
+    after a restart another client still cannot re-open (take over) the session."""
+    from fedpenalty.common import Policy
+    from fedpenalty.owner import Ledger, OwnerHost, OwnerNode
+
+    records = MODEL.simulate_records(np.random.default_rng(0), np.array([0.1]), 50)
+
+    def host() -> OwnerHost:
+        node = OwnerNode("o", MODEL, records, Policy(**POLICY), Ledger(tmp_path / "l.sqlite"))
+        return OwnerHost([node])
+
+    first = host()
+    first.open_session("s", "penalty", 10, client="coordinator-a")
+    first.nodes[0].ledger.close()
+    restarted = host()
+    with pytest.raises(NotPermitted, match="session 's' was opened by another client"):
+        restarted.open_session("s", "penalty", 10, client="coordinator-b")
+    restarted.open_session("s", "penalty", 10, client="coordinator-a")
+    restarted.open_session("t", "penalty", 10, client="coordinator-b")
+    restarted.nodes[0].ledger.close()

@@ -102,6 +102,8 @@ class ChainAlgorithm:
     ``check(sections, model)`` raises ``ConfigError`` for a scenario it cannot run.
     ``start(rng, model, records, sections)``, when set, computes a data-dependent ``Start`` from
     the pooled records (a trusted curator, so the algorithm runs in simulation only).
+    ``max_step(sampler)``, when set, is the largest ‖θ′ − θ‖ the session will ask about: it is
+    declared when the session opens, and owners check the plan and every request against it.
     """
 
     name: str
@@ -113,6 +115,7 @@ class ChainAlgorithm:
     plan: Callable[[Mapping[str, Any]], int] = planned_steps
     check: Callable[[Sections, Model], None] = no_check
     start: Callable[[np.random.Generator, Model, np.ndarray, Sections], Start] | None = None
+    max_step: Callable[[Mapping[str, Any]], float] | None = None
 
     @property
     def deployable(self) -> bool:
@@ -124,6 +127,16 @@ class ChainAlgorithm:
     ) -> SamplingAlgorithm:
         """The kernel with the settings it declares taken from a ``[sampler]`` section."""
         return self.build(model, data, **{key: sampler[key] for key in self.settings})
+
+    def session_options(self, sampler: Mapping[str, Any]) -> dict[str, float]:
+        """What the session declares when it opens: ``sampling_rate`` (when the algorithm takes
+        one) and ``max_step`` (when it asks about steps)."""
+        options = {}
+        if "sampling_rate" in self.settings:
+            options["sampling_rate"] = float(sampler["sampling_rate"])
+        if self.max_step is not None:
+            options["max_step"] = float(self.max_step(sampler))
+        return options
 
     def planned_answers(self, sampler: Mapping[str, Any]) -> int:
         """Answers each owner is asked for at most in a run (all chains)."""

@@ -151,6 +151,7 @@ class GrpcOracle:
         planned_answers: int,
         session: str | None = None,
         sampling_rate: float | None = None,
+        max_step: float | None = None,
     ) -> str:
         session = session or uuid.uuid4().hex
         request = pb.OpenSessionRequest(
@@ -158,6 +159,8 @@ class GrpcOracle:
         )
         if sampling_rate is not None:
             request.sampling_rate = sampling_rate
+        if max_step is not None:
+            request.max_step = max_step
         self._run(self._each(lambda h: self._unary(h, h.stub.OpenSession, request)))
         self.session = session
         return session

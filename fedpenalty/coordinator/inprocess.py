@@ -32,9 +32,12 @@ class InProcessOracle:
         planned_answers: int,
         session: str | None = None,
         sampling_rate: float | None = None,
+        max_step: float | None = None,
     ) -> str:
         session = session or uuid.uuid4().hex
-        self.host.open_session(session, algorithm, planned_answers, sampling_rate)
+        self.host.open_session(
+            session, algorithm, planned_answers, sampling_rate, max_step=max_step
+        )
         self.session = session
         return session
 

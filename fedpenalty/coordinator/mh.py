@@ -167,4 +167,5 @@ PENALTY = ChainAlgorithm(
     MHState,
     LOG_RATIO,
     check=check_step,
+    max_step=lambda sampler: sampler["step"],
 )

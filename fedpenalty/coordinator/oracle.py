@@ -40,9 +40,12 @@ class Oracle(Protocol):
         planned_answers: int,
         session: str | None = None,
         sampling_rate: float | None = None,
+        max_step: float | None = None,
     ) -> str:
         """Open (or, with an existing id, resume) a session at every owner; returns its id.
-        ``sgmcmc`` sessions name the owners' Poisson ``sampling_rate``."""
+        ``sgmcmc`` sessions name the owners' Poisson ``sampling_rate``; ``penalty`` sessions may
+        declare the largest step ``max_step`` they will ask about (≤ each owner's), which the
+        owners check the plan and every request against."""
 
     def log_ratio(
         self, iteration: int, chains: np.ndarray, theta: np.ndarray, theta_prop: np.ndarray

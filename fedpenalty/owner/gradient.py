@@ -1,4 +1,4 @@
-"""One owner's noisy gradient answer (federated SG-MCMC, docs/design.md §2.3): pure numpy."""
+"""One owner's clipped gradient sums (federated SG-MCMC, docs/design.md §2.3): pure numpy."""
 
 from __future__ import annotations
 
@@ -7,6 +7,26 @@ import math
 import numpy as np
 
 from ..models import Model
+
+
+def clipped_gradient_sum(
+    model: Model, records: np.ndarray, theta: np.ndarray, mask: np.ndarray, clip: float
+) -> np.ndarray:
+    """Σ over the sampled records of ∇_θ ℓ(x, θ_c) clipped to L2 norm ``clip``: ``(C, d)``.
+
+    ``records`` prepared ``(n, p)``; ``theta`` ``(C, d)``; ``mask`` bool ``(C, n)``, the records
+    each chain's answer includes. No noise; never released as is.
+    """
+    if not (math.isfinite(clip) and clip > 0):
+        raise ValueError(f"clip must be finite and > 0, got {clip!r}")
+    c, d = theta.shape
+    used = mask.any(axis=0)
+    if not used.any():
+        return np.zeros((c, d))
+    grads = model.grad_log_lik(records[used], theta)  # (C, m, d)
+    norms = np.linalg.norm(grads, axis=2)
+    scale = np.minimum(1.0, clip / np.maximum(norms, np.finfo(float).tiny))
+    return np.einsum("cm,cmd->cd", mask[:, used] * scale, grads)
 
 
 def owner_gradient(
@@ -18,27 +38,19 @@ def owner_gradient(
     clip: float,
     sigma: float,
 ) -> np.ndarray:
-    """One owner's noisy gradient answer for each chain: ``(C, d)``.
+    """A simulated owner's noisy gradient answer for each chain: ``(C, d)``.
 
     For each row of ``theta`` ``(C, d)`` independently, include each record with probability
-    ``q`` (Poisson sampling), clip each included record's ∇_θ ℓ(x, θ) to L2 norm ``clip``, sum,
-    and add N(0, (sigma·clip)² I). ``records`` are prepared records ``(n, p)``. Pure numpy; the
-    only randomness is ``rng``. The caller divides by q.
+    ``q`` (Poisson sampling), clip and sum (``clipped_gradient_sum``), and add float
+    N(0, (sigma·clip)² I). The only randomness is ``rng``. The caller divides by q. (A lattice
+    owner samples and noises from its keyed stream instead, ``OwnerHost.gradient``.)
     """
     theta = np.array(theta, dtype=float, ndmin=2)
     if not 0.0 < q <= 1.0:
         raise ValueError(f"q must be in (0, 1], got {q!r}")
-    if not (math.isfinite(clip) and clip > 0):
-        raise ValueError(f"clip must be finite and > 0, got {clip!r}")
     if not (math.isfinite(sigma) and sigma >= 0):
         raise ValueError(f"sigma must be finite and >= 0, got {sigma!r}")
     c, d = theta.shape
     mask = rng.random((c, len(records))) < q
-    used = mask.any(axis=0)
-    total = np.zeros((c, d))
-    if used.any():
-        grads = model.grad_log_lik(records[used], theta)  # (C, m, d)
-        norms = np.linalg.norm(grads, axis=2)
-        scale = np.minimum(1.0, clip / np.maximum(norms, np.finfo(float).tiny))
-        total = np.einsum("cm,cmd->cd", mask[:, used] * scale, grads)
+    total = clipped_gradient_sum(model, records, theta, mask, clip)
     return total + sigma * clip * rng.standard_normal((c, d))

@@ -22,15 +22,16 @@ import numpy as np
 from ..common import LOG_RATIO, SGMCMC, SUFF_STATS, OwnerDescription, PrivacyReport
 from ..errors import InvalidRequest, ReplayConflict
 from ..models import ExpFamModel
-from .gradient import owner_gradient
+from .gradient import clipped_gradient_sum, owner_gradient
 from .ledger import Charge, SampledCharge
-from .node import OwnerNode
+from .node import SESSION_EVENTS, OwnerNode, close_sessions, open_sessions, privacy_reports
 from .noise import (
     LATTICE_BITS,
     SCALE_MAX,
     ChaChaSource,
     lattice_sensitivity,
     noisy_lattice_answers,
+    poisson_sample,
 )
 
 #: Exact values are clipped to ±2⁵² γ before rounding (data independent; 1-Lipschitz).
@@ -81,6 +82,26 @@ class _Normals:
         self._buffer, self._cursor = buffer, np.zeros(len(self._rngs), dtype=np.int64)
 
 
+class _LedgerPart:
+    """The hosted owners that share one ledger file, with what every charge needs as arrays:
+    positions ``idx`` in the host, names, ledger ids, limits (docs/design.md §4)."""
+
+    def __init__(self, nodes: list[OwnerNode], idx: list[int]):
+        self.nodes = [nodes[k] for k in idx]
+        self.idx = np.array(idx, dtype=np.int64)
+        self.ledger = self.nodes[0].ledger
+        self.names = [n.name for n in self.nodes]
+        self.owner_ids = self.ledger.ids(self.names)
+        self.budget_epsilon = np.array([n.policy.budget_epsilon for n in self.nodes])
+        self.delta = np.array([n.policy.delta for n in self.nodes])
+        self.renyi = any(n.renyi_accounting for n in self.nodes)
+        self.refresh_caps()
+
+    def refresh_caps(self) -> None:
+        """Re-read the owners' μ² caps (opening a session may lower them)."""
+        self.max_mu_squared = np.array([n.max_mu_squared for n in self.nodes])
+
+
 class OwnerHost:
     """Owner nodes answering batched requests; values are stacked in node order ``(K, ...)``.
 
@@ -101,7 +122,7 @@ class OwnerHost:
         self.label = names[0] if len(names) == 1 else f"host of {len(names)} owners"
         sigma = self._sigma = np.array([n.policy.sigma for n in nodes])
         self._normals = _Normals([n.rng for n in nodes])
-        self._checked: dict[str, tuple[str, list]] = {}
+        self._checked: dict[str, tuple[str, int, list, np.ndarray]] = {}
         self._max_step = np.array([n.policy.max_step for n in nodes])
         self._min_step = np.array([n.policy.min_step for n in nodes])
         # per-record terms one chain costs each owner, and the most it computes per request
@@ -115,9 +136,10 @@ class OwnerHost:
             )
             / sigma
         )
-        self._by_ledger: dict[int, list[int]] = defaultdict(list)
+        by_ledger: dict[int, list[int]] = defaultdict(list)
         for i, node in enumerate(nodes):
-            self._by_ledger[id(node.ledger)].append(i)
+            by_ledger[id(node.ledger)].append(i)
+        self._ledgers = [_LedgerPart(self.nodes, idx) for idx in by_ledger.values()]
         if isinstance(self.model, ExpFamModel):
             sums = [n.stat_sum for n in nodes]
             assert all(
@@ -142,8 +164,8 @@ class OwnerHost:
             return False
         self._source = ChaChaSource([n.noise_key for n in nodes if n.noise_key is not None])
         self._gamma = 2.0 ** (math.floor(math.log2(float(sigma.min()))) - LATTICE_BITS)
-        if sigma.max() / self._gamma > SCALE_MAX:
-            raise ValueError("the owners' σ of one host must lie within a factor 2¹⁹ of each other")
+        if sigma.max() / self._gamma > SCALE_MAX / 2:  # /2: room for a gradient's clip scale
+            raise ValueError("the owners' σ of one host must lie within a factor 2¹⁸ of each other")
         return True
 
     def _noisy(
@@ -176,15 +198,18 @@ class OwnerHost:
         exact: np.ndarray,
         chains: np.ndarray,
         iterations: np.ndarray,
+        scale: float = 1.0,
     ) -> np.ndarray:
         """Released answers ``(K', M, w)``: ``exact`` ``(K', M, w)`` of ``owners`` rounded to γℤ
-        plus exact discrete-Gaussian noise of scale σ_k/γ, keyed (session, kind, owner, chain,
-        iteration, component) — every entry an exact multiple of γ."""
+        plus exact discrete-Gaussian noise of scale σ_k·``scale``/γ, keyed (session, kind,
+        owner, chain, iteration, component) — every entry an exact multiple of γ. ``scale``:
+        the answer unit (gradients: the clip); γ is the host's step times a power of two
+        no larger than ``scale``, so σ_k·scale/γ stays 2²⁰ to 2²¹ times σ_k/σ_min."""
+        gamma = self._gamma * 2.0 ** math.floor(math.log2(scale))
         # a data-independent bound that keeps every released value an exact float (2^53 γ)
-        bound = LATTICE_LIMIT * self._gamma
+        bound = LATTICE_LIMIT * gamma
         clipped = np.clip(exact, -bound, bound)
-        sigma = self._sigma[owners]
-        gamma = self._gamma
+        sigma = self._sigma[owners] * scale
         return noisy_lattice_answers(
             self._source,
             session,
@@ -209,36 +234,42 @@ class OwnerHost:
         return [node.describe() for node in self.nodes]
 
     def open_session(
-        self, session: str, algorithm: str, planned_answers: int, sampling_rate: float | None = None
+        self,
+        session: str,
+        algorithm: str,
+        planned_answers: int,
+        sampling_rate: float | None = None,
+        client: str | None = None,
+        max_step: float | None = None,
     ) -> None:
-        self._checked.pop(session, None)
-        for node in self.nodes:
-            node.open_session(session, algorithm, planned_answers, sampling_rate)
+        """Open (or resume) ``session`` at every hosted owner (``node.open_sessions``):
+        ``client`` opens it; a penalty session may declare its largest step ``max_step``."""
+        open_sessions(
+            self.nodes, session, algorithm, planned_answers, sampling_rate, client, max_step
+        )
+        for part in self._ledgers:
+            part.refresh_caps()
 
     def close_session(self, session: str) -> None:
-        self._checked.pop(session, None)
-        for node in self.nodes:
-            node.close_session(session)
+        close_sessions(self.nodes, session)
 
     def _require_session(self, session: str, algorithm: str) -> list:
-        """Every owner's open ``session`` for ``algorithm``: validated in full once per session
-        id, then only confirmed to be the same open session at every owner (it may have been
-        closed elsewhere)."""
+        """Every owner's open ``session`` for ``algorithm``: validated in full, then kept until
+        any owner anywhere opens or closes a session (``SESSION_EVENTS``)."""
         checked = self._checked.get(session) if isinstance(session, str) else None
-        if (
-            checked is not None
-            and checked[0] == algorithm
-            and all(
-                node.open_session_record(session) is o for node, o in zip(self.nodes, checked[1])
-            )
-        ):
-            return checked[1]
+        if checked is not None and checked[0] == algorithm and checked[1] == SESSION_EVENTS[0]:
+            return checked[2]
         opened = [node.require_session(session, algorithm) for node in self.nodes]
-        self._checked[session] = (algorithm, opened)
+        steps = np.array([np.inf if o.max_step is None else o.max_step for o in opened])
+        self._checked[session] = (algorithm, SESSION_EVENTS[0], opened, steps)
         return opened
 
+    def _session_steps(self, session: str) -> np.ndarray:
+        """Each owner's largest step in ``session`` ``(K,)`` (after ``_require_session``)."""
+        return self._checked[session][3]
+
     def privacy_reports(self, session: str | None = None) -> list[PrivacyReport]:
-        return [node.privacy_report(session) for node in self.nodes]
+        return privacy_reports(self.nodes, session)
 
     def node(self, name: str) -> OwnerNode:
         for node in self.nodes:
@@ -267,7 +298,7 @@ class OwnerHost:
         chains = self._check_chains(chains)
         theta = self._check_theta("theta", theta, len(chains))
         theta_prop = self._check_theta("theta_prop", theta_prop, len(chains))
-        step = self._check_steps(theta, theta_prop)
+        step = self._check_steps(theta, theta_prop, self._session_steps(session))
         if not self._fast:
             self._check_work(len(chains))
         digests = [
@@ -366,8 +397,10 @@ class OwnerHost:
 
         Owner k's answer for chain c: each record sampled with the session's Poisson rate q,
         its ∇_θ ℓ(x, θ_c) clipped to L2 norm ``clip`` (≤ the owner's ``max_clip``), summed, plus
-        N(0, (σ_k·clip)² I). Keyed (session, c, iteration); each is one subsampled-Gaussian
-        release at (q, σ_k), counted against the session's plan.
+        noise of sd σ_k·clip — for a lattice owner the sample and the exact discrete-Gaussian
+        noise come from its keyed stream and the sum is rounded to the lattice first. Keyed
+        (session, c, iteration); each is one subsampled-Gaussian release at (q, the owner's
+        ``gradient_noise_multiplier``), counted against the session's plan.
         """
         opened = self._require_session(session, SGMCMC)
         rates = {o.sampling_rate for o in opened}
@@ -390,13 +423,16 @@ class OwnerHost:
 
         def fresh(k: int, new: np.ndarray) -> np.ndarray:
             node = self.nodes[k]
-            return owner_gradient(
-                self.model, node.records, theta[new], node.rng, q, clip, node.policy.sigma
-            )
+            if not self._lattice:
+                return owner_gradient(
+                    self.model, node.records, theta[new], node.rng, q, clip, node.policy.sigma
+                )
+            return self._lattice_gradient(session, k, q, chains[new], iteration, theta[new], clip)
 
+        iterations = np.full(len(chains), iteration)
         sampled = SampledCharge(
             q,
-            np.array([n.policy.sigma for n in self.nodes]),
+            np.array([n.gradient_noise_multiplier for n in self.nodes]),
             np.array([o.planned_answers for o in opened]),
             [n.policy.neighbour for n in self.nodes],
         )
@@ -404,13 +440,44 @@ class OwnerHost:
         return self._answer(
             session,
             chains,
-            np.full(len(chains), iteration),
+            iterations,
             digests,
             self.model.dim,
             fresh,
             zero_mus,
             sampled,
         )
+
+    def _lattice_gradient(
+        self,
+        session: str,
+        k: int,
+        q: float,
+        chains: np.ndarray,
+        iteration: int,
+        theta: np.ndarray,
+        clip: float,
+    ) -> np.ndarray:
+        """Owner k's lattice gradient answers ``(M, d)`` for ``chains`` ``(M,)`` at ``theta``
+        ``(M, d)``: keyed Poisson sample, clipped sum, rounded, exact discrete-Gaussian noise of
+        sd σ_k·clip (docs/design.md §2.7)."""
+        records = self.nodes[k].records
+        mask = poisson_sample(
+            self._source,
+            session,
+            SGMCMC,
+            q,
+            len(records),
+            owner=k,
+            chain=chains,
+            iteration=iteration,
+        )
+        sums = clipped_gradient_sum(self.model, records, theta, mask, clip)
+        iterations = np.full(len(chains), iteration)
+        answers = self._lattice_answers(
+            session, SGMCMC, np.array([k]), sums[None], chains, iterations, clip
+        )
+        return answers[0]
 
     def _answer(
         self,
@@ -434,64 +501,64 @@ class OwnerHost:
         """
         out = np.empty((len(self.nodes), len(chains), width))
         new = np.ones(out.shape[:2], dtype=bool)
-        for idx in self._by_ledger.values():
-            ledger = self.nodes[idx[0]].ledger
-            stored = ledger.stored(
-                [self.names[k] for k in idx], session, int(iterations.min()), int(iterations.max())
-            )
+        first, last = int(iterations.min()), int(iterations.max())
+        for part in self._ledgers:
+            stored = part.ledger.stored_ids(part.owner_ids, session, first, last)
             if stored:
-                self._replay(stored, idx, chains, iterations, digests, out, new)
+                self._replay(stored, part, chains, iterations, digests, out, new)
         if fresh_all is not None and new.all():
             out[:] = fresh_all()
         else:
             for k in range(len(self.nodes)):
                 if new[k].any():
                     out[k, new[k]] = fresh(k, new[k])
-        for idx in self._by_ledger.values():
-            if new[idx].any():
-                nodes = [self.nodes[k] for k in idx]
-                part = (
-                    None
-                    if sampled is None
-                    else SampledCharge(
-                        sampled.q,
-                        sampled.noise_multiplier[idx],
-                        sampled.plan[idx],
-                        [sampled.neighbour[k] for k in idx],
-                    )
+        for part in self._ledgers:
+            idx = part.idx
+            if not new[idx].any():
+                continue
+            sub = None
+            if sampled is not None:
+                sub = SampledCharge(
+                    sampled.q,
+                    sampled.noise_multiplier[idx],
+                    sampled.plan[idx],
+                    [sampled.neighbour[k] for k in idx.tolist()],
                 )
-                nodes[0].ledger.charge(
-                    Charge(
-                        session,
-                        [n.name for n in nodes],
-                        chains,
-                        iterations,
-                        digests,
-                        out[idx],
-                        mus[idx],
-                        new[idx],
-                        np.array([n.max_mu_squared for n in nodes]),
-                        np.array([n.policy.budget_epsilon for n in nodes]),
-                        np.array([n.policy.delta for n in nodes]),
-                        part,
-                        self._lattice,
-                    )
+            part.ledger.charge(
+                Charge(
+                    session,
+                    part.names,
+                    chains,
+                    iterations,
+                    digests,
+                    out[idx],
+                    mus[idx],
+                    new[idx],
+                    part.max_mu_squared,
+                    part.budget_epsilon,
+                    part.delta,
+                    sub,
+                    part.renyi,
+                    part.owner_ids,
                 )
+            )
         return out
 
     def _replay(
         self,
         stored: dict,
-        idx: list[int],
+        part: _LedgerPart,
         chains: np.ndarray,
         iterations: np.ndarray,
         digests: list[bytes],
         out: np.ndarray,
         new: np.ndarray,
     ) -> None:
-        for k in idx:
+        """Put the stored answers of ``part``'s owners into ``out`` (and clear ``new``); a key
+        answered for a different query is a ``ReplayConflict``."""
+        for k, owner_id in zip(part.idx.tolist(), part.owner_ids.tolist()):
             for j, key in enumerate(zip(chains.tolist(), iterations.tolist())):
-                row = stored.get((self.names[k], *key))
+                row = stored.get((owner_id, *key))
                 if row is None:
                     continue
                 if row[0] != digests[j]:
@@ -504,25 +571,31 @@ class OwnerHost:
                 out[k, j] = np.frombuffer(row[1], dtype="<f8")
                 new[k, j] = False
 
-    def _check_steps(self, theta: np.ndarray, theta_prop: np.ndarray) -> np.ndarray:
+    def _check_steps(
+        self, theta: np.ndarray, theta_prop: np.ndarray, session_steps: np.ndarray
+    ) -> np.ndarray:
         """‖θ' − θ‖ per chain ``(C,)``; ``InvalidRequest`` unless every step lies within each
-        owner's [min_step, max_step] (a step below min_step — θ' = θ included — carries almost
-        no information and is refused rather than answered for free)."""
+        owner's [min_step, max_step] and the session's declared ``session_steps`` ``(K,)`` (a
+        step below min_step — θ' = θ included — carries almost no information and is refused
+        rather than answered for free)."""
         step = np.linalg.norm(theta_prop - theta, axis=1)
-        too_far = step[None, :] > self._max_step[:, None] * (1 + 1e-12)
+        declared = session_steps < self._max_step
+        limit = np.minimum(self._max_step, session_steps)
+        too_far = step[None, :] > limit[:, None] * (1 + 1e-12)
         too_short = step[None, :] < self._min_step[:, None]
-        for bad, bound, which in (
-            (too_far, self._max_step, "exceeds"),
-            (too_short, self._min_step, "is below"),
-        ):
-            if bad.any():
-                k = int(np.argmax(bad.any(axis=1)))
-                name = "max_step" if which == "exceeds" else "min_step"
-                worst = step.max() if which == "exceeds" else step.min()
-                raise InvalidRequest(
-                    f"step ‖θ'−θ‖ = {worst:.6g} {which} this owner's {name} {bound[k]:g}",
-                    self.names[k],
-                )
+        if too_far.any():
+            k = int(np.argmax(too_far.any(axis=1)))
+            whose = "the session's declared max_step" if declared[k] else "this owner's max_step"
+            raise InvalidRequest(
+                f"step ‖θ'−θ‖ = {step.max():.6g} exceeds {whose} {limit[k]:g}", self.names[k]
+            )
+        if too_short.any():
+            k = int(np.argmax(too_short.any(axis=1)))
+            raise InvalidRequest(
+                f"step ‖θ'−θ‖ = {step.min():.6g} is below this owner's min_step "
+                f"{self._min_step[k]:g}",
+                self.names[k],
+            )
         return step
 
     def _check_work(self, chains: int) -> None:

@@ -11,15 +11,19 @@ owners that answered together) and hold one value per owner:
 
 * ``answers`` — one row per (session, iteration, chain, group): the query digest and every
   group member's answer (float64, group order). Keys are iteration-major, so commits append.
-* ``spend`` — one row per (session, group), and one per group for all sessions together
-  (session id 0): per-member arrays of answers, Σμ² and max μ. An owner's spend is the sum
-  over the rows of the groups it belongs to.
+* ``spend`` — one row per (session, group): per-member arrays of answers, Σμ² and max μ. An
+  owner's spend is the sum over the rows of the groups it belongs to (in one session, or in
+  all). A writer keeps each owner's totals in memory, so a charge writes one spend row.
 * ``sampled`` — per (session, owner, q, σ): the number of Poisson-subsampled Gaussian answers
   (gradients), accounted with dp-accounting rather than as GDP.
 * ``sessions`` — per owner: algorithm, plan, open/close times, sampling rate. An open sgmcmc
   session reserves what its plan may still give (``PlanView.reserved``).
 * ``limits`` — per owner: the μ² its Gaussian answers may reach with every gradient answer
   given or reserved (written when a plan is admitted, read by every charge).
+* ``mechanisms`` — per owner: whether it ever opened a session as a lattice owner (then all
+  of its answers are accounted by Rényi DP, which bounds float Gaussian answers too).
+* ``sessions.client`` — the client identity (allow-list entry) that opened a session: no
+  other client may re-open it, also after the owner restarts.
 
 One ledger, one writer (invariant 8): a writable ``Ledger`` holds an exclusive ``flock`` on
 ``<ledger>.lock`` beside the database for its whole life. A second ``Ledger`` on the same file,
@@ -37,6 +41,7 @@ import os
 import sqlite3
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -50,6 +55,7 @@ from ..errors import (
     BudgetExhausted,
     InvalidRequest,
     LedgerInUse,
+    NotPermitted,
     StorageUnavailable,
     UnknownSession,
 )
@@ -58,7 +64,7 @@ from ..privacy import GaussianSpend
 from ..privacy.owner_epsilon import owner_epsilon
 from ..privacy.subsampled import SubsampledGaussian
 
-_ALL_SESSIONS = 0  # the spend rows that total every session (name ids start at 1)
+_LEGACY_TOTALS = 0  # session id of the all-session rows older ledgers kept (ids start at 1)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS names (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
@@ -80,7 +86,12 @@ CREATE TABLE IF NOT EXISTS sampled (
     noise_multiplier REAL NOT NULL, answers INTEGER NOT NULL,
     PRIMARY KEY (session_id, owner_id, sampling_rate, noise_multiplier));
 CREATE TABLE IF NOT EXISTS limits (owner_id INTEGER PRIMARY KEY, max_mu_squared REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS mechanisms (owner_id INTEGER PRIMARY KEY, lattice INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS health (id INTEGER PRIMARY KEY, checked_at REAL NOT NULL);
 """
+
+#: Columns added after a table first shipped: (table, column, declaration) — added on open.
+_ADDED_COLUMNS = (("sessions", "client", "TEXT"), ("sessions", "max_step", "REAL"))
 
 
 @dataclass(frozen=True)
@@ -113,9 +124,64 @@ class PlanView:
     gaussian_open: bool
 
 
+def _events(rows: list[tuple]) -> list[SubsampledGaussian]:
+    """One event per (q, σ) of sampled rows (session id, q, σ, count)."""
+    counts: dict[tuple[float, float], int] = defaultdict(int)
+    for _, q, sigma, count in rows:
+        counts[(q, sigma)] += count
+    return [SubsampledGaussian(q, sigma, c) for (q, sigma), c in counts.items()]
+
+
+def _check_reopen(
+    owner: str, row: tuple | None, session: str, asked: tuple, client: str | None
+) -> None:
+    """Refuse re-opening a recorded session (``row``: algorithm, closed_at, sampling_rate,
+    client, max_step) by another client, with other terms (``asked``: algorithm, sampling
+    rate, max step), or once closed."""
+    if row is None:
+        return
+    if None not in (row[3], client) and row[3] != client:
+        raise NotPermitted(
+            f"session {session!r} was opened by another client, not {client!r}", owner
+        )
+    recorded = (row[0], row[2], row[4])
+    if recorded != asked:
+        terms = "algorithm {!r}, sampling rate {}, max_step {}"
+        raise InvalidRequest(
+            f"session {session!r} was opened with {terms.format(*recorded)}, not "
+            f"{terms.format(*asked)}; a resumed session keeps its terms",
+            owner,
+        )
+    if row[1] is not None:
+        raise UnknownSession(f"session {session!r} is closed", owner)
+
+
 #: decides a plan from a ``PlanView``: raises to refuse, returns the owner's new Gaussian μ² cap
 #: (or None to keep it). It runs inside the ledger's transaction and must not call the ledger.
 Admit = Callable[[PlanView], float | None]
+
+
+@dataclass(frozen=True)
+class Report:
+    """One owner's spend as ``Ledger.reports`` reads it: in all sessions (``total``,
+    ``sampled``); whether the asked session is recorded for it, and then its spend there
+    (``session``: Gaussian spend and gradient answers)."""
+
+    total: GaussianSpend
+    sampled: list[SubsampledGaussian]
+    in_session: bool
+    session: tuple[GaussianSpend, list[SubsampledGaussian]] | None
+
+
+@dataclass(frozen=True)
+class Opening:
+    """One owner opening a session: its name, the noise multiplier its gradient answers are
+    accounted at, whether it answers with lattice noise, and its plan check."""
+
+    owner: str
+    noise_multiplier: float = 1.0
+    lattice: bool = False
+    admit: Admit | None = None
 
 
 @dataclass(frozen=True)
@@ -126,6 +192,7 @@ class Charge:
     float64; ``mus`` ``(K, M)``; ``new`` ``(K, M)`` marks the answers to store and charge.
     ``max_mu_squared``, ``budget_epsilon``, ``delta``: ``(K,)`` each owner's limit; the ledger
     enforces the lower of ``max_mu_squared`` and the cap it recorded for the owner's plans.
+    ``owner_ids``: the owners' ledger ids (``Ledger.ids``), when the caller has them.
 
     Gradient answers (``sampled`` set) are Poisson-subsampled Gaussian releases at
     (q, ``sampled.noise_multiplier[k]``) instead of GDP answers: ``mus`` is ignored and each
@@ -146,6 +213,7 @@ class Charge:
     delta: np.ndarray
     sampled: SampledCharge | None = None
     lattice: bool = False
+    owner_ids: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -178,9 +246,23 @@ class Ledger:
         except sqlite3.OperationalError as exc:
             self._release_file_lock()
             raise self._unavailable(exc) from exc
+        self._forget()
+
+    def _forget(self) -> None:
+        """Drop every in-memory cache (they are reloaded from the file on demand): after a
+        rolled-back transaction, whose ids and rows never reached the file."""
         self._ids: dict[str, int] = {}
-        self._groups: dict[tuple[int, ...], int] = {}
+        self._names_loaded = False
+        self._groups: dict[bytes, int] = {}
         self._members: dict[int, np.ndarray] = {}
+        # a writer is the file's only writer (the lock), so these mirror what is committed:
+        self._slots: dict[int, int] = {}  # owner id → row of _totals / _caps
+        self._slots_of: dict[bytes, np.ndarray] = {}  # owner-id array bytes → their rows
+        self._totals = np.zeros((0, 3))  # per owner, all sessions: answers, Σμ², max μ
+        self._caps = np.zeros(0)  # per owner: recorded μ² cap (inf: none)
+        self._rows: dict[tuple[int, int], np.ndarray] = {}  # (session, group) → spend (3, K)
+        self._frontier: dict[int, int] = {}  # session id → highest iteration answered
+        self._lattice_ids: set[int] | None = None  # owners recorded in ``mechanisms``
 
     def _take_file_lock(self) -> int:
         """An exclusive ``flock`` on ``<ledger>.lock`` (the descriptor), or ``LedgerInUse``."""
@@ -219,6 +301,10 @@ class Ledger:
         for statement in _SCHEMA.split(";"):
             if statement.strip():
                 db.execute(statement)
+        for table, column, declaration in _ADDED_COLUMNS:
+            present = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+            if column not in present:
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
         db.execute("COMMIT")
         return db
 
@@ -247,11 +333,24 @@ class Ledger:
                 except BaseException:
                     if self._db.in_transaction:  # SQLite may have rolled back already
                         self._db.execute("ROLLBACK")
+                    self._forget()
                     raise
             except sqlite3.OperationalError as exc:
                 self.writable = False
                 raise self._unavailable(exc) from exc
             self.writable = True
+
+    def probe(self) -> bool:
+        """Try one small write (``writable`` follows the result): how a server finds out that a
+        ledger it reported unwritable can be written again, without waiting for a request."""
+        try:
+            with self._writing():
+                self._db.execute(
+                    "INSERT OR REPLACE INTO health(id, checked_at) VALUES (1, ?)", (time.time(),)
+                )
+        except StorageUnavailable:
+            return False
+        return True
 
     @contextmanager
     def _reading(self) -> Iterator[None]:
@@ -267,6 +366,9 @@ class Ledger:
         """Integer id of an owner or session name, created on first use (read-only: -1, which
         matches no row, for a name never recorded)."""
         if name not in self._ids:
+            self._load_names()
+            if name in self._ids:
+                return self._ids[name]
             if not self.read_only:
                 self._db.execute("INSERT OR IGNORE INTO names(name) VALUES (?)", (name,))
             row = self._db.execute("SELECT id FROM names WHERE name=?", (name,)).fetchone()
@@ -275,11 +377,31 @@ class Ledger:
             self._ids[name] = row[0]
         return self._ids[name]
 
+    def _load_names(self) -> None:
+        """A writer reads the names table once (one statement, however many owners)."""
+        if not self._names_loaded and not self.read_only:
+            self._ids.update({n: i for i, n in self._db.execute("SELECT id, name FROM names")})
+            self._names_loaded = True
+
+    def ids(self, names: list[str]) -> np.ndarray:
+        """Integer ids of ``names`` ``(K,)``, creating the missing ones in one transaction."""
+        with self._reading():
+            self._load_names()
+            missing = [n for n in names if n not in self._ids]
+        if missing and not self.read_only:
+            with self._writing():
+                self._db.executemany(
+                    "INSERT OR IGNORE INTO names(name) VALUES (?)", [(n,) for n in missing]
+                )
+                self._names_loaded = False
+                self._load_names()
+        with self._reading():
+            return np.array([self._id(n) for n in names], dtype=np.int64)
+
     def _group(self, owner_ids: np.ndarray) -> int:
         """Id of the group with these member owner ids (in this order), created on first use."""
-        key = tuple(int(i) for i in owner_ids)
+        blob = key = np.ascontiguousarray(owner_ids, dtype="<i8").tobytes()
         if key not in self._groups:
-            blob = np.asarray(key, dtype="<i8").tobytes()
             self._db.execute("INSERT OR IGNORE INTO groups(members) VALUES (?)", (blob,))
             self._groups[key] = self._db.execute(
                 "SELECT id FROM groups WHERE members=?", (blob,)
@@ -295,28 +417,34 @@ class Ledger:
         return self._members[group_id]
 
     def _spend(
-        self, owner_ids: np.ndarray, session_id: int = _ALL_SESSIONS
+        self, owner_ids: np.ndarray, session_id: int | None = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Spend of each owner id in ``session_id`` (default: all sessions), summed over the
+        """Spend of each owner id in ``session_id`` (None: all sessions), summed over the
         groups it belongs to: answers ``(K,)``, Σμ² ``(K,)``, max μ ``(K,)``."""
         k = len(owner_ids)
         answers, mu2, max_mu = np.zeros(k, dtype=np.int64), np.zeros(k), np.zeros(k)
-        position = {int(i): j for j, i in enumerate(owner_ids)}
-        for gid, a, m2, mx in self._db.execute(
-            "SELECT group_id, answers, mu_squared, max_mu FROM spend WHERE session_id=?",
-            (session_id,),
-        ):
+        order = np.argsort(owner_ids)
+        ordered = owner_ids[order]
+        query = "SELECT group_id, answers, mu_squared, max_mu FROM spend WHERE "
+        # session id 0 held all-session totals in ledgers written before version 0.2: the
+        # per-session rows sum to the same, so those rows are never read
+        rows = (
+            self._db.execute(query + "session_id != ?", (_LEGACY_TOTALS,))
+            if session_id is None
+            else self._db.execute(query + "session_id=?", (session_id,))
+        )
+        for gid, a, m2, mx in rows:
             members = self._group_members(gid)
-            where = np.array([position.get(i, -1) for i in members.tolist()])
-            hit = where >= 0
+            pos = np.minimum(np.searchsorted(ordered, members), max(k - 1, 0))
+            hit = ordered[pos] == members if k else np.zeros(len(members), bool)
             if hit.any():
-                at = where[hit]
+                at = order[pos[hit]]
                 answers[at] += np.frombuffer(a, "<i8")[hit]
                 mu2[at] += np.frombuffer(m2, "<f8")[hit]
                 max_mu[at] = np.maximum(max_mu[at], np.frombuffer(mx, "<f8")[hit])
         return answers, mu2, max_mu
 
-    def _spend_of(self, owner: str, session_id: int = _ALL_SESSIONS) -> GaussianSpend:
+    def _spend_of(self, owner: str, session_id: int | None = None) -> GaussianSpend:
         answers, mu2, max_mu = self._spend(np.array([self._id(owner)]), session_id)
         return GaussianSpend(int(answers[0]), float(mu2[0]), float(max_mu[0]))
 
@@ -330,75 +458,189 @@ class Ledger:
         sampling_rate: float | None = None,
         noise_multiplier: float = 1.0,
         admit: Admit | None = None,
+        client: str | None = None,
+        lattice: bool = False,
     ) -> float | None:
-        """Record a session, or resume an open one with the same algorithm and sampling rate.
+        """``open_sessions`` for one owner: its recorded cap (or None)."""
+        opening = Opening(owner, noise_multiplier, lattice, admit)
+        return self.open_sessions(
+            [opening], session, algorithm, planned_answers, sampling_rate, client
+        )[0]
 
-        ``admit`` sees the owner's spend and the reservations of its other open sgmcmc sessions
-        (at ``noise_multiplier``) and may refuse; its cap is recorded (and returned). The check
-        and the insert are one ``BEGIN IMMEDIATE`` transaction, so two concurrent plans never
-        both fit what only one of them fits.
+    def open_sessions(
+        self,
+        owners: list[Opening],
+        session: str,
+        algorithm: str,
+        planned_answers: int,
+        sampling_rate: float | None = None,
+        client: str | None = None,
+        max_step: float | None = None,
+    ) -> list[float | None]:
+        """Record a session for every owner of ``owners``, or resume an open one with the same
+        algorithm and sampling rate; each owner's recorded cap (or None).
+
+        Each owner's ``admit`` sees its spend and the reservations of its other open sgmcmc
+        sessions (at its noise multiplier) and may refuse; its cap is recorded. The checks and
+        the inserts are one ``BEGIN IMMEDIATE`` transaction with a constant number of
+        statements however many owners, so two concurrent plans never both fit what only one
+        of them fits, and a refusal by any owner records nothing. ``client``: the identity
+        opening it (None without an allow-list); a session recorded for another identity is
+        refused (``NotPermitted``). An owner's ``lattice`` is recorded in ``mechanisms``.
+        ``max_step``: the step the session declared (a resume must declare the same).
         """
+        names = [o.owner for o in owners]
         with self._writing():
-            row = self._db.execute(
-                "SELECT algorithm, closed_at, sampling_rate FROM sessions WHERE owner=? AND "
-                "session=?",
-                (owner, session),
-            ).fetchone()
-            if row is not None and (row[0] != algorithm or row[2] != sampling_rate):
-                raise InvalidRequest(
-                    f"session {session!r} was opened for {row[0]!r} at sampling rate {row[2]}, not "
-                    f"{algorithm!r} at {sampling_rate}",
-                    owner,
+            recorded = {
+                row[0]: row[1:]
+                for row in self._db.execute(
+                    "SELECT owner, algorithm, closed_at, sampling_rate, client, max_step "
+                    "FROM sessions WHERE session=?",
+                    (session,),
                 )
-            if row is not None and row[1] is not None:
-                raise UnknownSession(f"session {session!r} is closed", owner)
-            cap = (
-                None
-                if admit is None
-                else admit(self._plan_view(owner, session, algorithm, noise_multiplier))
+            }
+            asked = (algorithm, sampling_rate, max_step)
+            for name in names:
+                _check_reopen(name, recorded.get(name), session, asked, client)
+            views = self._plan_views(owners, session, algorithm)
+            caps = [None if o.admit is None else o.admit(v) for o, v in zip(owners, views)]
+            now = time.time()
+            self._db.executemany(
+                "INSERT INTO sessions(owner, session, algorithm, planned_answers, opened_at, "
+                "sampling_rate, client, max_step) VALUES (?,?,?,?,?,?,?,?)",
+                [
+                    (
+                        name,
+                        session,
+                        algorithm,
+                        planned_answers,
+                        now,
+                        sampling_rate,
+                        client,
+                        max_step,
+                    )
+                    for name in names
+                    if name not in recorded
+                ],
             )
-            if row is None:
-                self._db.execute(
-                    "INSERT INTO sessions(owner, session, algorithm, planned_answers, opened_at, "
-                    "sampling_rate) VALUES (?,?,?,?,?,?)",
-                    (owner, session, algorithm, planned_answers, time.time(), sampling_rate),
-                )
-            if cap is not None:
-                self._db.execute(
-                    "INSERT OR REPLACE INTO limits(owner_id, max_mu_squared) VALUES (?,?)",
-                    (self._id(owner), cap),
-                )
-        return cap
+            ids = [self._id(name) for name in names]
+            self._db.executemany(
+                "INSERT OR REPLACE INTO limits(owner_id, max_mu_squared) VALUES (?,?)",
+                [(i, cap) for i, cap in zip(ids, caps) if cap is not None],
+            )
+            self._db.executemany(
+                "INSERT OR REPLACE INTO mechanisms(owner_id, lattice) VALUES (?, 1)",
+                [(i,) for i, o in zip(ids, owners) if o.lattice],
+            )
+        for i, cap in zip(ids, caps):  # committed: the caches follow
+            if cap is not None and i in self._slots:
+                self._caps[self._slots[i]] = cap
+        if self._lattice_ids is not None:
+            self._lattice_ids.update(i for i, o in zip(ids, owners) if o.lattice)
+        return caps
 
-    def _plan_view(
-        self, owner: str, session: str, algorithm: str, noise_multiplier: float
-    ) -> PlanView:
-        """The owner's spend and reservations (call inside the transaction)."""
-        open_rows = self._db.execute(
-            "SELECT session, algorithm, planned_answers, sampling_rate FROM sessions "
-            "WHERE owner=? AND closed_at IS NULL",
-            (owner,),
-        ).fetchall()
-        reserved = []
-        for name, kind, planned, rate in open_rows:
-            if kind == SGMCMC and name != session:
-                used = sum(e.count for e in self._sampled(owner, self._id(name)))
-                reserved.append(SubsampledGaussian(rate, noise_multiplier, max(planned - used, 0)))
-        return PlanView(
-            self._session(owner, session),
-            self._spend_of(owner),
-            self._sampled(owner),
-            reserved,
-            algorithm != SGMCMC or any(kind != SGMCMC for _, kind, _, _ in open_rows),
-        )
+    def _plan_views(self, owners: list[Opening], session: str, algorithm: str) -> list[PlanView]:
+        """Each owner's spend and reservations, in a constant number of statements (call inside
+        the transaction)."""
+        ids = np.array([self._id(o.owner) for o in owners], dtype=np.int64)
+        session_id = self._id(session)
+        open_rows: dict[str, list[tuple]] = defaultdict(list)
+        for owner, *rest in self._db.execute(
+            "SELECT owner, session, algorithm, planned_answers, sampling_rate FROM sessions "
+            "WHERE closed_at IS NULL"
+        ):
+            open_rows[owner].append(tuple(rest))
+        sampled: dict[int, list[tuple]] = defaultdict(list)
+        for owner_id, sid, q, sigma, count in self._db.execute(
+            "SELECT owner_id, session_id, sampling_rate, noise_multiplier, SUM(answers) "
+            "FROM sampled GROUP BY owner_id, session_id, sampling_rate, noise_multiplier"
+        ):
+            sampled[owner_id].append((sid, q, sigma, int(count)))
+        totals, in_session = self._spend(ids), self._spend(ids, session_id)
+        existing = {
+            row[0]: row[1:]
+            for row in self._db.execute(
+                "SELECT owner, algorithm, planned_answers, closed_at, sampling_rate FROM sessions "
+                "WHERE session=?",
+                (session,),
+            )
+        }
+        views = []
+        for k, (opening, owner_id) in enumerate(zip(owners, ids.tolist())):
+            rows = sampled.get(owner_id, [])
+            mine = open_rows.get(opening.owner, [])
+            reserved = []
+            for name, kind, planned, rate in mine:
+                if kind == SGMCMC and name != session:
+                    used = sum(c for sid, _, _, c in rows if sid == self._id(name))
+                    reserved.append(
+                        SubsampledGaussian(rate, opening.noise_multiplier, max(planned - used, 0))
+                    )
+            record = existing.get(opening.owner)
+            current = None
+            if record is not None:
+                spend = GaussianSpend(
+                    int(in_session[0][k]), float(in_session[1][k]), float(in_session[2][k])
+                )
+                events = _events([r for r in rows if r[0] == session_id])
+                current = Session(
+                    session, record[0], record[1], record[2] is not None, spend, events, record[3]
+                )
+            total = GaussianSpend(int(totals[0][k]), float(totals[1][k]), float(totals[2][k]))
+            gaussian_open = algorithm != SGMCMC or any(kind != SGMCMC for _, kind, _, _ in mine)
+            views.append(PlanView(current, total, _events(rows), reserved, gaussian_open))
+        return views
 
     def close_session(self, owner: str, session: str) -> None:
         """Close the session: its plan no longer holds budget."""
+        self.close_sessions([owner], session)
+
+    def close_sessions(self, owners: list[str], session: str) -> None:
+        """Close the session of every owner of ``owners`` (one transaction)."""
+        now = time.time()
         with self._writing():
-            self._db.execute(
+            self._db.executemany(
                 "UPDATE sessions SET closed_at=? WHERE owner=? AND session=? AND closed_at IS NULL",
-                (time.time(), owner, session),
+                [(now, owner, session) for owner in owners],
             )
+
+    def reports(self, owners: list[str], session: str | None) -> list[Report]:
+        """Every owner's spend, in all sessions and in ``session`` (None: not asked), in a
+        constant number of statements: what ``PrivacyReport`` needs."""
+        with self._reading():
+            ids = np.array([self._id(o) for o in owners], dtype=np.int64)
+            sampled: dict[int, list[tuple]] = defaultdict(list)
+            for owner_id, sid, q, sigma, count in self._db.execute(
+                "SELECT owner_id, session_id, sampling_rate, noise_multiplier, SUM(answers) "
+                "FROM sampled GROUP BY owner_id, session_id, sampling_rate, noise_multiplier"
+            ):
+                sampled[owner_id].append((sid, q, sigma, int(count)))
+            totals = self._spend(ids)
+            known: set[str] = set()
+            session_id = -1
+            if session is not None:
+                session_id = self._id(session)
+                in_session = self._spend(ids, session_id)
+                known = {
+                    row[0]
+                    for row in self._db.execute(
+                        "SELECT owner FROM sessions WHERE session=?", (session,)
+                    )
+                }
+        out = []
+        for k, (owner, owner_id) in enumerate(zip(owners, ids.tolist())):
+            rows = sampled.get(owner_id, [])
+            total = GaussianSpend(int(totals[0][k]), float(totals[1][k]), float(totals[2][k]))
+            current = None
+            if owner in known:
+                current = (
+                    GaussianSpend(
+                        int(in_session[0][k]), float(in_session[1][k]), float(in_session[2][k])
+                    ),
+                    _events([r for r in rows if r[0] == session_id]),
+                )
+            out.append(Report(total, _events(rows), owner in known, current))
+        return out
 
     def session(self, owner: str, session: str) -> Session | None:
         with self._reading():
@@ -432,6 +674,22 @@ class Ledger:
         ).fetchall()
         return [SubsampledGaussian(q, sigma, int(count)) for q, sigma, count in rows]
 
+    def answered_on_lattice(self, owner: str) -> bool:
+        """Whether the owner ever answered with lattice noise (table ``mechanisms``; a writer
+        reads the table once)."""
+        with self._reading():
+            if self.read_only:
+                row = self._db.execute(
+                    "SELECT lattice FROM mechanisms WHERE owner_id=?", (self._id(owner),)
+                ).fetchone()
+                return bool(row and row[0])
+            if self._lattice_ids is None:
+                self._lattice_ids = {
+                    i for (i,) in self._db.execute("SELECT owner_id FROM mechanisms WHERE lattice")
+                }
+            self._load_names()
+            return self._ids.get(owner, -1) in self._lattice_ids
+
     def total(self, owner: str) -> GaussianSpend:
         """Everything the owner has ever been charged, across sessions."""
         with self._reading():
@@ -448,67 +706,115 @@ class Ledger:
     ) -> dict[tuple[str, int, int], tuple[bytes, bytes]]:
         """Stored answers of ``owners`` in ``session`` with iteration in [first, last]:
         (owner, chain, iteration) → (digest, payload bytes of that owner). One query."""
-        found: dict[tuple[str, int, int], tuple[bytes, bytes]] = {}
         with self._reading():
             by_id = {self._id(o): o for o in owners}
+        found = self.stored_ids(np.array(list(by_id), dtype=np.int64), session, first, last)
+        return {(by_id[i], chain, it): row for (i, chain, it), row in found.items()}
+
+    def stored_ids(
+        self, owner_ids: np.ndarray, session: str, first: int, last: int
+    ) -> dict[tuple[int, int, int], tuple[bytes, bytes]]:
+        """``stored`` by owner id: (owner id, chain, iteration) → (digest, payload bytes). A
+        writer skips the query when ``first`` lies past every answered iteration."""
+        found: dict[tuple[int, int, int], tuple[bytes, bytes]] = {}
+        with self._reading():
+            session_id = self._id(session)
+            if not self.read_only and first > self._highest_iteration(session_id):
+                return found
             rows = self._db.execute(
                 "SELECT iteration, chain, group_id, digest, payload FROM answers "
                 "WHERE session_id=? AND iteration BETWEEN ? AND ?",
-                (self._id(session), first, last),
+                (session_id, first, last),
             ).fetchall()
+            wanted = set(owner_ids.tolist())
             for iteration, chain, gid, digest, payload in rows:
                 members = self._group_members(gid)
                 width = len(payload) // (8 * len(members))
                 for j, owner_id in enumerate(members.tolist()):
-                    if owner_id in by_id:
-                        found[(by_id[owner_id], chain, iteration)] = (
-                            digest,
-                            payload[8 * width * j : 8 * width * (j + 1)],
-                        )
+                    if owner_id in wanted:
+                        part = payload[8 * width * j : 8 * width * (j + 1)]
+                        found[(owner_id, chain, iteration)] = (digest, part)
         return found
+
+    def _highest_iteration(self, session_id: int) -> int:
+        """The highest iteration answered in the session (−1: none), read once, then kept."""
+        if session_id not in self._frontier:
+            row = self._db.execute(
+                "SELECT MAX(iteration) FROM answers WHERE session_id=?", (session_id,)
+            ).fetchone()
+            self._frontier[session_id] = -1 if row[0] is None else int(row[0])
+        return self._frontier[session_id]
+
+    def _slots_for(self, owner_ids: np.ndarray) -> np.ndarray:
+        """Rows of the cached totals and caps for ``owner_ids`` ``(K,)``; owners seen for the
+        first time are loaded from the file (call under the lock; writers only)."""
+        key = owner_ids.tobytes()
+        slots = self._slots_of.get(key)
+        if slots is None:
+            new = list(dict.fromkeys(i for i in owner_ids.tolist() if i not in self._slots))
+            if new:
+                answers, mu2, max_mu = self._spend(np.array(new, dtype=np.int64))
+                caps = dict(self._db.execute("SELECT owner_id, max_mu_squared FROM limits"))
+                start = len(self._caps)
+                self._slots.update({i: start + j for j, i in enumerate(new)})
+                loaded = np.column_stack([answers.astype(float), mu2, max_mu])
+                self._totals = np.vstack([self._totals, loaded])
+                self._caps = np.concatenate([self._caps, [caps.get(i, np.inf) for i in new]])
+            slots = np.array([self._slots[i] for i in owner_ids.tolist()], dtype=np.int64)
+            self._slots_of[key] = slots
+        return slots
 
     def charge(self, c: Charge) -> None:
         """Charge and store the new answers in one transaction: a constant number of statements
         however many owners. Refuses (``BudgetExhausted``, nothing written for anyone) when some
         owner's total μ² would exceed its ``max_mu_squared`` (the μ² where ε(δ) meets its budget).
+        A writer keeps each owner's totals and caps in memory (it is the file's only writer)
+        and updates them once the transaction has committed.
         """
         mus = np.where(c.new, c.mus, 0.0)
-        add_answers = c.new.sum(axis=1).astype(np.int64)
-        add_mu2 = np.einsum("km,km->k", mus, mus)
-        add_max = mus.max(axis=1)
+        add = np.stack(
+            [c.new.sum(axis=1).astype(float), np.einsum("km,km->k", mus, mus), mus.max(axis=1)]
+        )
+        if c.sampled is not None:
+            add[:] = 0.0
+        rows: dict[tuple[int, int], np.ndarray] = {}
         with self._writing():
-            owner_ids = np.array([self._id(o) for o in c.owners], dtype=np.int64)
+            owner_ids = (
+                c.owner_ids
+                if c.owner_ids is not None
+                else np.array([self._id(o) for o in c.owners], dtype=np.int64)
+            )
             session_id = self._id(c.session)
             if c.sampled is not None:
-                self._charge_sampled(c, owner_ids, session_id, add_answers)
-                add_answers, add_mu2, add_max = 0 * add_answers, 0 * add_mu2, 0 * add_max
-            self._check_gdp_limit(c, owner_ids, add_mu2)
+                self._charge_sampled(c, owner_ids, session_id, c.new.sum(axis=1))
+            slots = self._slots_for(owner_ids)
+            self._check_gdp_limit(c, slots, add[1])
             full_group = self._group(owner_ids)
             self._store_answers(c, owner_ids, session_id, full_group)
             if c.sampled is None:
-                for sid in (session_id, _ALL_SESSIONS):
-                    self._add_spend(sid, full_group, add_answers, add_mu2, add_max)
+                rows[(session_id, full_group)] = self._write_spend(session_id, full_group, add)
+        # committed: the caches follow
+        self._rows.update(rows)
+        totals = self._totals[slots]
+        totals[:, :2] += add[:2].T
+        totals[:, 2] = np.maximum(totals[:, 2], add[2])
+        self._totals[slots] = totals
+        if session_id in self._frontier and c.new.any():
+            answered = int(c.iterations[c.new.any(axis=0)].max())
+            self._frontier[session_id] = max(self._frontier[session_id], answered)
 
-    def _check_gdp_limit(self, c: Charge, owner_ids: np.ndarray, add_mu2: np.ndarray) -> None:
+    def _check_gdp_limit(self, c: Charge, slots: np.ndarray, add_mu2: np.ndarray) -> None:
         """Refuse (``BudgetExhausted``) when some owner's μ² would pass its cap: the lower of
         ``max_mu_squared`` and the cap recorded when its plans were admitted."""
-        recorded = self._limits(owner_ids)
-        cap = np.array(
-            [
-                c.max_mu_squared[k] if r is None else min(c.max_mu_squared[k], r)
-                for k, r in enumerate(recorded)
-            ]
-        )
-        answers_before, mu2_before, max_before = self._spend(owner_ids)
-        over = mu2_before + add_mu2 > cap
+        cap = np.minimum(c.max_mu_squared, self._caps[slots])
+        before = self._totals[slots]
+        over = before[:, 1] + add_mu2 > cap
         if over.any():
             k = int(np.argmax(over))
-            before = GaussianSpend(
-                int(answers_before[k]), float(mu2_before[k]), float(max_before[k])
-            )
+            spent = GaussianSpend(int(before[k, 0]), float(before[k, 1]), float(before[k, 2]))
             self._refuse(
                 c.owners[k],
-                before,
+                spent,
                 c.mus[k][c.new[k]],
                 float(c.budget_epsilon[k]),
                 float(c.delta[k]),
@@ -579,33 +885,39 @@ class Ledger:
             ],
         )
 
-    def _add_spend(
-        self,
-        session_id: int,
-        group_id: int,
-        answers: np.ndarray,
-        mu2: np.ndarray,
-        max_mu: np.ndarray,
-    ) -> None:
-        row = self._db.execute(
-            "SELECT answers, mu_squared, max_mu FROM spend WHERE session_id=? AND group_id=?",
-            (session_id, group_id),
-        ).fetchone()
-        if row is not None:
-            answers = answers + np.frombuffer(row[0], "<i8")
-            mu2 = mu2 + np.frombuffer(row[1], "<f8")
-            max_mu = np.maximum(max_mu, np.frombuffer(row[2], "<f8"))
+    def _write_spend(self, session_id: int, group_id: int, add: np.ndarray) -> np.ndarray:
+        """Add ``add`` (answers, Σμ², max μ; ``(3, K)``) to the (session, group) spend row and
+        write it; the new row (cached once committed, read from the file the first time)."""
+        row = self._rows.get((session_id, group_id))
+        if row is None:
+            found = self._db.execute(
+                "SELECT answers, mu_squared, max_mu FROM spend WHERE session_id=? AND group_id=?",
+                (session_id, group_id),
+            ).fetchone()
+            row = (
+                np.zeros_like(add)
+                if found is None
+                else np.stack(
+                    [
+                        np.frombuffer(found[0], "<i8").astype(float),
+                        np.frombuffer(found[1], "<f8"),
+                        np.frombuffer(found[2], "<f8"),
+                    ]
+                )
+            )
+        new = np.stack([row[0] + add[0], row[1] + add[1], np.maximum(row[2], add[2])])
         self._db.execute(
             "INSERT OR REPLACE INTO spend(session_id, group_id, answers, mu_squared, max_mu) "
             "VALUES (?,?,?,?,?)",
             (
                 session_id,
                 group_id,
-                answers.astype("<i8").tobytes(),
-                mu2.astype("<f8").tobytes(),
-                max_mu.astype("<f8").tobytes(),
+                new[0].astype("<i8").tobytes(),
+                new[1].astype("<f8").tobytes(),
+                new[2].astype("<f8").tobytes(),
             ),
         )
+        return new
 
     @staticmethod
     def _refuse(

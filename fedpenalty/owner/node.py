@@ -9,7 +9,9 @@ itself, never trusting the coordinator's accounting (docs/design.md §3).
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,15 +31,19 @@ from ..models import ExpFamModel, Model
 from ..privacy import GaussianSpend
 from ..privacy.owner_epsilon import max_gdp_mu_squared, owner_epsilon
 from ..privacy.subsampled import SubsampledGaussian
-from .ledger import Ledger, PlanView
-from .noise import LATTICE_BITS, NoiseKey
+from .ledger import Ledger, Opening, PlanView, Report
+from .noise import LATTICE_BITS, NoiseKey, lattice_gradient_multiplier
 
 
 @dataclass(frozen=True)
 class _OpenSession:
+    """An open session as the owner validated it: ``max_step`` is the largest ‖θ′ − θ‖ its
+    requests may ask (penalty: the declared one, else the policy's; None for other kinds)."""
+
     algorithm: str
     planned_answers: int
     sampling_rate: float | None
+    max_step: float | None = None
 
 
 @dataclass
@@ -84,8 +90,10 @@ class OwnerNode:
         self.ledger = ledger
         self.rng = rng if rng is not None else np.random.default_rng()
         self.noise_key = NoiseKey.from_os() if rng is None and noise_key is None else noise_key
+        #: account by Rényi DP: this owner gives lattice answers, or its ledger holds some
+        self.renyi_accounting = self.lattice or ledger.answered_on_lattice(name)
         self.max_mu_squared = max_gdp_mu_squared(
-            policy.budget_epsilon, policy.delta, policy.neighbour, [], lattice=self.lattice
+            policy.budget_epsilon, policy.delta, policy.neighbour, [], lattice=self.renyi_accounting
         )
         self.stat_sum = (
             model.suff_stat(self.records).sum(axis=0) if isinstance(model, ExpFamModel) else None
@@ -100,6 +108,13 @@ class OwnerNode:
     def lattice(self) -> bool:
         """This owner's log-ratio and statistic answers are exact lattice answers."""
         return self.noise_key is not None
+
+    @property
+    def gradient_noise_multiplier(self) -> float:
+        """The noise multiplier its gradient answers are accounted at: σ, or with lattice noise
+        σ lowered by the most rounding can add (``lattice_gradient_multiplier``)."""
+        sigma = self.policy.sigma
+        return lattice_gradient_multiplier(sigma, self.model.dim) if self.lattice else sigma
 
     # --- public facts ------------------------------------------------------------------------
     @property
@@ -119,13 +134,15 @@ class OwnerNode:
             self.policy,
         )
 
-    def worst_case_mu(self, algorithm: str) -> float:
-        """μ of the most expensive single answer the policy allows for ``algorithm``; with
-        lattice noise, plus the most rounding can add (√w·2^−LATTICE_BITS, whatever host)."""
+    def worst_case_mu(self, algorithm: str, max_step: float | None = None) -> float:
+        """μ of the most expensive single answer the policy allows for ``algorithm`` (log-ratios:
+        at ``max_step``, default the policy's); with lattice noise, plus the most rounding can
+        add (√w·2^−LATTICE_BITS, whatever host)."""
         policy = self.policy
         if algorithm == LOG_RATIO:
             width = 1
-            delta = float(self.model.log_ratio_sensitivity(policy.max_step, policy.neighbour))
+            step = policy.max_step if max_step is None else max_step
+            delta = float(self.model.log_ratio_sensitivity(step, policy.neighbour))
         else:
             assert isinstance(self.model, ExpFamModel)
             width = self.model.stat_dim
@@ -135,51 +152,42 @@ class OwnerNode:
 
     # --- sessions ------------------------------------------------------------------------------
     def open_session(
-        self, session: str, algorithm: str, planned_answers: int, sampling_rate: float | None = None
+        self,
+        session: str,
+        algorithm: str,
+        planned_answers: int,
+        sampling_rate: float | None = None,
+        client: str | None = None,
+        max_step: float | None = None,
     ) -> None:
-        """Open (or resume) a session; refuse a plan whose worst case the budget cannot cover.
+        """Open (or resume) a session; refuse a plan whose worst case the budget cannot cover
+        (``open_sessions`` for this owner alone)."""
+        open_sessions([self], session, algorithm, planned_answers, sampling_rate, client, max_step)
 
-        ``sgmcmc`` sessions name their Poisson ``sampling_rate`` and may then give at most
-        ``planned_answers`` gradient answers (the plan is what the budget is checked for). The
-        check reads spend and reservations from the ledger in the transaction that records the
-        session (docs/design.md §3, invariant 8).
-        """
-        rate = self._check_session_request(session, algorithm, planned_answers, sampling_rate)
-        planned = int(planned_answers)
-        cap = self.ledger.open_session(
-            self.name,
-            session,
-            algorithm,
-            planned,
-            rate,
-            self.policy.sigma,
-            lambda view: self._admit(view, algorithm, planned, rate),
-        )
-        self._sessions[session] = _OpenSession(algorithm, planned, rate)
-        if cap is not None:
-            self.max_mu_squared = cap
-
-    def _admit(
-        self, view: PlanView, algorithm: str, planned_answers: int, rate: float | None
-    ) -> float | None:
+    def _admit(self, view: PlanView, opened: _OpenSession) -> float | None:
         """Refuse the plan unless it fits (``_check_plan``); the μ² Gaussian answers may still
         spend with every gradient answer given or planned, when some Gaussian session is open
         and gradient answers are given or planned (else None: the cap stands)."""
-        committed = self._check_plan(view, algorithm, planned_answers, rate)
-        if view.gaussian_open and (algorithm == SGMCMC or committed):
+        committed = self._check_plan(view, opened)
+        if view.gaussian_open and (opened.algorithm == SGMCMC or committed):
             return max_gdp_mu_squared(
                 self.policy.budget_epsilon,
                 self.policy.delta,
                 self.policy.neighbour,
                 committed,
-                lattice=self.lattice,
+                lattice=self.renyi_accounting,
             )
         return None
 
     def _check_session_request(
-        self, session: str, algorithm: str, planned_answers: int, sampling_rate: float | None
-    ) -> float | None:
-        """``InvalidRequest`` for a malformed session request; the session's sampling rate."""
+        self,
+        session: str,
+        algorithm: str,
+        planned_answers: int,
+        sampling_rate: float | None,
+        max_step: float | None = None,
+    ) -> _OpenSession:
+        """``InvalidRequest`` for a malformed session request; else the session to record."""
         if not isinstance(session, str) or not session or len(session) > 128:
             raise InvalidRequest(
                 "session id must be a non-empty string of at most 128 characters", self.name
@@ -205,12 +213,13 @@ class OwnerNode:
                 f"planned_answers must be a non-negative integer, got {planned_answers!r}",
                 self.name,
             )
+        step = self._check_session_step(algorithm, max_step)
         if algorithm != SGMCMC:
             if sampling_rate is not None:
                 raise InvalidRequest(
                     f"only sgmcmc sessions take a sampling_rate, not {algorithm!r}", self.name
                 )
-            return None
+            return _OpenSession(algorithm, int(planned_answers), None, step)
         q, limit = sampling_rate, self.policy.max_sampling_rate
         if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0 < q <= limit:
             raise InvalidRequest(
@@ -218,23 +227,50 @@ class OwnerNode:
                 f"max_sampling_rate), got {q!r}",
                 self.name,
             )
-        return float(q)
+        return _OpenSession(algorithm, int(planned_answers), float(q), None)
 
-    def _check_plan(
-        self, view: PlanView, algorithm: str, planned_answers: int, rate: float | None
-    ) -> list[SubsampledGaussian]:
-        """``BudgetExhausted`` unless the plan's worst case fits the budget with everything
-        spent and reserved (``view``); returns the gradient answers given, held by other
-        sessions and (sgmcmc) planned by this one."""
+    def _check_session_step(self, algorithm: str, max_step: float | None) -> float | None:
+        """The session's largest step: the declared ``max_step`` (penalty sessions only, in
+        [min_step, the policy's max_step]) or the policy's; None for other kinds."""
+        policy = self.policy
+        if algorithm != LOG_RATIO:
+            if max_step is not None:
+                raise InvalidRequest(
+                    f"only penalty sessions declare a max_step, not {algorithm!r}", self.name
+                )
+            return None
+        if max_step is None:
+            return policy.max_step
+        ok = isinstance(max_step, (int, float)) and not isinstance(max_step, bool)
+        if not ok or not policy.min_step <= max_step <= policy.max_step:
+            raise InvalidRequest(
+                f"the session's max_step {max_step!r} must lie in [{policy.min_step:g}, "
+                f"{policy.max_step:g}] (this owner's min_step and max_step)",
+                self.name,
+            )
+        return float(max_step)
+
+    def _check_plan(self, view: PlanView, opened: _OpenSession) -> list[SubsampledGaussian]:
+        """``BudgetExhausted`` unless the plan's worst case (at the session's max step) fits the
+        budget with everything spent and reserved (``view``); returns the gradient answers
+        given, held by other sessions and (sgmcmc) planned by this one."""
+        algorithm, planned_answers, rate = (
+            opened.algorithm,
+            opened.planned_answers,
+            opened.sampling_rate,
+        )
         existing = view.existing
         already = existing.spend.answers + sum(e.count for e in existing.sampled) if existing else 0
         remaining = max(planned_answers - already, 0)
         total, committed = view.total, view.sampled + view.reserved
         if rate is not None:
-            committed = [*committed, SubsampledGaussian(rate, self.policy.sigma, remaining)]
+            committed = [
+                *committed,
+                SubsampledGaussian(rate, self.gradient_noise_multiplier, remaining),
+            ]
             worst_spend = total
         else:
-            worst_mu = self.worst_case_mu(algorithm)
+            worst_mu = self.worst_case_mu(algorithm, opened.max_step)
             worst_spend = GaussianSpend(
                 total.answers + remaining,
                 total.mu_squared + remaining * worst_mu**2,
@@ -242,25 +278,28 @@ class OwnerNode:
             )
         policy = self.policy
         worst, _ = owner_epsilon(
-            worst_spend, committed, policy.delta, policy.neighbour, self.lattice
+            worst_spend, committed, policy.delta, policy.neighbour, self.renyi_accounting
         )
         if worst > policy.budget_epsilon:
             now, _ = owner_epsilon(
-                total, view.sampled, policy.delta, policy.neighbour, self.lattice
+                total, view.sampled, policy.delta, policy.neighbour, self.renyi_accounting
             )
             raise BudgetExhausted(
-                f"refusing a plan of {planned_answers} {algorithm} answers: in the worst case its "
-                f"policy allows it would take ε from {now:.4g} to {worst:.4g} at "
-                f"δ={policy.delta:g}, past the budget ε={policy.budget_epsilon:g}",
+                f"refusing a plan of {planned_answers} {algorithm} answers: in the worst case "
+                f"{self._worst_case_words(opened)} it would take ε from {now:.4g} to "
+                f"{worst:.4g} at δ={policy.delta:g}, past the budget ε={policy.budget_epsilon:g}",
                 self.name,
                 epsilon_left=max(policy.budget_epsilon - now, 0.0),
             )
         return committed
 
+    def _worst_case_words(self, opened: _OpenSession) -> str:
+        if opened.max_step is not None:
+            return f"(every step at max_step {opened.max_step:g})"
+        return "its policy allows"
+
     def close_session(self, session: str) -> None:
-        self.require_session(session, None)
-        self.ledger.close_session(self.name, session)
-        del self._sessions[session]
+        close_sessions([self], session)
 
     def open_session_record(self, session: str) -> _OpenSession | None:
         return self._sessions.get(session)
@@ -295,28 +334,26 @@ class OwnerNode:
 
     # --- privacy -------------------------------------------------------------------------------
     def privacy_report(self, session: str | None = None) -> PrivacyReport:
-        delta = self.policy.delta
+        return privacy_reports([self], session)[0]
+
+    def _report(self, record: Report, session: str | None) -> PrivacyReport:
+        """This owner's report from what its ledger recorded (``record``)."""
+        delta, neighbour = self.policy.delta, self.policy.neighbour
         session_report = None
         if session is not None:
-            record = self.ledger.session(self.name, session)
-            if record is None:
+            if record.session is None:
                 raise UnknownSession(f"unknown session {session!r}", self.name)
-            session_report = SpendReport.of(
-                record.spend, record.sampled, delta, self.policy.neighbour, self.lattice
-            )
+            spend, sampled = record.session
+            session_report = SpendReport.of(spend, sampled, delta, neighbour, self.renyi_accounting)
         total = SpendReport.of(
-            self.ledger.total(self.name),
-            self.ledger.sampled(self.name),
-            delta,
-            self.policy.neighbour,
-            self.lattice,
+            record.total, record.sampled, delta, neighbour, self.renyi_accounting
         )
         return PrivacyReport(
             self.name,
             self.public_n,
             delta,
             self.policy.budget_epsilon,
-            self.policy.neighbour,
+            neighbour,
             total,
             session_report,
         )
@@ -326,3 +363,90 @@ class OwnerNode:
         if self.diagnostics is None:
             raise InvalidRequest("simulation diagnostics are off for this owner", self.name)
         return self.diagnostics
+
+
+# --- many owners at once: one ledger transaction (or query set) per ledger ----------------------
+#: Bumped whenever any owner opens or closes a session: hosts re-validate their cached sessions
+#: only when it moved (docs/design.md §4, the host's hot path).
+SESSION_EVENTS = [0]
+
+
+def _by_ledger(nodes: Sequence[OwnerNode]) -> list[list[OwnerNode]]:
+    groups: dict[int, list[OwnerNode]] = {}
+    for node in nodes:
+        groups.setdefault(id(node.ledger), []).append(node)
+    return list(groups.values())
+
+
+def open_sessions(
+    nodes: Sequence[OwnerNode],
+    session: str,
+    algorithm: str,
+    planned_answers: int,
+    sampling_rate: float | None = None,
+    client: str | None = None,
+    max_step: float | None = None,
+) -> None:
+    """Open (or resume) ``session`` at every node; refuse a plan whose worst case some node's
+    budget cannot cover.
+
+    ``sgmcmc`` sessions name their Poisson ``sampling_rate`` and may then give at most
+    ``planned_answers`` gradient answers (the plan is what the budget is checked for).
+    ``penalty`` sessions may declare ``max_step`` (≤ each owner's): the plan is checked at that
+    step and every request held to it. The checks read spend and reservations from each ledger
+    in the one transaction that records the sessions of its owners (docs/design.md §3,
+    invariant 8); a refusal by any owner of a ledger records nothing in it. ``client``: who
+    opens it (bound to the session in the ledger).
+    """
+    requests = [
+        n._check_session_request(session, algorithm, planned_answers, sampling_rate, max_step)
+        for n in nodes
+    ]
+    SESSION_EVENTS[0] += 1
+    positions = {id(n): i for i, n in enumerate(nodes)}
+    for group in _by_ledger(nodes):
+        opened = [requests[positions[id(n)]] for n in group]
+        openings = [
+            Opening(
+                n.name,
+                n.gradient_noise_multiplier,
+                n.lattice,
+                functools.partial(n._admit, opened=o),
+            )
+            for n, o in zip(group, opened)
+        ]
+        first = opened[0]
+        caps = group[0].ledger.open_sessions(
+            openings,
+            session,
+            algorithm,
+            first.planned_answers,
+            first.sampling_rate,
+            client,
+            max_step,
+        )
+        for node, o, cap in zip(group, opened, caps):
+            node._sessions[session] = o
+            if cap is not None:
+                node.max_mu_squared = cap
+
+
+def close_sessions(nodes: Sequence[OwnerNode], session: str) -> None:
+    """Close ``session`` at every node (each must have it open): plans no longer hold budget."""
+    for node in nodes:
+        node.require_session(session, None)
+    SESSION_EVENTS[0] += 1
+    for group in _by_ledger(nodes):
+        group[0].ledger.close_sessions([n.name for n in group], session)
+        for node in group:
+            del node._sessions[session]
+
+
+def privacy_reports(nodes: Sequence[OwnerNode], session: str | None = None) -> list[PrivacyReport]:
+    """Every node's privacy report (in node order), read from each ledger at once."""
+    reports: dict[int, PrivacyReport] = {}
+    for group in _by_ledger(nodes):
+        records = group[0].ledger.reports([n.name for n in group], session)
+        for node, record in zip(group, records):
+            reports[id(node)] = node._report(record, session)
+    return [reports[id(node)] for node in nodes]

@@ -878,6 +878,19 @@ def lattice_sensitivity(delta: float, gamma: float, width: int) -> float:
     return math.nextafter(delta + gamma * math.sqrt(width), math.inf)
 
 
+def lattice_gradient_multiplier(sigma: float, width: int) -> float:
+    """The noise multiplier to account for lattice gradient answers (rounded down).
+
+    A gradient answer adds N_ℤ-noise of sd σ·C (C the clip) to a sum rounded to γℤ^w with
+    γ ≤ σ·C·2^−LATTICE_BITS (the host's choice), so adding one record moves it by at most
+    C + γ√w ≤ C(1 + √w·σ·2^−LATTICE_BITS): against a per-record contribution of C the noise
+    multiplier is σ/(1 + √w·σ·2^−LATTICE_BITS), whatever the clip.
+    """
+    if not (math.isfinite(sigma) and sigma > 0) or width < 1:
+        raise ValueError(f"need finite σ > 0 and width >= 1, got σ={sigma!r}, w={width!r}")
+    return math.nextafter(sigma / (1.0 + math.sqrt(width) * sigma * 2.0**-LATTICE_BITS), 0.0)
+
+
 def noisy_lattice_answers(
     source: WordSource,
     session: str,
@@ -948,3 +961,24 @@ def uniforms(
     shape, (o, c, it, _) = _addresses(source, owner, chain, iteration, 0)
     words = source.stream_words("uniform", session, kind, o, c, it, count)
     return np.ldexp((words >> _U64(11)).astype(float), -53).reshape((*shape, count))
+
+
+def poisson_sample(
+    source: WordSource,
+    session: str,
+    kind: str,
+    q: float,
+    count: int,
+    *,
+    owner: npt.ArrayLike,
+    chain: npt.ArrayLike,
+    iteration: npt.ArrayLike,
+) -> np.ndarray:
+    """Keyed Poisson sampling of ``count`` records: bool ``(…, count)``, record i included iff
+    U_i + 2^−53 ≤ q for its keyed uniform U_i = k·2^−53 (``uniforms``), i.e. with probability
+    ⌊q·2^53⌋/2^53 ≤ q — never more than the rate the owner accounts. A key's sample does not
+    depend on anything drawn before it, so a resumed run draws the same records."""
+    if not 0.0 < q <= 1.0:
+        raise ValueError(f"q must be in (0, 1], got {q!r}")
+    u = uniforms(source, session, kind, count, owner=owner, chain=chain, iteration=iteration)
+    return u + 2.0**-53 <= q

@@ -66,12 +66,16 @@ class OwnerServicer(pb_grpc.OwnerServicer):
         self._work = ThreadPoolExecutor(max_workers=1, thread_name_prefix="owner-host")
         self._ledgers = list({id(node.ledger): node.ledger for node in host.nodes}.values())
         self._serving = True
+        self._recovery: asyncio.Task | None = None
+        #: seconds between probe writes while a ledger is unwritable
+        self.probe_seconds = 2.0
 
     # --- storage health -------------------------------------------------------------------
     async def _report_storage(self) -> None:
-        """Health NOT_SERVING while some ledger cannot be written, SERVING again once its next
-        write succeeds; checked after every request (a ledger's ``writable`` is set by its
-        last write)."""
+        """Health NOT_SERVING while some ledger cannot be written, SERVING again once it can;
+        checked after every request (a ledger's ``writable`` is set by its last write) and,
+        while not serving, by a probe write every ``probe_seconds`` (``_recover``), so health
+        recovers without waiting for a request that a health-checking client would not send."""
         serving = all(ledger.writable for ledger in self._ledgers)
         if self._health is None or serving == self._serving:
             return
@@ -82,6 +86,18 @@ class OwnerServicer(pb_grpc.OwnerServicer):
         )
         for name in ("", SERVICE):
             await self._health.set(name, status)
+        if not serving and (self._recovery is None or self._recovery.done()):
+            self._recovery = asyncio.get_running_loop().create_task(self._recover())
+
+    async def _recover(self) -> None:
+        """Probe the unwritable ledgers (on the host's worker thread) until all can be written."""
+        loop = asyncio.get_running_loop()
+        while not all(ledger.writable for ledger in self._ledgers):
+            await asyncio.sleep(self.probe_seconds)
+            for ledger in self._ledgers:
+                if not ledger.writable:
+                    await loop.run_in_executor(self._work, ledger.probe)
+        await self._report_storage()
 
     async def _unary(self, context: grpc.aio.ServicerContext, call: Callable):
         """Run ``call`` off the event loop (``_work``); an owner refusal becomes its status code
@@ -128,8 +144,13 @@ class OwnerServicer(pb_grpc.OwnerServicer):
 
     def _open(self, request: pb.OpenSessionRequest, client: str | None) -> None:
         rate = request.sampling_rate if request.HasField("sampling_rate") else None
+        step = request.max_step if request.HasField("max_step") else None
         session = self._own(request.session, client)
-        self.host.open_session(session, request.algorithm, request.planned_answers, rate)
+        # the ledger binds the session to ``client`` too, so a restarted server still refuses
+        # another client's re-open
+        self.host.open_session(
+            session, request.algorithm, request.planned_answers, rate, client, step
+        )
         if client is not None:
             self._opened_by[session] = client
 

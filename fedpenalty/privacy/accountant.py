@@ -27,7 +27,10 @@ Gaussian with lattice-unit sensitivity Δ/γ and scale σ/γ has the same Rényi
 a term τ·d for d-dimensional answers with τ ≤ 10 (σ/γ)² e^(−π²(σ/γ)²), below 10^(−10¹²) at
 σ/γ ≥ 2²⁰ and so nothing a float can hold), and Rényi DP composes by adding, so the Gaussian
 answers enter as one Gaussian of total μ. The exact μ-GDP curve is not used for them: it is
-proved for the continuous Gaussian only.
+proved for the continuous Gaussian only. Lattice *gradient* answers (Poisson-subsampled
+discrete Gaussians) are accounted by the general subsampled-RDP bounds of ``subsampled_rdp``
+(Zhu & Wang 2019, and a ternary bound for replace-one), composed with the Gaussian answers at
+integer orders.
 
 Accountants are immutable and hashable: ``compose_*`` return new objects, and ε is memoised
 per (accountant, δ), so the many owners of one host asking the same question pay once.
@@ -49,6 +52,7 @@ from .gaussian import check_delta, check_epsilon, check_positive, mu_for_epsilon
 from .spend import GaussianSpend
 from .subsampled import SubsampledGaussian, as_events
 from .subsampled import epsilon as sampled_epsilon
+from .subsampled_rdp import ORDERS, epsilon_from_rdp, subsampled_gaussian_rdp
 
 __all__ = ["PLD_EPSILON_LIMIT", "AccountantName", "OwnerAccountant"]
 
@@ -124,6 +128,8 @@ def _account(acc: OwnerAccountant, delta: float) -> tuple[float, AccountantName]
     lattice_answers = acc.lattice and acc.gaussian.mu_squared > 0
     if not acc.sampled and not lattice_answers:
         return acc.gaussian.epsilon(delta), "gdp"
+    if acc.lattice and acc.sampled:
+        return _lattice_rdp_epsilon(acc, delta), "rdp"
     events = list(acc.sampled)
     if acc.gaussian.mu_squared > 0:
         factor = 2.0 if acc.neighbour == "replace_one" else 1.0
@@ -133,6 +139,19 @@ def _account(acc: OwnerAccountant, delta: float) -> tuple[float, AccountantName]
         return bound, "rdp"
     pld = sampled_epsilon(events, delta, neighbour=acc.neighbour)
     return (pld, "pld") if pld <= bound else (bound, "rdp")
+
+
+def _lattice_rdp_epsilon(acc: OwnerAccountant, delta: float) -> float:
+    """ε at ``delta`` of lattice answers with gradient answers among them: every subsampled
+    discrete-Gaussian row by the general bounds of ``subsampled_rdp`` (the continuous Gaussian's
+    tight analysis does not carry over), plus the Gaussian answers' RDP α·Σμ²/2, composed at
+    integer orders (docs/design.md §2.7)."""
+    rdp = np.asarray(ORDERS, dtype=float) * acc.gaussian.mu_squared / 2.0
+    for e in acc.sampled:
+        rdp = rdp + e.count * subsampled_gaussian_rdp(
+            e.sampling_rate, e.noise_multiplier, acc.neighbour
+        )
+    return epsilon_from_rdp(rdp, check_delta(delta))
 
 
 @functools.lru_cache(maxsize=1024)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x66\x65\x64penalty/v1/owner.proto\x12\rfedpenalty.v1\"\xf5\x01\n\x06Policy\x12\r\n\x05sigma\x18\x01 \x01(\x01\x12\x10\n\x08max_step\x18\x02 \x01(\x01\x12\x16\n\x0e\x62udget_epsilon\x18\x03 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x04 \x01(\x01\x12\x11\n\tneighbour\x18\x05 \x01(\t\x12\x1f\n\x17max_answers_per_request\x18\x06 \x01(\x03\x12\x19\n\x11max_sampling_rate\x18\x07 \x01(\x01\x12\x10\n\x08max_clip\x18\x08 \x01(\x01\x12\x10\n\x08min_step\x18\t \x01(\x01\x12\x10\n\x08min_clip\x18\n \x01(\x01\x12\x1e\n\x16max_record_evaluations\x18\x0b \x01(\x03\"\x82\x01\n\tOwnerInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x19\n\x11model_params_json\x18\x03 \x01(\t\x12\x0b\n\x03\x64im\x18\x04 \x01(\x05\x12\t\n\x01n\x18\x05 \x01(\x03\x12%\n\x06policy\x18\x06 \x01(\x0b\x32\x15.fedpenalty.v1.Policy\"\x11\n\x0f\x44\x65scribeRequest\"9\n\rDescribeReply\x12(\n\x06owners\x18\x01 \x03(\x0b\x32\x18.fedpenalty.v1.OwnerInfo\"\x7f\n\x12OpenSessionRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x11\n\talgorithm\x18\x02 \x01(\t\x12\x17\n\x0fplanned_answers\x18\x03 \x01(\x03\x12\x1a\n\rsampling_rate\x18\x04 \x01(\x01H\x00\x88\x01\x01\x42\x10\n\x0e_sampling_rate\"\x12\n\x10OpenSessionReply\"&\n\x13\x43loseSessionRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\"\x13\n\x11\x43loseSessionReply\"h\n\x0fLogRatioRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x11\n\titeration\x18\x02 \x01(\x03\x12\x0e\n\x06\x63hains\x18\x03 \x03(\x03\x12\r\n\x05theta\x18\x04 \x03(\x01\x12\x12\n\ntheta_prop\x18\x05 \x03(\x01\"Q\n\x10SuffStatsRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0e\n\x06\x63hains\x18\x02 \x03(\x03\x12\r\n\x05start\x18\x03 \x01(\x03\x12\r\n\x05\x62lock\x18\x04 \x01(\x03\"b\n\x0fGradientRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x11\n\titeration\x18\x02 \x01(\x03\x12\x0e\n\x06\x63hains\x18\x03 \x03(\x03\x12\r\n\x05theta\x18\x04 \x03(\x01\x12\x0c\n\x04\x63lip\x18\x05 \x01(\x01\":\n\x07\x41nswers\x12\x0e\n\x06values\x18\x01 \x03(\x01\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x10\n\x08noise_sd\x18\x03 \x03(\x01\"\\\n\x07Refusal\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\r\n\x05owner\x18\x04 \x01(\t\x12\x14\n\x0c\x65psilon_left\x18\x05 \x01(\x01\"\xc3\x01\n\x0cQueryRequest\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x33\n\tlog_ratio\x18\x02 \x01(\x0b\x32\x1e.fedpenalty.v1.LogRatioRequestH\x00\x12\x35\n\nsuff_stats\x18\x03 \x01(\x0b\x32\x1f.fedpenalty.v1.SuffStatsRequestH\x00\x12\x32\n\x08gradient\x18\x04 \x01(\x0b\x32\x1e.fedpenalty.v1.GradientRequestH\x00\x42\x07\n\x05query\"x\n\nQueryReply\x12\n\n\x02id\x18\x01 \x01(\x04\x12)\n\x07\x61nswers\x18\x02 \x01(\x0b\x32\x16.fedpenalty.v1.AnswersH\x00\x12)\n\x07refusal\x18\x03 \x01(\x0b\x32\x16.fedpenalty.v1.RefusalH\x00\x42\x08\n\x06result\"\'\n\x14PrivacyReportRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\"f\n\x05Spend\x12\x0f\n\x07\x61nswers\x18\x01 \x01(\x03\x12\n\n\x02mu\x18\x02 \x01(\x01\x12\x0f\n\x07\x65psilon\x18\x03 \x01(\x01\x12\x1b\n\x13\x65psilon_paper_bound\x18\x04 \x01(\x01\x12\x12\n\naccountant\x18\x05 \x01(\t\"\xae\x01\n\x0cOwnerPrivacy\x12\r\n\x05owner\x18\x01 \x01(\t\x12\t\n\x01n\x18\x02 \x01(\x03\x12\r\n\x05\x64\x65lta\x18\x03 \x01(\x01\x12\x16\n\x0e\x62udget_epsilon\x18\x04 \x01(\x01\x12\x11\n\tneighbour\x18\x05 \x01(\t\x12#\n\x05total\x18\x06 \x01(\x0b\x32\x14.fedpenalty.v1.Spend\x12%\n\x07session\x18\x07 \x01(\x0b\x32\x14.fedpenalty.v1.Spend\"A\n\x12PrivacyReportReply\x12+\n\x06owners\x18\x01 \x03(\x0b\x32\x1b.fedpenalty.v1.OwnerPrivacy2\xe6\x04\n\x05Owner\x12H\n\x08\x44\x65scribe\x12\x1e.fedpenalty.v1.DescribeRequest\x1a\x1c.fedpenalty.v1.DescribeReply\x12Q\n\x0bOpenSession\x12!.fedpenalty.v1.OpenSessionRequest\x1a\x1f.fedpenalty.v1.OpenSessionReply\x12T\n\x0c\x43loseSession\x12\".fedpenalty.v1.CloseSessionRequest\x1a .fedpenalty.v1.CloseSessionReply\x12\x42\n\x08LogRatio\x12\x1e.fedpenalty.v1.LogRatioRequest\x1a\x16.fedpenalty.v1.Answers\x12\x44\n\tSuffStats\x12\x1f.fedpenalty.v1.SuffStatsRequest\x1a\x16.fedpenalty.v1.Answers\x12\x42\n\x08Gradient\x12\x1e.fedpenalty.v1.GradientRequest\x1a\x16.fedpenalty.v1.Answers\x12W\n\rPrivacyReport\x12#.fedpenalty.v1.PrivacyReportRequest\x1a!.fedpenalty.v1.PrivacyReportReply\x12\x43\n\x05Query\x12\x1b.fedpenalty.v1.QueryRequest\x1a\x19.fedpenalty.v1.QueryReply(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x66\x65\x64penalty/v1/owner.proto\x12\rfedpenalty.v1\"\xf5\x01\n\x06Policy\x12\r\n\x05sigma\x18\x01 \x01(\x01\x12\x10\n\x08max_step\x18\x02 \x01(\x01\x12\x16\n\x0e\x62udget_epsilon\x18\x03 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x04 \x01(\x01\x12\x11\n\tneighbour\x18\x05 \x01(\t\x12\x1f\n\x17max_answers_per_request\x18\x06 \x01(\x03\x12\x19\n\x11max_sampling_rate\x18\x07 \x01(\x01\x12\x10\n\x08max_clip\x18\x08 \x01(\x01\x12\x10\n\x08min_step\x18\t \x01(\x01\x12\x10\n\x08min_clip\x18\n \x01(\x01\x12\x1e\n\x16max_record_evaluations\x18\x0b \x01(\x03\"\x82\x01\n\tOwnerInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x19\n\x11model_params_json\x18\x03 \x01(\t\x12\x0b\n\x03\x64im\x18\x04 \x01(\x05\x12\t\n\x01n\x18\x05 \x01(\x03\x12%\n\x06policy\x18\x06 \x01(\x0b\x32\x15.fedpenalty.v1.Policy\"\x11\n\x0f\x44\x65scribeRequest\"9\n\rDescribeReply\x12(\n\x06owners\x18\x01 \x03(\x0b\x32\x18.fedpenalty.v1.OwnerInfo\"\xa3\x01\n\x12OpenSessionRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x11\n\talgorithm\x18\x02 \x01(\t\x12\x17\n\x0fplanned_answers\x18\x03 \x01(\x03\x12\x1a\n\rsampling_rate\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x15\n\x08max_step\x18\x05 \x01(\x01H\x01\x88\x01\x01\x42\x10\n\x0e_sampling_rateB\x0b\n\t_max_step\"\x12\n\x10OpenSessionReply\"&\n\x13\x43loseSessionRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\"\x13\n\x11\x43loseSessionReply\"h\n\x0fLogRatioRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x11\n\titeration\x18\x02 \x01(\x03\x12\x0e\n\x06\x63hains\x18\x03 \x03(\x03\x12\r\n\x05theta\x18\x04 \x03(\x01\x12\x12\n\ntheta_prop\x18\x05 \x03(\x01\"Q\n\x10SuffStatsRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0e\n\x06\x63hains\x18\x02 \x03(\x03\x12\r\n\x05start\x18\x03 \x01(\x03\x12\r\n\x05\x62lock\x18\x04 \x01(\x03\"b\n\x0fGradientRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x11\n\titeration\x18\x02 \x01(\x03\x12\x0e\n\x06\x63hains\x18\x03 \x03(\x03\x12\r\n\x05theta\x18\x04 \x03(\x01\x12\x0c\n\x04\x63lip\x18\x05 \x01(\x01\":\n\x07\x41nswers\x12\x0e\n\x06values\x18\x01 \x03(\x01\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x10\n\x08noise_sd\x18\x03 \x03(\x01\"\\\n\x07Refusal\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\r\n\x05owner\x18\x04 \x01(\t\x12\x14\n\x0c\x65psilon_left\x18\x05 \x01(\x01\"\xc3\x01\n\x0cQueryRequest\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x33\n\tlog_ratio\x18\x02 \x01(\x0b\x32\x1e.fedpenalty.v1.LogRatioRequestH\x00\x12\x35\n\nsuff_stats\x18\x03 \x01(\x0b\x32\x1f.fedpenalty.v1.SuffStatsRequestH\x00\x12\x32\n\x08gradient\x18\x04 \x01(\x0b\x32\x1e.fedpenalty.v1.GradientRequestH\x00\x42\x07\n\x05query\"x\n\nQueryReply\x12\n\n\x02id\x18\x01 \x01(\x04\x12)\n\x07\x61nswers\x18\x02 \x01(\x0b\x32\x16.fedpenalty.v1.AnswersH\x00\x12)\n\x07refusal\x18\x03 \x01(\x0b\x32\x16.fedpenalty.v1.RefusalH\x00\x42\x08\n\x06result\"\'\n\x14PrivacyReportRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\"f\n\x05Spend\x12\x0f\n\x07\x61nswers\x18\x01 \x01(\x03\x12\n\n\x02mu\x18\x02 \x01(\x01\x12\x0f\n\x07\x65psilon\x18\x03 \x01(\x01\x12\x1b\n\x13\x65psilon_paper_bound\x18\x04 \x01(\x01\x12\x12\n\naccountant\x18\x05 \x01(\t\"\xae\x01\n\x0cOwnerPrivacy\x12\r\n\x05owner\x18\x01 \x01(\t\x12\t\n\x01n\x18\x02 \x01(\x03\x12\r\n\x05\x64\x65lta\x18\x03 \x01(\x01\x12\x16\n\x0e\x62udget_epsilon\x18\x04 \x01(\x01\x12\x11\n\tneighbour\x18\x05 \x01(\t\x12#\n\x05total\x18\x06 \x01(\x0b\x32\x14.fedpenalty.v1.Spend\x12%\n\x07session\x18\x07 \x01(\x0b\x32\x14.fedpenalty.v1.Spend\"A\n\x12PrivacyReportReply\x12+\n\x06owners\x18\x01 \x03(\x0b\x32\x1b.fedpenalty.v1.OwnerPrivacy2\xe6\x04\n\x05Owner\x12H\n\x08\x44\x65scribe\x12\x1e.fedpenalty.v1.DescribeRequest\x1a\x1c.fedpenalty.v1.DescribeReply\x12Q\n\x0bOpenSession\x12!.fedpenalty.v1.OpenSessionRequest\x1a\x1f.fedpenalty.v1.OpenSessionReply\x12T\n\x0c\x43loseSession\x12\".fedpenalty.v1.CloseSessionRequest\x1a .fedpenalty.v1.CloseSessionReply\x12\x42\n\x08LogRatio\x12\x1e.fedpenalty.v1.LogRatioRequest\x1a\x16.fedpenalty.v1.Answers\x12\x44\n\tSuffStats\x12\x1f.fedpenalty.v1.SuffStatsRequest\x1a\x16.fedpenalty.v1.Answers\x12\x42\n\x08Gradient\x12\x1e.fedpenalty.v1.GradientRequest\x1a\x16.fedpenalty.v1.Answers\x12W\n\rPrivacyReport\x12#.fedpenalty.v1.PrivacyReportRequest\x1a!.fedpenalty.v1.PrivacyReportReply\x12\x43\n\x05Query\x12\x1b.fedpenalty.v1.QueryRequest\x1a\x19.fedpenalty.v1.QueryReply(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,36 +39,36 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DESCRIBEREQUEST']._serialized_end=442
   _globals['_DESCRIBEREPLY']._serialized_start=444
   _globals['_DESCRIBEREPLY']._serialized_end=501
-  _globals['_OPENSESSIONREQUEST']._serialized_start=503
-  _globals['_OPENSESSIONREQUEST']._serialized_end=630
-  _globals['_OPENSESSIONREPLY']._serialized_start=632
-  _globals['_OPENSESSIONREPLY']._serialized_end=650
-  _globals['_CLOSESESSIONREQUEST']._serialized_start=652
-  _globals['_CLOSESESSIONREQUEST']._serialized_end=690
-  _globals['_CLOSESESSIONREPLY']._serialized_start=692
-  _globals['_CLOSESESSIONREPLY']._serialized_end=711
-  _globals['_LOGRATIOREQUEST']._serialized_start=713
-  _globals['_LOGRATIOREQUEST']._serialized_end=817
-  _globals['_SUFFSTATSREQUEST']._serialized_start=819
-  _globals['_SUFFSTATSREQUEST']._serialized_end=900
-  _globals['_GRADIENTREQUEST']._serialized_start=902
-  _globals['_GRADIENTREQUEST']._serialized_end=1000
-  _globals['_ANSWERS']._serialized_start=1002
-  _globals['_ANSWERS']._serialized_end=1060
-  _globals['_REFUSAL']._serialized_start=1062
-  _globals['_REFUSAL']._serialized_end=1154
-  _globals['_QUERYREQUEST']._serialized_start=1157
-  _globals['_QUERYREQUEST']._serialized_end=1352
-  _globals['_QUERYREPLY']._serialized_start=1354
-  _globals['_QUERYREPLY']._serialized_end=1474
-  _globals['_PRIVACYREPORTREQUEST']._serialized_start=1476
-  _globals['_PRIVACYREPORTREQUEST']._serialized_end=1515
-  _globals['_SPEND']._serialized_start=1517
-  _globals['_SPEND']._serialized_end=1619
-  _globals['_OWNERPRIVACY']._serialized_start=1622
-  _globals['_OWNERPRIVACY']._serialized_end=1796
-  _globals['_PRIVACYREPORTREPLY']._serialized_start=1798
-  _globals['_PRIVACYREPORTREPLY']._serialized_end=1863
-  _globals['_OWNER']._serialized_start=1866
-  _globals['_OWNER']._serialized_end=2480
+  _globals['_OPENSESSIONREQUEST']._serialized_start=504
+  _globals['_OPENSESSIONREQUEST']._serialized_end=667
+  _globals['_OPENSESSIONREPLY']._serialized_start=669
+  _globals['_OPENSESSIONREPLY']._serialized_end=687
+  _globals['_CLOSESESSIONREQUEST']._serialized_start=689
+  _globals['_CLOSESESSIONREQUEST']._serialized_end=727
+  _globals['_CLOSESESSIONREPLY']._serialized_start=729
+  _globals['_CLOSESESSIONREPLY']._serialized_end=748
+  _globals['_LOGRATIOREQUEST']._serialized_start=750
+  _globals['_LOGRATIOREQUEST']._serialized_end=854
+  _globals['_SUFFSTATSREQUEST']._serialized_start=856
+  _globals['_SUFFSTATSREQUEST']._serialized_end=937
+  _globals['_GRADIENTREQUEST']._serialized_start=939
+  _globals['_GRADIENTREQUEST']._serialized_end=1037
+  _globals['_ANSWERS']._serialized_start=1039
+  _globals['_ANSWERS']._serialized_end=1097
+  _globals['_REFUSAL']._serialized_start=1099
+  _globals['_REFUSAL']._serialized_end=1191
+  _globals['_QUERYREQUEST']._serialized_start=1194
+  _globals['_QUERYREQUEST']._serialized_end=1389
+  _globals['_QUERYREPLY']._serialized_start=1391
+  _globals['_QUERYREPLY']._serialized_end=1511
+  _globals['_PRIVACYREPORTREQUEST']._serialized_start=1513
+  _globals['_PRIVACYREPORTREQUEST']._serialized_end=1552
+  _globals['_SPEND']._serialized_start=1554
+  _globals['_SPEND']._serialized_end=1656
+  _globals['_OWNERPRIVACY']._serialized_start=1659
+  _globals['_OWNERPRIVACY']._serialized_end=1833
+  _globals['_PRIVACYREPORTREPLY']._serialized_start=1835
+  _globals['_PRIVACYREPORTREPLY']._serialized_end=1900
+  _globals['_OWNER']._serialized_start=1903
+  _globals['_OWNER']._serialized_end=2517
 # @@protoc_insertion_point(module_scope)
