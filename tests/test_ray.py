@@ -137,12 +137,12 @@ def test_a_killed_actor_stops_the_run_naming_its_owners_and_keeps_the_checkpoint
     calls = {"log_ratio": 0}
     call = RayHosts.call
 
-    def killing(self, method, *args):
+    def killing(self, method, *args, **kwargs):
         if method == "log_ratio":
             calls["log_ratio"] += 1
             if calls["log_ratio"] == 120:  # iteration 119 (0-based) finds actor 1 dead
                 ray.kill(self.actors[1])
-        return call(self, method, *args)
+        return call(self, method, *args, **kwargs)
 
     monkeypatch.setattr(RayHosts, "call", killing)
     result = simulate(tmp_path, "run", "run.transport='ray'", "run.checkpoint_every=50")

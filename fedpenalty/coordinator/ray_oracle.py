@@ -50,9 +50,17 @@ class RayOracle:
         planned_answers: int,
         session: str | None = None,
         sampling_rate: float | None = None,
+        max_step: float | None = None,
     ) -> str:
         session = session or uuid.uuid4().hex
-        self._each("open_session", session, algorithm, planned_answers, sampling_rate)
+        self._each(
+            "open_session",
+            session,
+            algorithm,
+            planned_answers,
+            sampling_rate,
+            max_step=max_step,
+        )
         self.session = session
         return session
 
@@ -110,9 +118,9 @@ class RayOracle:
             raise RuntimeError("open_session must be called first")
         return self.session
 
-    def _each(self, method: str, *args: Any) -> list[Any]:
-        """``OwnerHost.method(*args)`` on every actor; the first refusal is raised."""
-        return self.hosts.raise_failures(self.hosts.call(method, *args))
+    def _each(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """``OwnerHost.method(*args, **kwargs)`` on every actor; the first refusal is raised."""
+        return self.hosts.raise_failures(self.hosts.call(method, *args, **kwargs))
 
     def _stacked(self, method: str, *args: Any) -> np.ndarray:
         """Every actor's answers ``(K_h, …)`` stacked in owner order ``(K, …)``."""
