@@ -73,8 +73,9 @@ ACCOUNTING = {
 }
 #: privacy.json's ``noise`` line of a simulation (docs/design.md §2.7, invariant 7).
 SIMULATED_NOISE = (
-    "simulated owners: float Gaussian noise from generators spawned from run.seed, so that a run "
-    "repeats; whoever knows the seed knows the noise (deployed owners draw exact lattice noise "
+    "simulated owners: float Gaussian noise seeded from run.seed and addressed by (session, "
+    "chain, iteration), so that a run repeats and a resumed run draws what an uninterrupted one "
+    "does; whoever knows the seed knows the noise (deployed owners draw exact lattice noise "
     "from a secret key instead)"
 )
 NEIGHBOUR_MEANING = {

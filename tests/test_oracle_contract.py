@@ -104,7 +104,7 @@ def test_describe_lists_every_owner_with_its_public_facts(tmp_path, connect):
 def test_answers_are_the_owners_own_numbers_with_declared_noise_sd(tmp_path, connect):
     oracle = connect(make_nodes(tmp_path, "a"))
     direct = OwnerHost(make_nodes(tmp_path, "b"))  # same data, same noise seeds, no transport
-    oracle.open_session("penalty", 100)
+    oracle.open_session("penalty", 100, session="s")  # simulated noise is keyed by session too
     direct.open_session("s", "penalty", 100)
     for t in range(3):
         request = moves(np.random.default_rng(t))
@@ -119,7 +119,7 @@ def test_answers_are_the_owners_own_numbers_with_declared_noise_sd(tmp_path, con
 def test_sufficient_statistic_blocks_have_shape_owners_chains_block_stat(tmp_path, connect):
     oracle = connect(make_nodes(tmp_path, "a", budget_epsilon=1e5))
     direct = OwnerHost(make_nodes(tmp_path, "b", budget_epsilon=1e5))
-    oracle.open_session("penalty_expfam", 3 * 40)
+    oracle.open_session("penalty_expfam", 3 * 40, session="s")
     direct.open_session("s", "penalty_expfam", 3 * 40)
     answers = oracle.suff_stats(np.array([0, 1, 2]), 0, 40)
     assert answers.values.shape == (3, 3, 40, 2)
@@ -263,7 +263,7 @@ def test_gradient_answers_are_the_owners_own_numbers_with_noise_sd_sigma_times_c
     oracle = connect(nodes)
     assert oracle.describe() == [n.describe() for n in nodes]  # max_sampling_rate and max_clip too
     direct = OwnerHost(gradient_nodes(tmp_path, "b"))  # same data, same seeds, no transport
-    oracle.open_session("sgmcmc", 30, sampling_rate=RATE)
+    oracle.open_session("sgmcmc", 30, session="s", sampling_rate=RATE)
     direct.open_session("s", "sgmcmc", 30, sampling_rate=RATE)
     for t in range(3):
         chains, theta = at(np.random.default_rng(t))

@@ -1,9 +1,10 @@
-"""A coordinator that crashes and resumes from its checkpoint gives exactly the chain of an
+"""A run that crashes and resumes from its checkpoint gives exactly the chain of an
 uninterrupted run, and no owner answer is charged twice (docs/design.md §3 invariant 2, §4).
 
-The owners stay up (their ledgers and noise streams live on); the coordinator's re-run
-iterations between the checkpoint and the crash are answered from the owners' replay cache,
-which draws no noise, so the owners' streams are where they would have been.
+The owners crash too: the resumed run talks to owners rebuilt from the same seeds on the same
+ledger files. The iterations between the checkpoint and the crash are answered from the
+ledgers' replay cache; later keys get fresh noise, which simulated owners address by
+(session, chain, iteration) (``SeededNormals``), so it is what the uninterrupted run drew.
 """
 
 from __future__ import annotations
@@ -93,22 +94,24 @@ def run(oracle, algorithm: str, **kwargs):
 @pytest.mark.parametrize("algorithm", ["penalty", "penalty_expfam"])
 def test_resumed_chain_equals_uninterrupted_chain(tmp_path, algorithm):
     reference_oracle = owners(tmp_path, "reference")
-    reference_oracle.open_session(algorithm, 10**5)
+    reference_oracle.open_session(algorithm, 10**5, session="run")
     reference = run(reference_oracle, algorithm)
     reference_answers = [r.session.answers for r in reference_oracle.privacy_reports()]
 
-    oracle = owners(tmp_path, "crashed")
-    session = oracle.open_session(algorithm, 10**5)
+    crashed = owners(tmp_path, "crashed")
+    session = crashed.open_session(algorithm, 10**5, session="run")
     path = tmp_path / "checkpoint.npz"
     with pytest.raises(Crash):  # checkpoints every 25 iterations, crash between two of them
         run(
-            CrashingOracle(oracle, calls=100 if algorithm == "penalty" else 20),
+            CrashingOracle(crashed, calls=100 if algorithm == "penalty" else 20),
             algorithm,
             checkpoint=lambda p: checkpoint.save(path, p),
             checkpoint_every=25,
         )
     saved = checkpoint.load(path)
     assert 0 < saved.done < ITERATIONS + WARMUP
+    crashed.host.nodes[0].ledger.close()  # the owners' process ends with the coordinator's
+    oracle = owners(tmp_path, "crashed")  # restarted owners: same seeds, same ledger file
     oracle.open_session(algorithm, 10**5, session=session)  # the resumed coordinator re-opens it
     resumed = run(oracle, algorithm, resume=saved)
 

@@ -33,7 +33,22 @@ from ..proto import owner_pb2_grpc as pb_grpc
 from .oracle import Answers
 from .transport_base import Launched, OwnerSetup, Transport
 
-_RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+_RETRYABLE = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.CANCELLED,
+}
+
+
+def _transport_failure(exc: grpc.aio.AioRpcError) -> bool:
+    """The call failed in transport, not by an owner's refusal: retry it (every query is
+    idempotent). An owner that stops while a call is in flight ends it with INTERNAL
+    "Internal error from Core" — gRPC's own failure, never one the owner raises."""
+    if exc.code() in _RETRYABLE:
+        return True
+    return exc.code() == grpc.StatusCode.INTERNAL and "from Core" in (exc.details() or "")
+
+
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 
 
@@ -114,6 +129,7 @@ class GrpcOracle:
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ]
         creds = channel_credentials(tls) if tls else None
+        self._plaintext = creds is None
         self._hosts: list[_Host] = []
         for address in addresses:
             channel = self._run(self._open_channel(address, creds, options))
@@ -314,7 +330,7 @@ class GrpcOracle:
             except grpc.aio.AioRpcError as exc:
                 if stream:
                     host.drop_stream()
-                if exc.code() not in _RETRYABLE:
+                if not _transport_failure(exc):
                     raise _owner_error(exc, host) from None
                 failure = f"{exc.code().name}: {exc.details()}"
             except (TimeoutError, _Dropped) as exc:
@@ -323,10 +339,25 @@ class GrpcOracle:
             if time.monotonic() + pause > give_up:
                 raise OwnerUnavailable(
                     f"{host.label()} is unreachable after {tries} attempts over "
-                    f"{self.retry_seconds:g} s ({failure})"
+                    f"{self.retry_seconds:g} s ({failure}){self._tls_hint(failure)}"
                 )
             await asyncio.sleep(pause)
             pause = min(pause * 2, 1.0)
+
+    def _tls_hint(self, failure: str) -> str:
+        """A likely TLS mismatch, said plainly: a plaintext client sees a TLS owner close the
+        socket; a TLS client sees a failed handshake from a plaintext owner or a foreign CA."""
+        if self._plaintext and "Socket closed" in failure:
+            return (
+                "; if the owner serves TLS, this plaintext client cannot talk to it: give the "
+                "coordinator --tls-cert, --tls-key and --tls-ca"
+            )
+        if not self._plaintext and ("ssl" in failure.lower() or "handshake" in failure.lower()):
+            return (
+                "; the TLS handshake failed: the owner may serve plaintext, or its certificate is "
+                "not signed by --tls-ca (or does not name the address)"
+            )
+        return ""
 
     async def _close_channels(self) -> None:
         for host in self._hosts:

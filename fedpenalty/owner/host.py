@@ -22,64 +22,24 @@ import numpy as np
 from ..common import LOG_RATIO, SGMCMC, SUFF_STATS, OwnerDescription, PrivacyReport
 from ..errors import InvalidRequest, ReplayConflict
 from ..models import ExpFamModel
-from .gradient import clipped_gradient_sum, owner_gradient
+from .gradient import clipped_gradient_sum
 from .ledger import Charge, SampledCharge
 from .node import SESSION_EVENTS, OwnerNode, close_sessions, open_sessions, privacy_reports
 from .noise import (
     LATTICE_BITS,
     SCALE_MAX,
     ChaChaSource,
+    SeededNormals,
     lattice_sensitivity,
     noisy_lattice_answers,
     poisson_sample,
+    seed_material,
 )
 
 #: Exact values are clipped to ±2⁵² γ before rounding (data independent; 1-Lipschitz).
 LATTICE_LIMIT = 2.0**52
 
 _STATS_DIGEST = hashlib.sha256(SUFF_STATS.encode()).digest()
-
-
-class _Normals:
-    """Each hosted owner's standard normals, drawn ahead from its *own* generator in blocks.
-
-    Row k holds owner k's next values; a request takes the next ones of every owner at once.
-    numpy's normal stream does not depend on how it is batched, so owner k's noise is exactly
-    its own stream, value by value; values are used once and never released unused.
-    """
-
-    def __init__(self, rngs: list[np.random.Generator], block: int = 1024):
-        self._rngs, self._block = rngs, block
-        self._buffer = np.empty((len(rngs), 0))
-        self._cursor = np.zeros(len(rngs), dtype=np.int64)
-
-    def take_all(self, m: int) -> np.ndarray:
-        """The next ``m`` normals of every owner: ``(K, m)``."""
-        first = int(self._cursor[0])
-        if np.all(self._cursor == first) and first + m <= self._buffer.shape[1]:
-            self._cursor += m
-            return self._buffer[:, first : first + m]
-        return np.stack([self.take(k, m) for k in range(len(self._rngs))])
-
-    def take(self, k: int, m: int) -> np.ndarray:
-        """The next ``m`` normals of owner k: ``(m,)``."""
-        start = int(self._cursor[k])
-        if start + m > self._buffer.shape[1]:
-            self._refill(max(m, self._block))
-            start = int(self._cursor[k])
-        self._cursor[k] += m
-        return self._buffer[k, start : start + m]
-
-    def _refill(self, m: int) -> None:
-        """Keep every owner's unused values and draw ``m`` more for each (same width)."""
-        left = self._buffer.shape[1] - self._cursor
-        width = int(left.max()) + m
-        buffer = np.empty((len(self._rngs), width))
-        for k, rng in enumerate(self._rngs):
-            keep = self._buffer[k, self._cursor[k] :]
-            buffer[k, : len(keep)] = keep
-            buffer[k, len(keep) :] = rng.standard_normal(width - len(keep))
-        self._buffer, self._cursor = buffer, np.zeros(len(self._rngs), dtype=np.int64)
 
 
 class _LedgerPart:
@@ -121,7 +81,6 @@ class OwnerHost:
         self.names = names
         self.label = names[0] if len(names) == 1 else f"host of {len(names)} owners"
         sigma = self._sigma = np.array([n.policy.sigma for n in nodes])
-        self._normals = _Normals([n.rng for n in nodes])
         self._checked: dict[str, tuple[str, int, list, np.ndarray]] = {}
         self._max_step = np.array([n.policy.max_step for n in nodes])
         self._min_step = np.array([n.policy.min_step for n in nodes])
@@ -152,6 +111,8 @@ class OwnerHost:
         self._n = np.array([len(n.records) for n in nodes], dtype=float)
         self._fast = not any(n.per_record for n in nodes)
         self._lattice = self._lattice_noise(nodes, sigma)
+        if not self._lattice:
+            self._seeded = SeededNormals([seed_material(n.rng) for n in nodes])
 
     def _lattice_noise(self, nodes: Sequence[OwnerNode], sigma: np.ndarray) -> bool:
         """Set up exact lattice noise when the owners use it (all of them or none): their
@@ -179,16 +140,13 @@ class OwnerHost:
     ) -> np.ndarray:
         """Noisy answers ``(K', M, w)`` to keys (chains[j], iterations[j]) from the exact values
         ``exact`` ``(K', M, w)`` of one ``owner`` (K' = 1) or of every owner (None, K' = K):
-        lattice answers (``_lattice_answers``), or each owner's next float normals × σ_k."""
+        lattice answers (``_lattice_answers``), or seeded float normals × σ_k addressed by the
+        same keys (simulated owners, ``SeededNormals``)."""
         owners = np.arange(len(self.nodes)) if owner is None else np.array([owner])
         if self._lattice:
             return self._lattice_answers(session, kind, owners, exact, chains, iterations)
-        size = exact.shape[1] * exact.shape[2]
-        if owner is None:
-            normals = self._normals.take_all(size)
-        else:
-            normals = self._normals.take(owner, size)[None, :]
-        return exact + self._sigma[owners, None, None] * normals.reshape(exact.shape)
+        normals = self._seeded.normals(session, kind, owners, chains, iterations, exact.shape[2])
+        return exact + self._sigma[owners, None, None] * normals
 
     def _lattice_answers(
         self,
@@ -422,10 +380,9 @@ class OwnerHost:
         ]
 
         def fresh(k: int, new: np.ndarray) -> np.ndarray:
-            node = self.nodes[k]
             if not self._lattice:
-                return owner_gradient(
-                    self.model, node.records, theta[new], node.rng, q, clip, node.policy.sigma
+                return self._seeded_gradient(
+                    session, k, q, chains[new], iteration, theta[new], clip
                 )
             return self._lattice_gradient(session, k, q, chains[new], iteration, theta[new], clip)
 
@@ -447,6 +404,29 @@ class OwnerHost:
             zero_mus,
             sampled,
         )
+
+    def _seeded_gradient(
+        self,
+        session: str,
+        k: int,
+        q: float,
+        chains: np.ndarray,
+        iteration: int,
+        theta: np.ndarray,
+        clip: float,
+    ) -> np.ndarray:
+        """A simulated owner k's gradient answers ``(M, d)``: Poisson sample and float noise of
+        sd σ_k·clip, both addressed by (session, owner, chain, iteration) (``SeededNormals``)."""
+        records = self.nodes[k].records
+        uniforms = self._seeded.generator(session, SGMCMC, k, iteration).random(
+            (int(chains.max()) + 1, len(records))
+        )
+        sums = clipped_gradient_sum(self.model, records, theta, uniforms[chains] < q, clip)
+        iterations = np.full(len(chains), iteration)
+        normals = self._seeded.normals(
+            session, SGMCMC, np.array([k]), chains, iterations, self.model.dim
+        )[0]
+        return sums + self._sigma[k] * clip * normals
 
     def _lattice_gradient(
         self,

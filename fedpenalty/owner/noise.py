@@ -21,6 +21,7 @@ samplers work in lattice units (multiples of γ) and return int64.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import math
 import operator
@@ -982,3 +983,96 @@ def poisson_sample(
         raise ValueError(f"q must be in (0, 1], got {q!r}")
     u = uniforms(source, session, kind, count, owner=owner, chain=chain, iteration=iteration)
     return u + 2.0**-53 <= q
+
+
+# --------------------------------------------------------------------------- simulation noise
+
+
+def _philox_key(seed: bytes, *labels: str) -> np.ndarray:
+    """A 128-bit Philox key (2 uint64) from an owner's seed material and labels."""
+    digest = hashlib.sha256(seed + b"".join(struct.pack("<I", len(x)) + x.encode() for x in labels))
+    return np.frombuffer(digest.digest()[:16], dtype="<u8").astype(np.uint64)
+
+
+class SeededNormals:
+    """SIMULATION ONLY: each owner's float standard normals addressed by (session, kind, owner,
+    chain, iteration, component), so that a value never depends on what was drawn before it —
+    a resumed simulation draws exactly what an uninterrupted one does (docs/design.md §2.7).
+
+    Owner k's values for the iterations of one window of ``WINDOW`` come from numpy's
+    Philox-4x64 under a key hashed from (its seed, session, kind), counter (0, window, 0, 0)
+    (the draws advance the lowest word only, so windows never overlap),
+    drawn chain-major as ``(chains, WINDOW, width)``: asking for more chains later extends the
+    draw without changing the first ones. One generator state is set per owner and window, so
+    the cost per iteration does not grow with the number of windows asked.
+    """
+
+    WINDOW = 64
+
+    def __init__(self, seeds: Sequence[bytes]):
+        self._seeds = list(seeds)
+        self._generator = np.random.Generator(np.random.Philox(key=np.zeros(2, np.uint64)))
+        self._keys: dict[tuple[str, str], list[np.ndarray]] = {}
+        self._windows: dict[tuple[str, str, int, int], np.ndarray] = {}
+
+    def normals(
+        self,
+        session: str,
+        kind: str,
+        owners: np.ndarray,
+        chains: np.ndarray,
+        iterations: np.ndarray,
+        width: int,
+    ) -> np.ndarray:
+        """Standard normals ``(K', M, width)`` of ``owners`` ``(K',)`` for keys
+        (chains[j], iterations[j]) ``(M,)``."""
+        out = np.empty((len(owners), len(chains), width))
+        windows = iterations // self.WINDOW
+        for window in np.unique(windows).tolist():
+            at = windows == window
+            block = self._window(session, kind, window, width, int(chains[at].max()) + 1)
+            out[:, at] = block[owners][:, chains[at], iterations[at] % self.WINDOW]
+        return out
+
+    def _window(self, session: str, kind: str, window: int, width: int, chains: int) -> np.ndarray:
+        """Every owner's normals of one window ``(K, ≥ chains, WINDOW, width)`` (cached)."""
+        label = (session, kind, window, width)
+        block = self._windows.get(label)
+        if block is not None and block.shape[1] >= chains:
+            return block
+        if len(self._windows) >= 8:
+            self._windows.clear()
+        if (session, kind) not in self._keys:
+            self._keys[(session, kind)] = [_philox_key(seed, session, kind) for seed in self._seeds]
+        bits = self._generator.bit_generator
+        counter = np.array([0, window, 0, 0], dtype=np.uint64)  # draws advance word 0 only
+        block = np.empty((len(self._seeds), chains, self.WINDOW, width))
+        for k, key in enumerate(self._keys[(session, kind)]):
+            bits.state = {
+                "bit_generator": "Philox",
+                "state": {"counter": counter, "key": key},
+                "buffer": np.zeros(4, dtype=np.uint64),
+                "buffer_pos": 4,
+                "has_uint32": 0,
+                "uinteger": 0,
+            }
+            block[k] = self._generator.standard_normal((chains, self.WINDOW, width))
+        self._windows[label] = block
+        return block
+
+    def generator(self, session: str, kind: str, owner: int, iteration: int) -> np.random.Generator:
+        """Owner ``owner``'s generator for one iteration of ``kind`` (Poisson samples of
+        gradients): Philox under its (seed, session, kind + "sample") key, counter
+        (0, iteration, 0, 0). Draw chain-major so that each chain's values keep their place."""
+        key = _philox_key(self._seeds[owner], session, kind + "-sample")
+        counter = np.array([0, iteration, 0, 0], dtype=np.uint64)  # draws advance word 0 only
+        return np.random.Generator(np.random.Philox(key=key, counter=counter))
+
+
+def seed_material(rng: np.random.Generator) -> bytes:
+    """32 bytes that identify a simulated owner's seeded generator (its ``SeedSequence``) —
+    taken from the seed, not drawn, so the generator itself is left untouched."""
+    seed_seq = getattr(rng.bit_generator, "seed_seq", None)
+    if isinstance(seed_seq, np.random.SeedSequence):
+        return seed_seq.generate_state(4, np.uint64).astype("<u8").tobytes()
+    return rng.bytes(32)

@@ -17,9 +17,11 @@ identity and sessions are not bound.
 from __future__ import annotations
 
 import asyncio
+import errno
 import ipaddress
 import logging
 import signal
+import socket
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -237,11 +239,17 @@ class OwnerServicer(pb_grpc.OwnerServicer):
     async def Query(self, request_iterator, context):
         client = await self._client(context)
         loop = asyncio.get_running_loop()
-        while (request := await context.read()) is not grpc.aio.EOF:
-            await context.write(
-                await loop.run_in_executor(self._work, self._answer, request, client)
-            )
-            await self._report_storage()
+        try:
+            while (request := await context.read()) is not grpc.aio.EOF:
+                await context.write(
+                    await loop.run_in_executor(self._work, self._answer, request, client)
+                )
+                await self._report_storage()
+        except asyncio.CancelledError:
+            # the server is stopping: end the stream quietly (the coordinator sees it end
+            # without a reply and retries elsewhere or reports the owner unreachable); an
+            # answer being computed is still charged and stored, and replayed on a retry
+            log.info("query stream from %s closed: the server is stopping", context.peer())
 
     def _answer(self, request: pb.QueryRequest, client: str | None) -> pb.QueryReply:
         kind = request.WhichOneof("query")
@@ -354,12 +362,33 @@ async def start(
             else server.add_insecure_port(listen)
         )
     except RuntimeError as exc:
-        raise ConfigError(f"cannot listen on {listen!r}: {exc}") from exc
+        raise ConfigError(_bind_failure(listen, exc)) from exc
     await server.start()
     for name in ("", SERVICE):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
     _log_serving(len(host.describe()), _bound(listen, port), tls, allowed_clients)
     return server, port, health
+
+
+def _bind_failure(listen: str, exc: RuntimeError) -> str:
+    """Why ``listen`` could not be bound, in words an operator can act on (gRPC only says
+    "Failed to bind"): a plain socket on the same address tells a taken port from the rest."""
+    fix = "choose another with --listen HOST:PORT (or server.listen in OWNER.toml)"
+    host, _, port = listen.rpartition(":")
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET) as probe:
+            probe.bind((host.strip("[]") or "0.0.0.0", int(port)))
+    except OSError as os_error:
+        if os_error.errno == errno.EADDRINUSE:
+            return f"port in use: {listen} is taken by another process; {fix}"
+        if os_error.errno == errno.EACCES:
+            return (
+                f"cannot listen on {listen}: permission denied (ports below 1024 need root); {fix}"
+            )
+        return f"cannot listen on {listen}: {os_error.strerror}; {fix}"
+    except ValueError:
+        pass
+    return f"cannot listen on {listen!r}: {exc}"
 
 
 def _log_serving(
