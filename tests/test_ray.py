@@ -24,9 +24,12 @@ import pytest
 
 from fedpenalty.cluster.ray_hosts import HostSpec, OwnerSpec, RayHosts
 from fedpenalty.common import Policy
-from fedpenalty.config import load_scenario
+from fedpenalty.config import load_scenario, resolve
 from fedpenalty.coordinator import checkpoint
-from fedpenalty.data import FileRecords
+from fedpenalty.coordinator.inprocess import INPROCESS
+from fedpenalty.coordinator.ray_oracle import RAY, RayOracle
+from fedpenalty.coordinator.transport_base import OwnerSetup
+from fedpenalty.data import FileRecords, OwnerRecords, synthetic_sources
 from fedpenalty.errors import ConfigError, DataError, OwnerUnavailable
 from fedpenalty.models import build_model
 from fedpenalty.owner import Ledger
@@ -140,6 +143,56 @@ def test_more_actors_than_the_cluster_has_cpus_is_refused_naming_the_keys(tmp_pa
         simulate(tmp_path, "run", "run.transport='ray'", "run.ray_actors=3")
 
 
+def _setup(folder: Path, **run) -> OwnerSetup:
+    """5 synthetic owners of the Ray transport (made in the actors), with ``run`` keys."""
+    model = build_model({"name": "gaussian_mean", "dim": 2, "theta_bound": 2.0})
+    records = OwnerRecords(
+        model, synthetic_sources(np.random.SeedSequence(4), np.array([0.3, -0.2]), [300] * 5)
+    )
+    policies = [Policy(sigma=1.0, max_step=0.05, budget_epsilon=500.0)] * 5
+    names = [f"owner-{k}" for k in range(5)]
+    seeds = np.random.SeedSequence(5).spawn(5)
+    sections = resolve({"run": {"transport": "ray", **run}})["run"]
+    return OwnerSetup(folder, model, names, records, policies, seeds, sections)
+
+
+def test_a_restarted_transport_hosts_every_owner_on_its_ledger_and_replays(tmp_path, ray_session):
+    """Started again for the same run directory (a resumed run), the transport packs the owners
+    as before — whatever run.ray_actors says now — so each owner finds its ledger: answered
+    keys are replayed and charged once, and new keys get the answers an uninterrupted run
+    would have had (the in-process owners of the same seeds)."""
+    rng = np.random.default_rng(0)
+    theta = rng.uniform(-1, 1, size=(3, 2))
+    moves = rng.standard_normal((2, 3, 2))
+    steps = [theta + 0.04 * m / np.linalg.norm(m, axis=1, keepdims=True) for m in moves]
+    chains = np.arange(3)
+    reference = INPROCESS.launch(_setup(tmp_path / "local"))
+    reference.oracle.open_session("penalty", 100, session="s")
+    expected = [reference.oracle.log_ratio(t, chains, theta, steps[t]).values for t in (0, 1)]
+    reference.stop()
+
+    first = RAY.launch(_setup(tmp_path / "run", ray_actors=2))
+    try:
+        first.oracle.open_session("penalty", 100, session="s")
+        np.testing.assert_array_equal(
+            first.oracle.log_ratio(0, chains, theta, steps[0]).values, expected[0]
+        )
+    finally:
+        first.stop()  # the session stays open in the owners' ledgers
+    second = RAY.launch(_setup(tmp_path / "run", ray_actors=1))
+    try:
+        oracle = second.oracle
+        assert isinstance(oracle, RayOracle) and len(oracle.hosts.actors) == 2
+        oracle.open_session("penalty", 100, session="s")
+        for t in (0, 1):
+            np.testing.assert_array_equal(
+                oracle.log_ratio(t, chains, theta, steps[t]).values, expected[t]
+            )
+        assert [r.session.answers for r in oracle.privacy_reports()] == [6] * 5
+    finally:
+        second.stop()
+
+
 def test_a_killed_actor_stops_the_run_naming_its_owners_and_keeps_the_checkpoint(
     tmp_path, ray_session, monkeypatch
 ):
@@ -153,6 +206,8 @@ def test_a_killed_actor_stops_the_run_naming_its_owners_and_keeps_the_checkpoint
             calls["log_ratio"] += 1
             if calls["log_ratio"] == 120:  # iteration 119 (0-based) finds actor 1 dead
                 ray.kill(self.actors[1])
+                with pytest.raises(ray.exceptions.RayActorError):  # dead before the call
+                    ray.get(self.actors[1].process.remote())
         return call(self, method, *args, **kwargs)
 
     monkeypatch.setattr(RayHosts, "call", killing)

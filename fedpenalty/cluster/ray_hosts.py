@@ -20,6 +20,7 @@ import logging
 import os
 import resource
 import socket
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -194,11 +195,20 @@ class RayRuntime:
     address: str
     started: bool
 
-    def cpus(self) -> float:
-        """CPUs of the cluster not yet taken by other work."""
+    def cpus(self, need: float | None = None, wait: float = 5.0) -> float:
+        """CPUs of the cluster not yet taken by other work; waits up to ``wait`` seconds for
+        ``need`` of them (default: all the cluster's CPUs), since actors that just ended
+        release theirs a moment later."""
         import ray
 
-        return float(ray.available_resources().get("CPU", 0.0))
+        if need is None:
+            need = float(ray.cluster_resources().get("CPU", 0.0))
+        deadline = time.monotonic() + wait
+        while True:
+            free = float(ray.available_resources().get("CPU", 0.0))
+            if free >= need - 1e-9 or time.monotonic() > deadline:
+                return free
+            time.sleep(0.1)
 
     def stop(self) -> None:
         """Shut down the Ray this runtime started; disconnect from a cluster it connected to."""

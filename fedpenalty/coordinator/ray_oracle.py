@@ -11,6 +11,7 @@ raised again with the owner's own error class, and an actor that dies stops the 
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
@@ -127,9 +128,14 @@ class RayOracle:
         return np.concatenate(self._each(method, *args))
 
 
-def host_specs(setup: OwnerSetup, actors: int) -> list[HostSpec]:
-    """The owners split into ``actors`` contiguous blocks, each with a ledger file in
-    ``<run>/owners``. Owners made from sources (``OwnerRecords``) travel as their sources."""
+#: In ``<run>/owners``: how many owners each actor hosts, so that the transport started again
+#: for the same run (a resumed run) hosts every owner on the ledger file it had.
+PACKING = "ray-actors.json"
+
+
+def host_specs(setup: OwnerSetup, blocks: list[np.ndarray]) -> list[HostSpec]:
+    """One actor per block of owner indices, each with a ledger file in ``<run>/owners``.
+    Owners made from sources (``OwnerRecords``) travel as their sources."""
     model = {"name": setup.model.name, **setup.model.params()}
     folder = (setup.folder / "owners").resolve()
     records = setup.records
@@ -148,23 +154,33 @@ def host_specs(setup: OwnerSetup, actors: int) -> list[HostSpec]:
                 for k in block
             ],
         )
-        for h, block in enumerate(np.array_split(np.arange(len(setup.names)), actors))
+        for h, block in enumerate(blocks)
     ]
 
 
-def actor_count(run: dict[str, Any], runtime: RayRuntime, owners: int) -> int:
-    """Actors to start: ``run.ray_actors`` (0: one per free CPU of the cluster, each taking
-    ``run.ray_actor_cpus``), at most one per owner; ``ConfigError`` when they do not fit."""
-    cpus, free = run["ray_actor_cpus"], runtime.cpus()
-    fits = int(free / cpus + 1e-9)
-    wanted = run["ray_actors"] or fits
-    if fits < 1 or wanted > fits:
+def packing(setup: OwnerSetup, runtime: RayRuntime) -> list[np.ndarray]:
+    """Owner indices per actor, in contiguous blocks: as recorded in ``<run>/owners`` when
+    the transport ran there before, else ``run.ray_actors`` blocks (0: one per free CPU of the
+    cluster), recorded. ``ConfigError`` when the actors do not fit the cluster's free CPUs."""
+    path, owners, run = setup.folder / "owners" / PACKING, len(setup.names), setup.run
+    cpus = run["ray_actor_cpus"]
+    if path.exists():
+        sizes = json.loads(path.read_text())["owners_per_actor"]
+        if sum(sizes) != owners:
+            raise ConfigError(f"{path} packs {sum(sizes)} owners into Ray actors, not {owners}")
+    else:
+        actors = min(run["ray_actors"] or int(runtime.cpus() / cpus + 1e-9), owners)
+        sizes = [len(b) for b in np.array_split(np.arange(owners), max(actors, 1))]
+    free = runtime.cpus(need=len(sizes) * cpus)
+    if len(sizes) * cpus > free + 1e-9:
         raise ConfigError(
-            f"run.ray_actors = {wanted} actors × run.ray_actor_cpus = {cpus:g} CPUs need "
-            f"{wanted * cpus:g} CPUs, but the Ray cluster has {free:g} free: lower run.ray_actors "
-            "or run.ray_actor_cpus"
+            f"run.ray_actors = {len(sizes)} actors × run.ray_actor_cpus = {cpus:g} CPUs need "
+            f"{len(sizes) * cpus:g} CPUs, but the Ray cluster has {free:g} free: lower "
+            "run.ray_actors or run.ray_actor_cpus"
         )
-    return min(wanted, owners)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"owners_per_actor": sizes}))
+    return np.split(np.arange(owners), np.cumsum(sizes)[:-1])
 
 
 def launch(setup: OwnerSetup) -> Launched:
@@ -172,8 +188,8 @@ def launch(setup: OwnerSetup) -> Launched:
     ``stop`` shuts down; otherwise an existing cluster, left running)."""
     runtime = connect_ray(setup.run["ray_address"])
     try:
-        actors = actor_count(dict(setup.run), runtime, len(setup.names))
-        hosts = RayHosts.start(host_specs(setup, actors), setup.run["ray_actor_cpus"])
+        specs = host_specs(setup, packing(setup, runtime))
+        hosts = RayHosts.start(specs, setup.run["ray_actor_cpus"])
     except BaseException:
         runtime.stop()
         raise
