@@ -6,6 +6,7 @@ types (schema), so owners, transports, kernels, config and the CLI may all impor
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from dataclasses import asdict, dataclass
@@ -118,12 +119,24 @@ class SpendReport:
         lattice: bool = False,
     ) -> SpendReport:
         """The report of ``spend`` and ``sampled``; ``lattice``: the Gaussian answers were exact
-        lattice answers (accounted by RDP, docs/design.md §2.7)."""
-        epsilon, accountant = owner_epsilon(spend, sampled, delta, neighbour, lattice)
-        paper = spend.epsilon_paper_bound(delta) if accountant == "gdp" else math.inf
-        return SpendReport(
-            spend.answers + sum(e.count for e in sampled), spend.mu, epsilon, paper, accountant
-        )
+        lattice answers (accounted by RDP, docs/design.md §2.7). Memoised: the many owners of
+        one run usually spent alike."""
+        return _spend_report(spend, tuple(sampled), delta, neighbour, lattice)
+
+
+@functools.lru_cache(maxsize=4096)
+def _spend_report(
+    spend: GaussianSpend,
+    sampled: tuple[SubsampledGaussian, ...],
+    delta: float,
+    neighbour: Neighbour,
+    lattice: bool,
+) -> SpendReport:
+    epsilon, accountant = owner_epsilon(spend, list(sampled), delta, neighbour, lattice)
+    paper = spend.epsilon_paper_bound(delta) if accountant == "gdp" else math.inf
+    return SpendReport(
+        spend.answers + sum(e.count for e in sampled), spend.mu, epsilon, paper, accountant
+    )
 
 
 @dataclass(frozen=True)

@@ -281,7 +281,7 @@ def test_an_owner_past_its_budget_refuses_and_the_run_stops_resumably(tmp_path, 
                     iteration=10**6,
                     chains=[0],
                     theta=[0.0],
-                    theta_prop=[0.02],
+                    theta_prop=[0.005],  # the run's session declared max_step 0.005
                 ),
                 timeout=30,
             )

@@ -1026,12 +1026,17 @@ class SeededNormals:
     ) -> np.ndarray:
         """Standard normals ``(K', M, width)`` of ``owners`` ``(K',)`` for keys
         (chains[j], iterations[j]) ``(M,)``."""
+        first, last = int(iterations.min()) // self.WINDOW, int(iterations.max()) // self.WINDOW
+        if first == last:  # the usual request: one iteration, or a block inside one window
+            block = self._window(session, kind, first, width, int(chains.max()) + 1)
+            return block[owners[:, None], chains[None, :], (iterations % self.WINDOW)[None, :]]
         out = np.empty((len(owners), len(chains), width))
         windows = iterations // self.WINDOW
         for window in np.unique(windows).tolist():
             at = windows == window
             block = self._window(session, kind, window, width, int(chains[at].max()) + 1)
-            out[:, at] = block[owners][:, chains[at], iterations[at] % self.WINDOW]
+            rows = owners[:, None], chains[at][None, :], (iterations[at] % self.WINDOW)[None, :]
+            out[:, at] = block[rows]
         return out
 
     def _window(self, session: str, kind: str, window: int, width: int, chains: int) -> np.ndarray:
