@@ -7,7 +7,7 @@ and clipped into the model's data domain by ``Model.prepare_records``.
 
 A simulation describes each owner's records by a *source* — a file path, or a synthetic
 owner's size and its own seed stream — so that whichever process hosts the owner makes exactly
-the same records (docs/design.md §6, the Ray transport): ``OwnerRecords`` makes them on
+the same records (docs/design.md §4, "The Ray transport"): ``OwnerRecords`` makes them on
 demand, one owner at a time.
 """
 

@@ -1,4 +1,4 @@
-"""Owners hosted by Ray actors (docs/design.md §6, "The Ray transport").
+"""Owners hosted by Ray actors (docs/design.md §4, "The Ray transport").
 
 Each actor is one ``OwnerHost`` serving a contiguous block of owners, with its own ledger file.
 It builds its owners itself from ``HostSpec``: their records come from sources it makes or
@@ -39,7 +39,7 @@ from ..owner import Ledger, OwnerHost, OwnerNode, wire
 OBJECT_STORE_BYTES = 512 * 2**20
 #: Replies up to this size are passed inline in the reply message instead of through the object
 #: store (Ray's default, 100 kB, would send the answers of more than ~3,000 owners × 4 chains
-#: through shared memory, measured 4× slower per call).
+#: through shared memory, measured 2–4× slower per call).
 INLINE_REPLY_BYTES = 16 * 2**20
 #: ``OwnerHost`` methods the coordinator may call on an actor.
 HOST_METHODS = frozenset(

@@ -1,4 +1,4 @@
-"""The Ray transport: the simulation's owners packed into Ray actors (docs/design.md §6).
+"""The Ray transport: the simulation's owners packed into Ray actors (docs/design.md §4).
 
 Owners are split into contiguous blocks, one per actor; each actor is an ``OwnerHost`` with its
 own ledger file that makes or reads its owners' records itself (``cluster/ray_hosts.py``). An
