@@ -78,6 +78,10 @@ SIMULATED_NOISE = (
     "does; whoever knows the seed knows the noise (deployed owners draw exact lattice noise "
     "from a secret key instead)"
 )
+#: The session id of every simulation: simulated owners address their seeded noise by session
+#: (docs/design.md §2.7), so one fixed id gives the same draws for the same seed on every
+#: transport and run; each simulation has fresh owners and ledgers, so ids never collide.
+SIMULATION_SESSION = "simulation"
 NEIGHBOUR_MEANING = {
     "replace_one": "one record of this owner replaced by another",
     "add_remove": "one record added to or removed from this owner's records",
@@ -194,7 +198,11 @@ def run_scenario(scenario: Scenario, out: str | Path | None = None) -> RunResult
     setup = OwnerSetup(out, model, names, records, policies, seeds, scenario["run"])
     launched = TRANSPORTS[scenario["run"]["transport"]].launch(setup)
     try:
-        info = {"mode": "simulate", "transport": scenario["run"]["transport"]}
+        info = {
+            "mode": "simulate",
+            "transport": scenario["run"]["transport"],
+            "session": SIMULATION_SESSION,
+        }
         theta0 = None if start is None else start.theta
         chains, reports, stopped = _sample_owners(
             scenario, algorithm, model, launched.oracle, out, n_total, info, theta0=theta0

@@ -324,7 +324,7 @@ def test_a_stopped_sgmcmc_run_resumes_from_its_checkpoint_to_the_uninterrupted_c
             for k, r in enumerate(records)
         ]
         oracle = InProcessOracle(nodes)
-        oracle.open_session("sgmcmc", 2 * 50, sampling_rate=0.1)
+        oracle.open_session("sgmcmc", 2 * 50, session="run", sampling_rate=0.1)
         asked = oracle if fail_at is None else _FailOnce(oracle, fail_at)
         saved: list[int] = []
 
