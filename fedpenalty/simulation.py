@@ -52,11 +52,11 @@ from .coordinator.reference import reference_posterior
 from .coordinator.sgmcmc import StepSchedule
 from .coordinator.transport_base import OwnerSetup
 from .coordinator.transports import TRANSPORTS
-from .data import load_records, synthetic_owners
+from .data import FileRecords, OwnerRecords, synthetic_sources
 from .diagnostics import summarize
 from .errors import BudgetExhausted, ConfigError, Interrupted, InvalidRequest, OwnerError
 from .inference_data import POSTERIOR_FILE, SpendTrace, posterior_tree, read_spend, write_posterior
-from .models import Model, Reference, build_model
+from .models import ExpFamModel, Model, Reference, build_model
 from .owner.owner_config import TlsFiles
 from .refusals import budget_refusal, plan_needs, policy_refusal
 
@@ -113,14 +113,31 @@ class RunResult:
     stopped: OwnerError | Interrupted | None = None
 
 
-def owner_records(scenario: Scenario, model: Model, rng: np.random.Generator) -> list[np.ndarray]:
+def owner_records(scenario: Scenario, model: Model, seed: np.random.SeedSequence) -> OwnerRecords:
+    """The owners' records, made on demand: read from ``data.paths``, or simulated, owner k
+    from the k-th stream of ``seed`` (so every transport's hosts make the same records)."""
     data = scenario["data"]
     if data["source"] == "files":
-        return [load_records(p, model) for p in data["paths"]]
+        return OwnerRecords(model, [FileRecords(str(Path(p).resolve())) for p in data["paths"]])
     n = data["n_per_owner"]
     n_per_owner = n if isinstance(n, list) else [n] * data["owners"]
     true_theta = np.broadcast_to(np.asarray(data["true_theta"], dtype=float), (model.dim,))
-    return synthetic_owners(model, rng, true_theta, n_per_owner)
+    return OwnerRecords(model, synthetic_sources(seed, true_theta, n_per_owner))
+
+
+def pooled_reference(
+    model: Model, records: OwnerRecords, progress: bool = False
+) -> tuple[Reference, int]:
+    """The reference posterior given every owner's records, and their total count. Closed-form
+    exponential-family references sum the owners' statistics one owner at a time, so the
+    records are never all held at once; otherwise the records are pooled."""
+    if isinstance(model, ExpFamModel):
+        n, total = records.stat_total()
+        closed = model.reference_from_stats(n, total)
+        if closed is not None:
+            return closed, n
+    pooled = records.pooled()
+    return reference_posterior(model, pooled, progress=progress), len(pooled)
 
 
 def owner_policies(scenario: Scenario, owners: int, sigma: float | None = None) -> list[Policy]:
@@ -204,27 +221,36 @@ def run_scenario(scenario: Scenario, out: str | Path | None = None) -> RunResult
     algorithm = ALGORITHMS[scenario["sampler"]["algorithm"]]
     out, existed = _new_run_dir(scenario, out)
     with _drawless_run_removed(out, existed):
-        records, seeds, release_rng, reference = _simulated_world(scenario, model)
-        pooled = np.concatenate(records)
+        world = _simulated_world(scenario, model)
+        records, reference = world.records, world.reference
         if isinstance(algorithm, ReleaseAlgorithm):
-            return _run_release(scenario, algorithm, model, records, release_rng, out, reference)
+            return _run_release(
+                scenario, algorithm, model, list(records), world.release_rng, out, reference
+            )
         if algorithm.query is None:
-            return _run_pooled(scenario, algorithm, model, pooled, out, reference)
-        return _run_owners(scenario, algorithm, model, records, seeds, release_rng, out, reference)
+            return _run_pooled(scenario, algorithm, model, records.pooled(), out, reference)
+        return _run_owners(scenario, algorithm, model, world, out)
 
 
-def _simulated_world(
-    scenario: Scenario, model: Model
-) -> tuple[list[np.ndarray], list[np.random.SeedSequence], np.random.Generator, Reference]:
-    """What a simulation derives from ``run.seed``: the owners' records, their noise seeds,
-    the generator of releases and data-dependent starts, and the reference posterior."""
+@dataclass(frozen=True)
+class _World:
+    """What a simulation derives from ``run.seed``: the owners' ``records`` (made on demand),
+    their total count, their noise ``seeds``, the generator of releases and data-dependent
+    starts, and the ``reference`` posterior."""
+
+    records: OwnerRecords
+    n_total: int
+    seeds: list[np.random.SeedSequence]
+    release_rng: np.random.Generator
+    reference: Reference
+
+
+def _simulated_world(scenario: Scenario, model: Model) -> _World:
     data_seed, owner_seed, _, release_seed = _seeds(scenario)
-    records = owner_records(scenario, model, np.random.default_rng(data_seed))
-    reference = reference_posterior(
-        model, np.concatenate(records), progress=scenario["run"]["progress"]
-    )
+    records = owner_records(scenario, model, data_seed)
+    reference, n_total = pooled_reference(model, records, progress=scenario["run"]["progress"])
     seeds = owner_seed.spawn(len(records))
-    return records, seeds, np.random.default_rng(release_seed), reference
+    return _World(records, n_total, seeds, np.random.default_rng(release_seed), reference)
 
 
 def resume_simulation(out: str | Path) -> RunResult:
@@ -247,10 +273,7 @@ def resume_simulation(out: str | Path) -> RunResult:
     algorithm = ALGORITHMS[scenario["sampler"]["algorithm"]]
     assert isinstance(algorithm, ChainAlgorithm)  # only owner-asking chains write a run.json
     progress = checkpoint.load(out / CHECKPOINT) if (out / CHECKPOINT).exists() else None
-    records, seeds, release_rng, reference = _simulated_world(scenario, model)
-    return _run_owners(
-        scenario, algorithm, model, records, seeds, release_rng, out, reference, progress
-    )
+    return _run_owners(scenario, algorithm, model, _simulated_world(scenario, model), out, progress)
 
 
 def _run_info(out: Path) -> dict[str, Any]:
@@ -267,19 +290,16 @@ def _run_owners(
     scenario: Scenario,
     algorithm: ChainAlgorithm,
     model: Model,
-    records: list[np.ndarray],
-    seeds: list[np.random.SeedSequence],
-    release_rng: np.random.Generator,
+    world: _World,
     out: Path,
-    reference: Reference,
     resume: Progress | None = None,
 ) -> RunResult:
     """Simulated owners (``run.transport``) answering ``algorithm``'s chains (``resume``: from
     that checkpoint, on the owners' existing ledgers)."""
-    pooled = np.concatenate(records)
+    records, seeds, release_rng = world.records, world.seeds, world.release_rng
     start = None
     if algorithm.start is not None:
-        start = algorithm.start(release_rng, model, pooled, scenario.sections)
+        start = algorithm.start(release_rng, model, records.pooled(), scenario.sections)
     policies = owner_policies(scenario, len(records), None if start is None else start.sigma)
     names = [f"owner-{k}" for k in range(len(records))]
     setup = OwnerSetup(out, model, names, records, policies, seeds, scenario["run"])
@@ -293,7 +313,7 @@ def _run_owners(
         }
         theta0 = None if start is None else start.theta
         chains, reports, stopped, spend = _sample_owners(
-            scenario, algorithm, model, owners, out, len(pooled), info, resume, theta0
+            scenario, algorithm, model, owners, out, world.n_total, info, resume, theta0
         )
         extra = _chain_diagnostics(chains)
         simulated = launched.oracle.simulation_diagnostics()
@@ -306,7 +326,9 @@ def _run_owners(
         privacy["noise"] = SIMULATED_NOISE
     if privacy and start is not None:
         start.privacy(privacy)
-    outputs = _Outputs(model, algorithm.name, reference, _sample_stats(chains, scenario, algorithm))
+    outputs = _Outputs(
+        model, algorithm.name, world.reference, _sample_stats(chains, scenario, algorithm)
+    )
     return _finish(out, chains.theta, chains.accepted, privacy, outputs, extra, stopped, spend)
 
 
