@@ -55,7 +55,6 @@ class OwnerServicer(pb_grpc.OwnerServicer):
         health: HealthServicer | None = None,
     ):
         self.host = host
-        self._noise_sd = np.array([d.policy.sigma for d in host.describe()])
         self._names = [d.name for d in host.describe()]
         self._allowed = tuple(allowed_clients)
         self._opened_by: dict[str, str] = {}  # session → the allowed name that opened it
@@ -145,11 +144,12 @@ class OwnerServicer(pb_grpc.OwnerServicer):
     def _open(self, request: pb.OpenSessionRequest, client: str | None) -> None:
         rate = request.sampling_rate if request.HasField("sampling_rate") else None
         step = request.max_step if request.HasField("max_step") else None
+        secure = wire.secure_open(request.secure) if request.HasField("secure") else None
         session = self._own(request.session, client)
         # the ledger binds the session to ``client`` too, so a restarted server still refuses
         # another client's re-open
         self.host.open_session(
-            session, request.algorithm, request.planned_answers, rate, client, step
+            session, request.algorithm, request.planned_answers, rate, client, step, secure
         )
         if client is not None:
             self._opened_by[session] = client
@@ -167,13 +167,13 @@ class OwnerServicer(pb_grpc.OwnerServicer):
             wire.rows(r.theta, len(chains), "theta"),
             wire.rows(r.theta_prop, len(chains), "theta_prop"),
         )
-        return wire.answers_message(values, self._noise_sd)
+        return wire.answers_message(self.host.reply(r.session, values))
 
     def _suff_stats(self, r: pb.SuffStatsRequest, client: str | None) -> pb.Answers:
         values = self.host.suff_stats(
             self._own(r.session, client), np.asarray(r.chains, dtype=np.int64), r.start, r.block
         )
-        return wire.answers_message(values, self._noise_sd)
+        return wire.answers_message(self.host.reply(r.session, values))
 
     def _gradient(self, r: pb.GradientRequest, client: str | None) -> pb.Answers:
         chains = np.asarray(r.chains, dtype=np.int64)
@@ -184,7 +184,11 @@ class OwnerServicer(pb_grpc.OwnerServicer):
             wire.rows(r.theta, len(chains), "theta"),
             r.clip,
         )
-        return wire.answers_message(values, self._noise_sd * r.clip)
+        return wire.answers_message(self.host.reply(r.session, values, r.clip))
+
+    def _session_keys(self, r: pb.SessionKeysRequest, client: str | None) -> pb.SessionKeysReply:
+        keys = self.host.session_keys(self._own(r.session, client))
+        return pb.SessionKeysReply(keys=[wire.peer_key_message(k) for k in keys])
 
     # --- unary RPCs -----------------------------------------------------------------------
     async def Describe(self, request, context):
@@ -195,11 +199,14 @@ class OwnerServicer(pb_grpc.OwnerServicer):
         client = await self._client(context)
         await self._unary(context, lambda: self._open(request, client))
         log.info(
-            "session %s: %s%s, plan of %d answers per owner, %d owner(s) [%s], from %s%s",
+            "session %s: %s%s%s, plan of %d answers per owner, %d owner(s) [%s], from %s%s",
             request.session,
             request.algorithm,
             f" at sampling rate {request.sampling_rate:g}"
             if request.HasField("sampling_rate")
+            else "",
+            f" with secure aggregation over {len(request.secure.peers)} owners"
+            if request.HasField("secure")
             else "",
             request.planned_answers,
             len(self._names),
@@ -227,6 +234,10 @@ class OwnerServicer(pb_grpc.OwnerServicer):
     async def Gradient(self, request, context):
         client = await self._client(context)
         return await self._unary(context, lambda: self._gradient(request, client))
+
+    async def SessionKeys(self, request, context):
+        client = await self._client(context)
+        return await self._unary(context, lambda: self._session_keys(request, client))
 
     async def PrivacyReport(self, request, context):
         client = await self._client(context)
