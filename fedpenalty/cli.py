@@ -287,7 +287,15 @@ def cmd_owner_serve(args: argparse.Namespace) -> int:
     configs = [load_owner_config(path, args.listen, args.ledger) for path in args.owner_files]
     first = configs[0]
     for c in configs[1:]:
-        for key in ("listen", "tls", "allowed_clients", "max_message_bytes"):
+        shared = (
+            "listen",
+            "tls",
+            "allowed_clients",
+            "max_message_bytes",
+            "peer_ca",
+            "allowed_peers",
+        )
+        for key in shared:
             if getattr(c, key) != getattr(first, key):
                 raise FedPenaltyError(
                     f"owners served by one process must share server.{key}: "
@@ -309,6 +317,7 @@ def cmd_owner_serve(args: argparse.Namespace) -> int:
             first.max_message_bytes,
             allowed_clients=first.allowed_clients,
             insecure=args.insecure,
+            peers=first.peer_auth(),
         )
     finally:
         for ledger in ledgers.values():

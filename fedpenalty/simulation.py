@@ -42,7 +42,7 @@ from .coordinator.oracle import Oracle
 from .coordinator.reference import reference_posterior
 from .coordinator.secure_sum import (
     SIMULATED_SECURE_NOISE,
-    assumption,
+    aggregation_fields,
     owner_fields,
     requested,
 )
@@ -547,16 +547,7 @@ def privacy_summary(
         "accounting": ACCOUNTING[algorithm.query],
         "trusted_curator": False,
         "release": "each owner's own ledger",
-        "aggregation": "none" if secure is None else "secure",
-        **(
-            {}
-            if secure is None
-            else {
-                "total_noise_sd": secure.total_noise_sd,
-                "colluders": secure.colluders,
-                "assumption": assumption(secure),
-            }
-        ),
+        **aggregation_fields(secure),
         "owners": owners,
     }
 

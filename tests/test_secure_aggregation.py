@@ -10,6 +10,9 @@ unless a test says otherwise; their noise keys are derived from fixed tags so ru
 
 from __future__ import annotations
 
+import json
+import re
+
 import dp_accounting
 import numpy as np
 import pytest
@@ -18,12 +21,13 @@ from scipy import stats
 from test_samplers import Z, z_scores
 
 from fedpenalty.common import Policy, SecureTerms
+from fedpenalty.config import load_scenario, resolve
 from fedpenalty.coordinator.driver import sample
 from fedpenalty.coordinator.grpc_oracle import GrpcOracle
 from fedpenalty.coordinator.inprocess import InProcessOracle
 from fedpenalty.coordinator.oracle import Answers, SecureAggregation
 from fedpenalty.coordinator.secure_sum import combine, secure_open
-from fedpenalty.errors import AggregationFailed, BudgetExhausted, InvalidRequest
+from fedpenalty.errors import AggregationFailed, BudgetExhausted, ConfigError, InvalidRequest
 from fedpenalty.models import build_model
 from fedpenalty.owner import Ledger, OwnerHost, OwnerNode
 from fedpenalty.owner.aggregation import (
@@ -41,6 +45,7 @@ from fedpenalty.owner.gradient import clipped_gradient_sum
 from fedpenalty.owner.noise import NoiseKey, lattice_gradient_multiplier
 from fedpenalty.owner.server import ServerThread
 from fedpenalty.privacy.subsampled import SubsampledGaussian
+from fedpenalty.simulation import run_scenario
 
 MODEL = build_model({"name": "gaussian_mean", "dim": 1, "data_bound": 4.0, "theta_bound": 3.0})
 RECORDS = [MODEL.simulate_records(np.random.default_rng(k), np.array([0.4]), 60 + 20 * k)
@@ -451,3 +456,52 @@ def test_penalty_chain_with_secure_aggregation_is_exact_and_fails_when_sabotaged
     assert 0.05 < result.acceptance_rate < 0.6
     _, z_wrong = _secure_chain(sabotage=np.sqrt(2 / 4), iterations=2000)
     assert z_wrong.max() > 2 * Z, z_wrong
+
+
+# --------------------------------------------------------------------------- scenarios
+
+
+@pytest.mark.parametrize(
+    "privacy, sampler, message",
+    [
+        ({"aggregation": "secure"}, {}, "needs privacy.total_noise_sd"),
+        ({"aggregation": "secure", "total_noise_sd": 1.0, "colluders": 4}, {},
+         "privacy.colluders = 4 must be below the number of owners (4)"),
+        ({"aggregation": "secure", "total_noise_sd": 1.0}, {"algorithm": "ops"},
+         "not 'ops'"),
+        ({"aggregation": "secure", "total_noise_sd": 1.0}, {"algorithm": "hybrid"},
+         "not 'hybrid'"),
+        ({"total_noise_sd": 1.0}, {}, "apply with privacy.aggregation = 'secure' only"),
+        ({"aggregation": "sum"}, {}, "privacy.aggregation must be one of 'none', 'secure'"),
+    ],
+)  # fmt: skip
+def test_scenario_checks_secure_aggregation_keys(privacy, sampler, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        resolve({"data": {"owners": 4}, "privacy": privacy, "sampler": sampler})
+
+
+def test_a_simulated_secure_run_writes_what_it_assumed(tmp_path):
+    """``simulate`` with secure aggregation in process: privacy.json states the aggregation,
+    s, t, the assumption, the simulated noise and masks, and per owner the K it counted and ε
+    from its own noise alone (larger than under the assumption)."""
+    scenario = load_scenario(None, [
+        "privacy.aggregation='secure'", "privacy.total_noise_sd=1.0", "privacy.colluders=1",
+        "run.transport='inprocess'", "run.progress=false", "data.owners=3",
+        "data.n_per_owner=2000", "sampler.iterations=150", "sampler.warmup=50",
+        "sampler.chains=2", "sampler.step=0.02", "privacy.budget_epsilon=100.0",
+    ])  # fmt: skip
+    result = run_scenario(scenario, tmp_path / "run")
+    privacy = json.loads((tmp_path / "run" / "privacy.json").read_text())
+    assert (privacy["aggregation"], privacy["total_noise_sd"], privacy["colluders"]) == (
+        "secure",
+        1.0,
+        1,
+    )
+    assert "at most t = 1" in privacy["assumption"] and "SplitMix64" in privacy["noise"]
+    for owner in privacy["owners"]:
+        assert owner["owners_counted"] == 3 and "sigma" not in owner
+        assert owner["owner_noise_sd"] == pytest.approx(1 / np.sqrt(2))
+        assert owner["epsilon_own_noise_only"] > owner["epsilon"] > 0
+        assert owner["accountant"] == "rdp"
+    assert result.diagnostics["kept_draws"] == 150
+    assert result.diagnostics["mean_noise_variance"] == pytest.approx(3 / 2)

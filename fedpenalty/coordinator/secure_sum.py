@@ -117,6 +117,19 @@ def assumption(secure: SecureAggregation) -> str:
     )
 
 
+def aggregation_fields(secure: SecureAggregation | None) -> dict[str, Any]:
+    """privacy.json's run-level fields: the aggregation and, when secure, s, t and the
+    assumption ``epsilon`` rests on."""
+    if secure is None:
+        return {"aggregation": "none"}
+    return {
+        "aggregation": "secure",
+        "total_noise_sd": secure.total_noise_sd,
+        "colluders": secure.colluders,
+        "assumption": assumption(secure),
+    }
+
+
 def owner_fields(report: PrivacyReport) -> dict[str, Any]:
     """An owner's privacy.json fields of a secure session: the K it counted, t, s, its own
     noise sd and ε from its own noise alone (empty when the session was not secure)."""

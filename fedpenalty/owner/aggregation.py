@@ -59,10 +59,14 @@ _MIX1, _MIX2 = _U64(0xBF58476D1CE4E5B9), _U64(0x94D049BB133111EB)
 
 @dataclass(frozen=True)
 class PeerKey:
-    """One owner's public X25519 key (32 raw bytes) for a session, relayed by the coordinator."""
+    """One owner's public X25519 key (32 raw bytes) for a session, relayed by the coordinator;
+    from an owner server with peer authentication also its TLS ``certificate`` (PEM) and its
+    ``signature`` of the key (``peer_auth.PeerAuth``)."""
 
     owner: str
     public_key: bytes
+    signature: bytes = b""
+    certificate: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -160,7 +164,8 @@ def _check_keys(owner: str, peers: Sequence[PeerKey]) -> None:
         raise InvalidRequest(f"a peer's public key is not {PUBLIC_KEY_BYTES} bytes", owner)
 
 
-def _fields(*parts: bytes) -> bytes:
+def fields(*parts: bytes) -> bytes:
+    """An unambiguous encoding of ``parts``: each length-prefixed (4 bytes, little-endian)."""
     return b"".join(struct.pack("<I", len(p)) + p for p in parts)
 
 
@@ -176,7 +181,7 @@ def transcript(session: str, algorithm: str, terms: SecureTerms, peers: Sequence
     ]
     for p in ordered:
         parts += [p.owner.encode(), p.public_key]
-    return hashlib.sha256(_fields(*parts)).digest()
+    return hashlib.sha256(fields(*parts)).digest()
 
 
 def lattice_step(terms: SecureTerms) -> float:
@@ -217,7 +222,7 @@ def pair_secrets(
                 f"the public key of peer {peers[other].owner!r} is unusable ({exc})",
                 peers[mine].owner,
             ) from None
-        info = _fields(peers[a].owner.encode(), peers[b].owner.encode())
+        info = fields(peers[a].owner.encode(), peers[b].owner.encode())
         hkdf = HKDF(algorithm=hashes.SHA256(), length=32, salt=digest, info=info)
         secrets.append(hkdf.derive(shared))
     return low, high, secrets

@@ -576,29 +576,36 @@ class Ledger:
                 ],
             )
             ids = [self._id(name) for name in names]
-            self._db.executemany(
-                "INSERT OR REPLACE INTO limits(owner_id, max_mu_squared) VALUES (?,?)",
-                [(i, cap) for i, cap in zip(ids, caps) if cap is not None],
-            )
-            self._db.executemany(
-                "INSERT OR REPLACE INTO mechanisms(owner_id, lattice) VALUES (?, 1)",
-                [(i,) for i, o in zip(ids, owners) if o.lattice],
-            )
-            self._db.executemany(
-                "INSERT OR IGNORE INTO secure_sessions(owner_id, session_id, owners, colluders, "
-                "total_noise_sd, transcript) VALUES (?,?,?,?,?,?)",
-                [
-                    (i, self._id(session), *_terms_row(o.secure.terms), o.secure.transcript)
-                    for i, o in zip(ids, owners)
-                    if o.secure is not None
-                ],
-            )
+            self._record_owners(ids, owners, caps, session)
         for i, cap in zip(ids, caps):  # committed: the caches follow
             if cap is not None and i in self._slots:
                 self._caps[self._slots[i]] = cap
         if self._lattice_ids is not None:
             self._lattice_ids.update(i for i, o in zip(ids, owners) if o.lattice)
         return caps
+
+    def _record_owners(
+        self, ids: list[int], owners: list[Opening], caps: list[float | None], session: str
+    ) -> None:
+        """Write each opening owner's cap, lattice mechanism and secure-session record (call
+        inside the transaction)."""
+        self._db.executemany(
+            "INSERT OR REPLACE INTO limits(owner_id, max_mu_squared) VALUES (?,?)",
+            [(i, cap) for i, cap in zip(ids, caps) if cap is not None],
+        )
+        self._db.executemany(
+            "INSERT OR REPLACE INTO mechanisms(owner_id, lattice) VALUES (?, 1)",
+            [(i,) for i, o in zip(ids, owners) if o.lattice],
+        )
+        self._db.executemany(
+            "INSERT OR IGNORE INTO secure_sessions(owner_id, session_id, owners, colluders, "
+            "total_noise_sd, transcript) VALUES (?,?,?,?,?,?)",
+            [
+                (i, self._id(session), *_terms_row(o.secure.terms), o.secure.transcript)
+                for i, o in zip(ids, owners)
+                if o.secure is not None
+            ],
+        )
 
     def _check_secure_reopen(
         self, owners: list[Opening], session: str, recorded: dict[str, tuple]

@@ -92,11 +92,16 @@ def answers_reply(msg: pb.Answers) -> Reply:
 
 # --- secure aggregation -------------------------------------------------------------------
 def peer_key_message(key: PeerKey) -> pb.PeerKey:
-    return pb.PeerKey(owner=key.owner, public_key=key.public_key)
+    return pb.PeerKey(
+        owner=key.owner,
+        public_key=key.public_key,
+        signature=key.signature,
+        certificate=key.certificate,
+    )
 
 
 def peer_key(msg: pb.PeerKey) -> PeerKey:
-    return PeerKey(msg.owner, bytes(msg.public_key))
+    return PeerKey(msg.owner, bytes(msg.public_key), bytes(msg.signature), bytes(msg.certificate))
 
 
 def secure_message(secure: SecureOpen) -> pb.SecureAggregation:

@@ -85,12 +85,16 @@ class OpenSessionReply(_message.Message):
     def __init__(self) -> None: ...
 
 class PeerKey(_message.Message):
-    __slots__ = ("owner", "public_key")
+    __slots__ = ("owner", "public_key", "signature", "certificate")
     OWNER_FIELD_NUMBER: _ClassVar[int]
     PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
     owner: str
     public_key: bytes
-    def __init__(self, owner: _Optional[str] = ..., public_key: _Optional[bytes] = ...) -> None: ...
+    signature: bytes
+    certificate: bytes
+    def __init__(self, owner: _Optional[str] = ..., public_key: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., certificate: _Optional[bytes] = ...) -> None: ...
 
 class SessionKeysRequest(_message.Message):
     __slots__ = ("session",)
