@@ -16,6 +16,7 @@ import re
 import dp_accounting
 import numpy as np
 import pytest
+from grpc_processes import run_cli
 from owners import kernel
 from scipy import stats
 from test_samplers import Z, z_scores
@@ -505,3 +506,28 @@ def test_a_simulated_secure_run_writes_what_it_assumed(tmp_path):
         assert owner["accountant"] == "rdp"
     assert result.diagnostics["kept_draws"] == 150
     assert result.diagnostics["mean_noise_variance"] == pytest.approx(3 / 2)
+
+
+def test_the_offline_owner_report_shows_the_own_noise_epsilon(tmp_path):
+    """``fedpenalty owner report`` reads a ledger with secure sessions and prints ε under the
+    assumption and from the owner's own noise alone, as the owner's live report does."""
+    ledger = Ledger(tmp_path / "alice.sqlite")
+    nodes = make_nodes(3, s=1.0, t=1, ledger=ledger)
+    oracle = InProcessOracle(nodes)
+    oracle.open_session("penalty", 100, secure=SecureAggregation(1.0, 1))
+    theta = np.zeros((5, 1))
+    oracle.log_ratio(0, np.arange(5), theta, theta + 0.02)
+    live = oracle.privacy_reports()[0]
+    ledger.close()
+    np.savetxt(tmp_path / "x.csv", RECORDS[0], header="x", comments="")
+    (tmp_path / "o0.toml").write_text(
+        '[model]\nname = "gaussian_mean"\ndim = 1\ndata_bound = 4.0\ntheta_bound = 3.0\n'
+        '[data]\npath = "x.csv"\n[privacy]\nbudget_epsilon = 1e9\ntotal_noise_sd = 1.0\n'
+        'colluders = 1\n[server]\nledger = "alice.sqlite"\n'
+    )
+    done = run_cli("owner", "report", str(tmp_path / "o0.toml"), "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert live.own_noise is not None
+    assert report["epsilon"] == pytest.approx(live.total.epsilon, rel=1e-9)
+    assert report["epsilon_own_noise_only"] == pytest.approx(live.own_noise.total.epsilon, rel=1e-9)

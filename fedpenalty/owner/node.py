@@ -469,11 +469,12 @@ class OwnerNode:
         if not record.secure:
             return None
         delta, neighbour = self.policy.delta, self.policy.neighbour
-        total, sampled = own_noise_spend(record.total, record.sampled, record.secure, self)
+        dim = self.model.dim
+        total, sampled = own_noise_spend(record.total, record.sampled, record.secure, dim)
         mine = [row for row in record.secure if row.session == session]
         session_report = terms = None
         if mine:
-            spend, events = own_noise_spend(mine[0].spend, mine[0].sampled, mine, self)
+            spend, events = own_noise_spend(mine[0].spend, mine[0].sampled, mine, dim)
             session_report = SpendReport.of(spend, events, delta, neighbour, True)
             terms = mine[0].terms
         return OwnNoise(
@@ -504,11 +505,12 @@ def own_noise_spend(
     spend: GaussianSpend,
     sampled: list[SubsampledGaussian],
     rows: Sequence[SecureSpend],
-    node: OwnerNode,
+    dim: int,
 ) -> tuple[GaussianSpend, list[SubsampledGaussian]]:
     """``spend`` and ``sampled`` (which include the secure sessions ``rows``) with each secure
     session's answers accounted at the owner's own noise sd s/√(K − t) instead of s: its μ_t
-    grow by √(K − t) and its gradient answers take the smaller multiplier."""
+    grow by √(K − t) and its gradient answers (lattice answers of a model of dimension
+    ``dim``) take the smaller multiplier."""
     counts: dict[tuple[float, float], int] = defaultdict(int)
     for event in sampled:
         counts[(event.sampling_rate, event.noise_multiplier)] += event.count
@@ -519,14 +521,22 @@ def own_noise_spend(
             spend.mu_squared + (factor - 1) * row.spend.mu_squared,
             max(spend.max_mu, row.spend.max_mu * math.sqrt(factor)),
         )
-        own = node.gradient_multiplier(
-            SecureTerms(1, 0, row.terms.owner_noise_sd)  # s' = s/√(K − t) alone
-        )
+        own = lattice_gradient_multiplier(row.terms.owner_noise_sd, dim)
         for event in row.sampled:
             counts[(event.sampling_rate, event.noise_multiplier)] -= event.count
             counts[(event.sampling_rate, own)] += event.count
     events = [SubsampledGaussian(q, m, c) for (q, m), c in counts.items() if c > 0]
     return spend, events
+
+
+def own_noise_report(ledger: Ledger, owner: str, dim: int, policy: Policy) -> SpendReport | None:
+    """``owner``'s spend across its ledger as if its own noise alone protected it in its secure
+    sessions (None: it never opened one) — for the offline ``owner report``."""
+    record = ledger.reports([owner], None)[0]
+    if not record.secure:
+        return None
+    spend, sampled = own_noise_spend(record.total, record.sampled, record.secure, dim)
+    return SpendReport.of(spend, sampled, policy.delta, policy.neighbour, True)
 
 
 def open_sessions(
