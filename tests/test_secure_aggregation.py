@@ -28,7 +28,13 @@ from fedpenalty.coordinator.grpc_oracle import GrpcOracle
 from fedpenalty.coordinator.inprocess import InProcessOracle
 from fedpenalty.coordinator.oracle import Answers, SecureAggregation
 from fedpenalty.coordinator.secure_sum import combine, secure_open
-from fedpenalty.errors import AggregationFailed, BudgetExhausted, ConfigError, InvalidRequest
+from fedpenalty.errors import (
+    AggregationFailed,
+    BudgetExhausted,
+    ConfigError,
+    InvalidRequest,
+    ReplayConflict,
+)
 from fedpenalty.models import build_model
 from fedpenalty.owner import Ledger, OwnerHost, OwnerNode
 from fedpenalty.owner.aggregation import (
@@ -142,6 +148,25 @@ def test_the_decoded_sum_is_the_sum_of_the_owners_lattice_answers():
     exact = exact_lattice_sum(nodes, lattice_step(terms))
     assert abs(answers.values.mean() - exact) < 5 * sd / np.sqrt(3000)
     assert abs(answers.values.std(ddof=1) / sd - 1) < 0.06
+
+
+def test_a_repeated_key_replays_the_stored_masked_words_and_charges_nothing():
+    """The ledger stores each owner's masked words; a retried request gets them back byte for
+    byte, nothing is drawn or charged, and another query at that key is refused."""
+    nodes = make_nodes(3)
+    hosts = [OwnerHost([n]) for n in nodes]
+    open_hosts(hosts, "s", 1.0, 0)
+    first = ask(hosts, "s", 0, np.arange(4))
+    spent = [n.ledger.total(n.name) for n in nodes]
+    stored = nodes[0].ledger.stored(["o0"], "s", 0, 0)[("o0", 0, 0)][1]
+    assert np.frombuffer(stored, dtype="<u8")[0] == first[0].values[0, 0]
+    again = ask(hosts, "s", 0, np.arange(4))
+    for a, b in zip(first, again):
+        np.testing.assert_array_equal(a.values, b.values)
+        np.testing.assert_array_equal(a.check, b.check)
+    assert [n.ledger.total(n.name) for n in nodes] == spent
+    with pytest.raises(ReplayConflict):
+        ask(hosts[:1], "s", 0, np.arange(4), step=0.02)
 
 
 def test_a_single_masked_answer_is_uniform_and_hides_the_data():
