@@ -23,7 +23,8 @@ from test_samplers import Z, z_scores
 
 from fedpenalty.common import Policy, SecureTerms
 from fedpenalty.config import load_scenario, resolve
-from fedpenalty.coordinator.driver import sample
+from fedpenalty.coordinator import checkpoint
+from fedpenalty.coordinator.driver import SamplingStopped, sample
 from fedpenalty.coordinator.grpc_oracle import GrpcOracle
 from fedpenalty.coordinator.inprocess import InProcessOracle
 from fedpenalty.coordinator.oracle import Answers, SecureAggregation
@@ -556,3 +557,57 @@ def test_the_offline_owner_report_shows_the_own_noise_epsilon(tmp_path):
     assert live.own_noise is not None
     assert report["epsilon"] == pytest.approx(live.total.epsilon, rel=1e-9)
     assert report["epsilon_own_noise_only"] == pytest.approx(live.own_noise.total.epsilon, rel=1e-9)
+
+
+class TwoHosts:
+    """A coordinator over two owner hosts (owners o0, o1 | o2) with secure aggregation; host B
+    does not answer the query of iteration ``drop_at`` (a dropout), once."""
+
+    def __init__(self, folder, tag: str, drop_at: int = -1):
+        model = build_model({"name": "bernoulli", "theta_bound": 3.0})
+        records = [model.simulate_records(np.random.default_rng(k), np.array([0.5]), 300)
+                   for k in range(3)]  # fmt: skip
+        policy = Policy(max_step=0.3, budget_epsilon=1e9, total_noise_sd=1.5, colluders=1)
+        seeds = np.random.SeedSequence(4).spawn(3)
+        ledgers = [Ledger(folder / f"{tag}-{h}.sqlite") for h in "ab"]
+        nodes = [OwnerNode.simulated(f"o{k}", model, r, policy, ledgers[k // 2], seeds[k])
+                 for k, r in enumerate(records)]  # fmt: skip
+        self.model, self.ledgers, self.drop_at = model, ledgers, drop_at
+        self.hosts = [OwnerHost(nodes[:2]), OwnerHost(nodes[2:])]
+        open_hosts(self.hosts, "run", 1.5, 1)
+
+    def log_ratio(self, iteration, chains, theta, theta_prop) -> Answers:
+        hosts = self.hosts[:1] if iteration == self.drop_at else self.hosts
+        if iteration == self.drop_at:
+            self.drop_at = -1
+        asked = [h.log_ratio("run", iteration, chains, theta, theta_prop) for h in hosts]
+        return combine([h.reply("run", a) for h, a in zip(hosts, asked)])
+
+    def run(self, **kwargs):
+        algo = kernel("penalty", self.model, oracle=self, step=0.3)
+        theta0 = np.random.default_rng(3).uniform(-0.5, 0.5, (3, 1))
+        rng = np.random.default_rng(5)
+        return sample(algo, rng, theta0, iterations=60, warmup=20, progress=False, **kwargs)
+
+    def close(self):
+        for ledger in self.ledgers:
+            ledger.close()
+
+
+def test_a_dropout_stops_the_run_resumably_and_the_resumed_chain_is_the_uninterrupted_one(
+    tmp_path,
+):
+    """Host B drops out at iteration 47: the sum is refused (AggregationFailed), the driver
+    stops with a checkpoint; restarted owners (same seeds, same ledgers) and a re-opened
+    session continue to exactly the chain of a run without the dropout."""
+    reference = TwoHosts(tmp_path, "reference").run()
+    stopped = TwoHosts(tmp_path, "stopped", drop_at=47)
+    path = tmp_path / "checkpoint.npz"
+    with pytest.raises(SamplingStopped) as info:
+        stopped.run(checkpoint=lambda p: checkpoint.save(path, p), checkpoint_every=10)
+    assert isinstance(info.value.cause, AggregationFailed)
+    checkpoint.save(path, info.value.progress)
+    stopped.close()
+    resumed = TwoHosts(tmp_path, "stopped").run(resume=checkpoint.load(path))
+    np.testing.assert_array_equal(resumed.theta, reference.theta)
+    np.testing.assert_array_equal(resumed.accepted, reference.accepted)
