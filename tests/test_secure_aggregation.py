@@ -458,9 +458,9 @@ def _secure_chain(sabotage: float | None = None, iterations: int = 4000):
                for k, n in enumerate((60, 100, 140, 80))]  # fmt: skip
     policy = Policy(max_step=0.12, budget_epsilon=1e9, total_noise_sd=1.3, colluders=2)
     ledger = Ledger(":memory:")
-    nodes = [OwnerNode(f"o{k}", gauss, r, policy, ledger, np.random.default_rng(k),
-                       noise_key=NoiseKey.derive(b"chain", f"o{k}"))
-             for k, r in enumerate(records)]  # fmt: skip
+    seeds = np.random.SeedSequence(9).spawn(len(records))
+    nodes = [OwnerNode.simulated(f"o{k}", gauss, r, policy, ledger, seed)
+             for k, (r, seed) in enumerate(zip(records, seeds))]  # fmt: skip
     oracle = InProcessOracle(nodes)
     ref = gauss.reference_posterior(np.concatenate(records))
     rng = np.random.default_rng(5)

@@ -172,7 +172,7 @@ class OwnerHost:
             raise ValueError("the owners of one host must all use lattice noise, or all not")
         if not modes.pop():
             return False
-        self._simulated = all(n.seeded for n in nodes)
+        self._simulated = all(n.seeded_streams for n in nodes)
         keys = [n.noise_key for n in nodes if n.noise_key is not None]
         self._source = word_source(keys, simulation=self._simulated)
         self._gamma = 2.0 ** (math.floor(math.log2(float(sigma.min()))) - LATTICE_BITS)

@@ -75,14 +75,15 @@ class OwnerNode:
 
     records: ``(n, p)`` raw records; they are validated and clipped into the model's domain.
     rng: seeded randomness for a *simulated* owner: float Gaussian noise and Poisson sampling
-        reproducible from a run's seed (whoever knows the seed knows the noise). With a
-        ``noise_key`` too, a simulated owner gives lattice answers from a seeded (Philox)
-        stream, and its secure-aggregation keys derive from the seed (``OwnerNode.simulated``).
+        reproducible from a run's seed (whoever knows the seed knows the noise); its
+        secure-aggregation keys derive from the seed too.
     noise_key: the owner's secret key of exact lattice noise (docs/design.md §2.7): log-ratio
         and statistic answers are rounded to a lattice and noised with the discrete Gaussian
         from a ChaCha20 stream addressed by (session, chain, iteration). The default when no
         ``rng`` is given is a fresh key from OS entropy (every deployed owner).
     simulation: keep data-dependent diagnostics (clip counts). Off for deployed owners.
+    seeded_streams: SIMULATION ONLY — lattice noise from seeded Philox streams and secure-
+        aggregation masks from a SplitMix64 mixer instead of ChaCha20 (``OwnerNode.simulated``).
     per_record: evaluate log-ratios record by record with the per-record clip. By default
     exponential-family models use the identity Σ_x ℓ(x,θ') − ℓ(x,θ) = Δηᵀ Σ S(x) − n ΔA, which is
     O(1) per answer and equal to the clipped sum: records are clipped into the data domain
@@ -100,6 +101,7 @@ class OwnerNode:
         simulation: bool = False,
         per_record: bool | None = None,
         noise_key: NoiseKey | None = None,
+        seeded_streams: bool = False,
     ):
         self.name = name
         self.model = model
@@ -107,8 +109,10 @@ class OwnerNode:
         self.records = model.prepare_records(records)
         self.ledger = ledger
         self.rng = rng if rng is not None else np.random.default_rng()
-        #: a simulated owner: its randomness (and any noise key) derives from a run's seed
+        #: a simulated owner: its randomness (and its agreement secret) derive from a seed
         self.seeded = rng is not None
+        #: simulation only: seeded Philox noise and SplitMix64 masks instead of ChaCha20
+        self.seeded_streams = seeded_streams
         self.noise_key = NoiseKey.from_os() if rng is None and noise_key is None else noise_key
         #: account by Rényi DP: this owner gives lattice answers, or its ledger holds some
         self.renyi_accounting = self.lattice or ledger.answered_on_lattice(name)
@@ -144,7 +148,17 @@ class OwnerNode:
         key = None
         if policy.total_noise_sd is not None:
             key = NoiseKey.derive(seed_material(rng), name)
-        return cls(name, model, records, policy, ledger, rng, simulation, noise_key=key)
+        return cls(
+            name,
+            model,
+            records,
+            policy,
+            ledger,
+            rng,
+            simulation,
+            noise_key=key,
+            seeded_streams=True,
+        )
 
     @functools.cached_property
     def agreement_secret(self) -> bytes:
