@@ -15,7 +15,9 @@ from . import __version__
 from .errors import FedPenaltyError
 
 if TYPE_CHECKING:
+    from .common import SpendReport
     from .models.base import Neighbour
+    from .owner.owner_config import OwnerConfig
     from .privacy.subsampled import Accountant
 
 
@@ -347,7 +349,15 @@ def cmd_owner_serve(args: argparse.Namespace) -> int:
     configs = [load_owner_config(path, args.listen, args.ledger) for path in args.owner_files]
     first = configs[0]
     for c in configs[1:]:
-        for key in ("listen", "tls", "allowed_clients", "max_message_bytes"):
+        shared = (
+            "listen",
+            "tls",
+            "allowed_clients",
+            "max_message_bytes",
+            "peer_ca",
+            "allowed_peers",
+        )
+        for key in shared:
             if getattr(c, key) != getattr(first, key):
                 raise FedPenaltyError(
                     f"owners served by one process must share server.{key}: "
@@ -369,6 +379,7 @@ def cmd_owner_serve(args: argparse.Namespace) -> int:
             first.max_message_bytes,
             allowed_clients=first.allowed_clients,
             insecure=args.insecure,
+            peers=first.peer_auth(),
         )
     finally:
         for ledger in ledgers.values():
@@ -377,8 +388,6 @@ def cmd_owner_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_owner_report(args: argparse.Namespace) -> int:
-    from .common import SpendReport
-    from .owner import Ledger
     from .owner.owner_config import load_owner_config
 
     config = load_owner_config(args.owner_file, ledger=args.ledger)
@@ -386,19 +395,8 @@ def cmd_owner_report(args: argparse.Namespace) -> int:
         raise FedPenaltyError(
             f"no ledger at {config.ledger}: owner {config.name!r} has never served from it"
         )
-    ledger = Ledger(config.ledger, read_only=True)  # no lock: works while a server runs
-    try:
-        policy = config.policy
-        # accounted as the serving owner accounts: by Rényi DP once it gave lattice answers
-        spend = SpendReport.of(
-            ledger.total(config.name),
-            ledger.sampled(config.name),
-            policy.delta,
-            policy.neighbour,
-            lattice=ledger.answered_on_lattice(config.name),
-        )
-    finally:
-        ledger.close()
+    policy = config.policy
+    spend, own = _ledger_spend(config)
     report = {
         "owner": config.name,
         "answers": spend.answers,
@@ -412,6 +410,7 @@ def cmd_owner_report(args: argparse.Namespace) -> int:
         "budget_epsilon": policy.budget_epsilon,
         "budget_left": max(policy.budget_epsilon - spend.epsilon, 0.0),
         "ledger": str(config.ledger),
+        "epsilon_own_noise_only": None if own is None else own.epsilon,
     }
     if args.json:
         print(json.dumps(report))
@@ -422,8 +421,32 @@ def cmd_owner_report(args: argparse.Namespace) -> int:
             f"ε = {spend.epsilon:.6g} at δ = {policy.delta:g} (paper's bound: "
             f"{_fmt(spend.epsilon_paper_bound)}); "
             f"budget ε = {policy.budget_epsilon:g}, {report['budget_left']:.6g} left"
+            + ("" if own is None else f"; its own noise alone: ε = {own.epsilon:.6g}")
         )
     return 0
+
+
+def _ledger_spend(config: OwnerConfig) -> tuple[SpendReport, SpendReport | None]:
+    """An owner's spend read offline from its ledger, and with secure aggregation what its own
+    noise alone would give (None: no secure session; docs/design.md §2.6)."""
+    from .common import SpendReport
+    from .owner import Ledger
+    from .owner.node import own_noise_report
+
+    ledger = Ledger(config.ledger, read_only=True)  # no lock: works while a server runs
+    try:
+        policy = config.policy
+        # accounted as the serving owner accounts: by Rényi DP once it gave lattice answers
+        spend = SpendReport.of(
+            ledger.total(config.name),
+            ledger.sampled(config.name),
+            policy.delta,
+            policy.neighbour,
+            lattice=ledger.answered_on_lattice(config.name),
+        )
+        return spend, own_noise_report(ledger, config.name, config.model.dim, policy)
+    finally:
+        ledger.close()
 
 
 def _positive_args(args: argparse.Namespace, *names: str) -> None:

@@ -20,7 +20,8 @@ from pydantic import ConfigDict, Field, PlainValidator
 from pydantic_core import PydanticCustomError
 
 from .cluster.ray_hosts import check_address
-from .coordinator.algorithms import ALGORITHMS
+from .coordinator.algorithms import ALGORITHMS, Algorithm
+from .coordinator.base import ChainAlgorithm
 from .coordinator.transports import TRANSPORTS
 from .errors import ConfigError
 from .models import MODELS, Model, build_model
@@ -101,6 +102,21 @@ class PrivacySection(Section):
         default="wang",
         description="ops, hybrid: OPS temperature min{1, ε/(4B)} (wang; ε/(2B) for add_remove) "
         "or min{1, ε/(2C)} (foulds; replace_one only)",
+    )
+    aggregation: Annotated[str, one_of("none", "secure")] = Field(
+        default="none",
+        description="'secure': the coordinator learns only the sum of the owners' masked answers "
+        "(docs/design.md §2.6); 'none': each owner's answer",
+    )
+    total_noise_sd: PositiveFloat | None = Field(
+        default=None,
+        description="secure aggregation: s, the noise sd of the honest owners' sum (units of "
+        "sigma); each of K owners adds variance s²/(K − colluders)",
+    )
+    colluders: NonNegativeInt = Field(
+        default=0,
+        description="secure aggregation: t, owners assumed to collude with the coordinator "
+        "(0 ≤ t < owners)",
     )
 
 
@@ -347,3 +363,30 @@ def _check_consistency(s: dict[str, dict[str, Any]], model: Model) -> None:
         raise ConfigError(f"data.true_theta must lie inside Θ = [-{bound:g}, {bound:g}]^{dim}")
     if sampler["init_scale"] > 1:
         raise ConfigError("sampler.init_scale must be at most 1 (chains start inside Θ)")
+    _check_aggregation(privacy, owners, ALGORITHMS[sampler["algorithm"]])
+
+
+def _check_aggregation(privacy: dict[str, Any], owners: int, algorithm: Algorithm) -> None:
+    """Secure aggregation needs s, t < K, and an algorithm whose owners answer queries."""
+    if privacy["aggregation"] != "secure":
+        if privacy["total_noise_sd"] is not None or privacy["colluders"]:
+            raise ConfigError(
+                "privacy.total_noise_sd and privacy.colluders apply with privacy.aggregation = "
+                "'secure' only; set it, or remove them"
+            )
+        return
+    if privacy["total_noise_sd"] is None:
+        raise ConfigError(
+            "privacy.aggregation = 'secure' needs privacy.total_noise_sd (s, the noise sd of the "
+            "owners' sum)"
+        )
+    if privacy["colluders"] >= owners:
+        raise ConfigError(
+            f"privacy.colluders = {privacy['colluders']} must be below the number of owners "
+            f"({owners})"
+        )
+    if not isinstance(algorithm, ChainAlgorithm) or not algorithm.deployable:
+        raise ConfigError(
+            f"privacy.aggregation = 'secure' applies to penalty, penalty_expfam, sgld, sghmc and "
+            f"sgnht, not {algorithm.name!r}"
+        )

@@ -79,5 +79,13 @@ class StorageUnavailable(OwnerUnavailable):
     neither answered nor charged, and may be retried once the storage is back."""
 
 
+class AggregationFailed(OwnerError):
+    """The owners' masked answers of a secure session do not sum to a decodable total: an owner
+    did not answer (dropout), or owners were shown different peers or terms. Nothing was
+    decoded; the run stops and may be resumed (docs/design.md §2.6)."""
+
+    grpc_code = "ABORTED"
+
+
 class LedgerInUse(FedPenaltyError):
     """Another process (or another ``Ledger`` in this one) already serves this ledger file."""

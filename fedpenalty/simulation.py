@@ -49,6 +49,12 @@ from .coordinator.driver import ChainResult, Progress, SamplingStopped, sample
 from .coordinator.grpc_oracle import GrpcOracle
 from .coordinator.oracle import Oracle
 from .coordinator.reference import reference_posterior
+from .coordinator.secure_sum import (
+    SIMULATED_SECURE_NOISE,
+    aggregation_fields,
+    owner_fields,
+    requested,
+)
 from .coordinator.sgmcmc import StepSchedule
 from .coordinator.transport_base import OwnerSetup
 from .coordinator.transports import TRANSPORTS
@@ -147,6 +153,7 @@ def owner_policies(scenario: Scenario, owners: int, sigma: float | None = None) 
     given = p["sigma"] if sigma is None else sigma
     sigmas = given if isinstance(given, list) else [given] * owners
     max_step = p["max_step"] if p["max_step"] is not None else sampler["step"]
+    secure = requested(p)
     return [
         Policy(
             sigma=s,
@@ -156,6 +163,8 @@ def owner_policies(scenario: Scenario, owners: int, sigma: float | None = None) 
             neighbour=p["neighbour"],
             max_sampling_rate=sampler["sampling_rate"],
             max_clip=sampler["clip"],
+            total_noise_sd=None if secure is None else secure.total_noise_sd,
+            colluders=0 if secure is None else secure.colluders,
         )
         for s in sigmas
     ]
@@ -321,9 +330,10 @@ def _run_owners(
             extra["simulation_only"] = simulated
     finally:
         launched.stop()
-    privacy = privacy_summary(reports, policies, algorithm, scenario["sampler"]) if reports else {}
+    privacy = privacy_summary(reports, policies, algorithm, scenario) if reports else {}
     if privacy:
-        privacy["noise"] = SIMULATED_NOISE
+        secure = requested(scenario["privacy"])
+        privacy["noise"] = SIMULATED_NOISE if secure is None else SIMULATED_SECURE_NOISE
     if privacy and start is not None:
         start.privacy(privacy)
     outputs = _Outputs(
@@ -560,7 +570,7 @@ def _deployed(
     chains, reports, stopped, spend = _sample_owners(
         scenario, algorithm, model, owners, out, n_total, info, resume
     )
-    privacy = privacy_summary(reports, policies, algorithm, scenario["sampler"]) if reports else {}
+    privacy = privacy_summary(reports, policies, algorithm, scenario) if reports else {}
     outputs = _Outputs(model, algorithm.name, None, _sample_stats(chains, scenario, algorithm))
     return _finish(
         out,
@@ -652,7 +662,9 @@ def _open_session(
     options = algorithm.session_options(sampler)
     planned = algorithm.planned_answers(sampler)
     try:
-        return owners.oracle.open_session(algorithm.query, planned, session, **options)
+        return owners.oracle.open_session(
+            algorithm.query, planned, session, secure=requested(scenario["privacy"]), **options
+        )
     except BudgetExhausted as exc:
         if exc.owner not in owners.names:
             raise
@@ -794,12 +806,15 @@ def privacy_summary(
     reports: list[PrivacyReport],
     policies: list[Policy],
     algorithm: ChainAlgorithm,
-    sampler: dict[str, Any],
+    scenario: Scenario,
 ) -> dict[str, Any]:
     """The ``privacy.json`` content: each owner's own report of this run's session, and
     ``ledger_epsilon``, its ε across every session its ledger has seen. Gradient runs show the
     owner's σ as ``noise_multiplier`` with the sampling rate and clip they asked for; ``mu`` is
-    null unless the owner's ε is the exact GDP one."""
+    null unless the owner's ε is the exact GDP one. With secure aggregation: s, t and the
+    assumption ``epsilon`` rests on, and each owner's ε from its own noise alone."""
+    sampler = scenario["sampler"]
+    secure = requested(scenario["privacy"])
     gradient = algorithm.query == SGMCMC
     owners = []
     for report, policy in zip(reports, policies):
@@ -814,6 +829,8 @@ def privacy_summary(
             if gradient
             else {"sigma": policy.sigma}
         )
+        if secure is not None:  # the noise is s/√(K − t) (owner_fields), not σ
+            noise.pop("noise_multiplier" if gradient else "sigma")
         owners.append(
             {
                 "owner": report.owner,
@@ -828,6 +845,7 @@ def privacy_summary(
                 "ledger_epsilon": report.total.epsilon,
                 "budget_epsilon": report.budget_epsilon,
                 "budget_left": report.budget_left,
+                **owner_fields(report),
             }
         )
     neighbour = _common([r.neighbour for r in reports])
@@ -839,6 +857,7 @@ def privacy_summary(
         "accounting": ACCOUNTING[algorithm.query],
         "trusted_curator": False,
         "release": "each owner's own ledger",
+        **aggregation_fields(secure),
         "owners": owners,
     }
 
