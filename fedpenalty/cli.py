@@ -216,15 +216,16 @@ def excess_warning(diag: dict[str, Any]) -> str | None:
     )
 
 
-def stop_message(result, resumable: bool) -> str:
-    """One message saying why a run stopped early, what it kept and how to continue."""
+def stop_message(result, resumable: bool, command: str = "run") -> str:
+    """One message saying why a run stopped early, what it kept and how to continue
+    (``fedpenalty COMMAND --resume``, when ``resumable``)."""
     from .errors import BudgetExhausted, InvalidRequest
     from .refusals import policy_refusal
 
     cause = result.stopped
     kept = f"kept {result.diagnostics['kept_draws']} draws per chain in {result.out}"
     then = (
-        f"; `fedpenalty run --resume {result.out}` continues from its checkpoint"
+        f"; `fedpenalty {command} --resume {result.out}` continues from its checkpoint"
         if resumable
         else ""
     )
@@ -242,12 +243,21 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from .config import load_scenario
     from .coordinator.algorithms import ALGORITHMS
     from .coordinator.base import ReleaseAlgorithm
-    from .simulation import run_scenario
+    from .simulation import resume_simulation, run_scenario
 
-    scenario = load_scenario(args.scenario, args.set or [])
-    if args.no_progress:
-        scenario["run"]["progress"] = False
-    result = run_scenario(scenario, args.out)
+    if args.resume:
+        if args.scenario or args.set or args.out:
+            raise FedPenaltyError(
+                "--resume continues a simulation as it was configured: give no scenario, --set "
+                "or --out"
+            )
+        result = resume_simulation(args.resume)
+        scenario = load_scenario(Path(args.resume) / "config.toml")
+    else:
+        scenario = load_scenario(args.scenario, args.set or [])
+        if args.no_progress:
+            scenario["run"]["progress"] = False
+        result = run_scenario(scenario, args.out)
     model, sampler = scenario["model"], scenario["sampler"]
     algorithm = ALGORITHMS[sampler["algorithm"]]
     transport = "" if algorithm.query is None else f", {scenario['run']['transport']} transport"
@@ -260,14 +270,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         f"draws{warmup}",
         result,
     )
-    return _exit_status(result, resumable=False)
+    return _exit_status(result, resumable=algorithm.query is not None, command="simulate")
 
 
 #: Mixing warnings printed one per line; the rest are counted (diagnostics.json has them all).
 MAX_WARNING_LINES = 5
 
 
-def _exit_status(result, resumable: bool) -> int:
+def _exit_status(result, resumable: bool, command: str = "run") -> int:
     """Warn about unmixed chains and excess noise; 3 (with the one-line reason) when the run
     stopped early, else 0."""
     warnings = result.diagnostics.get("warnings", [])
@@ -282,7 +292,7 @@ def _exit_status(result, resumable: bool) -> int:
     if warning := excess_warning(result.diagnostics):
         print(warning, file=sys.stderr)
     if result.stopped is not None:
-        print(stop_message(result, resumable=resumable), file=sys.stderr)
+        print(stop_message(result, resumable, command), file=sys.stderr)
         return 3
     return 0
 
@@ -578,6 +588,11 @@ def _add_simulate(sub: argparse._SubParsersAction) -> None:
     )
     sim.add_argument("--out", help="run directory (default: run.out or runs/<algorithm>-<time>)")
     sim.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    sim.add_argument(
+        "--resume",
+        metavar="DIR",
+        help="continue the stopped or interrupted simulation in DIR from its checkpoint",
+    )
     sim.set_defaults(func=cmd_simulate)
 
 

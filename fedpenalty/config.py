@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import tomli_w
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, PlainValidator
+from pydantic_core import PydanticCustomError
 
+from .cluster.ray_hosts import check_address
 from .coordinator.algorithms import ALGORITHMS
 from .coordinator.transports import TRANSPORTS
 from .errors import ConfigError
@@ -151,11 +153,36 @@ class SamplerSection(Section):
     )
 
 
+def _ray_address(value: Any) -> str:
+    if not isinstance(value, str):
+        raise PydanticCustomError("refused", "must be {allowed}", {"allowed": "a string"})
+    try:
+        return check_address(value)
+    except ValueError as exc:
+        allowed = str(exc).removeprefix("must be ")
+        raise PydanticCustomError("refused", "must be {allowed}", {"allowed": allowed}) from None
+
+
+#: ``run.ray_address``: '' (a local Ray), 'auto', 'host:port' or 'ray://host[:port]'.
+RayAddress = Annotated[str, PlainValidator(_ray_address)]
+
+
 class RunSection(Section):
     transport: Annotated[str, one_of(*TRANSPORTS)] = Field(
         default="grpc",
         description="simulate: how the owners run (coordinator/transports.py): 'grpc' (local "
-        "processes on loopback gRPC) or 'inprocess' (fastest)",
+        "processes on loopback gRPC), 'inprocess' (fastest) or 'ray' (Ray actors)",
+    )
+    ray_address: RayAddress = Field(
+        default="",
+        description="ray: '' starts a local Ray sized to the machine (stopped at the end); "
+        "'auto', 'host:port' or 'ray://host[:port]' connect to an existing Ray cluster",
+    )
+    ray_actors: NonNegativeInt = Field(
+        default=0, description="ray: owner-host actors (0: one per free CPU of the cluster)"
+    )
+    ray_actor_cpus: PositiveFloat = Field(
+        default=1.0, description="ray: CPUs each owner-host actor reserves (may be fractional)"
     )
     owner_hosts: NonNegativeInt = Field(
         default=0,

@@ -4,17 +4,25 @@ CSV files have a header row; the feature column is ``x`` for one-dimensional mod
 ``x0, x1, …`` otherwise; ``logistic`` has a label column ``y``. NPZ files hold one array per
 column name (a 2-D ``x`` of shape ``(n, d)`` is accepted for ``x0..``). Records are validated
 and clipped into the model's data domain by ``Model.prepare_records``.
+
+A simulation describes each owner's records by a *source* — a file path, or a synthetic
+owner's size and its own seed stream — so that whichever process hosts the owner makes exactly
+the same records (docs/design.md §4, "The Ray transport"): ``OwnerRecords`` makes them on
+demand, one owner at a time.
 """
 
 from __future__ import annotations
 
 import csv
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import overload
 
 import numpy as np
 
 from .errors import DataError
-from .models import Model
+from .models import ExpFamModel, Model
 
 
 def load_records(path: str | Path, model: Model) -> np.ndarray:
@@ -95,8 +103,83 @@ def _read_npz(path: Path, columns: list[str]) -> np.ndarray:
         raise DataError(f"{path}: arrays must be numeric ({exc})") from exc
 
 
-def synthetic_owners(
-    model: Model, rng: np.random.Generator, true_theta: np.ndarray, n_per_owner: list[int]
-) -> list[np.ndarray]:
-    """One record array per owner, simulated at ``true_theta`` ``(d,)``."""
-    return [model.simulate_records(rng, true_theta, n) for n in n_per_owner]
+@dataclass(frozen=True)
+class SyntheticRecords:
+    """One synthetic owner's ``n`` records, simulated at ``true_theta`` ``(d,)`` from the
+    owner's own seed stream ``seed`` (the same records in every process)."""
+
+    seed: np.random.SeedSequence
+    n: int
+    true_theta: tuple[float, ...]
+
+    def make(self, model: Model) -> np.ndarray:
+        """The records ``(n, p)``, inside the model's data domain."""
+        theta = np.asarray(self.true_theta, dtype=float)
+        return model.simulate_records(np.random.default_rng(self.seed), theta, self.n)
+
+
+@dataclass(frozen=True)
+class FileRecords:
+    """One owner's records in a CSV or NPZ file (``load_records``)."""
+
+    path: str
+
+    def make(self, model: Model) -> np.ndarray:
+        """The records ``(n, p)``, validated and clipped."""
+        return load_records(self.path, model)
+
+
+RecordSource = SyntheticRecords | FileRecords
+
+
+class OwnerRecords(Sequence[np.ndarray]):
+    """Every owner's records in owner order, made from ``sources`` when indexed; nothing is
+    kept, so only one owner's records are in memory at a time."""
+
+    def __init__(self, model: Model, sources: Sequence[RecordSource]):
+        self.model, self.sources = model, list(sources)
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+    @overload
+    def __getitem__(self, k: int) -> np.ndarray: ...
+
+    @overload
+    def __getitem__(self, k: slice) -> list[np.ndarray]: ...
+
+    def __getitem__(self, k: int | slice) -> np.ndarray | list[np.ndarray]:
+        if isinstance(k, slice):
+            return [s.make(self.model) for s in self.sources[k]]
+        return self.sources[k].make(self.model)
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return (s.make(self.model) for s in self.sources)
+
+    def pooled(self) -> np.ndarray:
+        """All owners' records stacked ``(Σ n_k, p)`` (a trusted curator's view)."""
+        return np.concatenate(list(self))
+
+    def stat_total(self) -> tuple[int, np.ndarray]:
+        """(Σ n_k, Σ_k Σ_x S(x) ``(s,)``) of an exponential-family model, one owner at a time."""
+        model = self.model
+        assert isinstance(model, ExpFamModel)  # only exponential-family models have S(x)
+        n, total = 0, np.zeros(model.stat_dim)
+        for records in self:
+            n += len(records)
+            total += model.suff_stat(records).sum(axis=0)
+        return n, total
+
+
+def synthetic_sources(
+    seed: np.random.SeedSequence, true_theta: np.ndarray, n_per_owner: Sequence[int]
+) -> list[SyntheticRecords]:
+    """One source per owner: owner k's records come from the k-th child stream of ``seed``
+    (``seed.spawn`` of a fresh ``seed``, without changing ``seed``)."""
+    theta = tuple(float(v) for v in np.ravel(true_theta))
+    return [
+        SyntheticRecords(
+            np.random.SeedSequence(seed.entropy, spawn_key=(*seed.spawn_key, k)), int(n), theta
+        )
+        for k, n in enumerate(n_per_owner)
+    ]

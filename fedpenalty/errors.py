@@ -19,6 +19,10 @@ class DataError(FedPenaltyError, ValueError):
     """A data file or record array cannot be used with the model."""
 
 
+class Interrupted(FedPenaltyError):
+    """The user interrupted a run (Ctrl-C, SIGINT): it stops like a refused run, resumable."""
+
+
 class OwnerError(FedPenaltyError):
     """An owner refused a request. ``grpc_code`` is the status name a server reports."""
 

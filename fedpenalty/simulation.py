@@ -52,11 +52,11 @@ from .coordinator.reference import reference_posterior
 from .coordinator.sgmcmc import StepSchedule
 from .coordinator.transport_base import OwnerSetup
 from .coordinator.transports import TRANSPORTS
-from .data import load_records, synthetic_owners
+from .data import FileRecords, OwnerRecords, synthetic_sources
 from .diagnostics import summarize
-from .errors import BudgetExhausted, ConfigError, InvalidRequest, OwnerError
+from .errors import BudgetExhausted, ConfigError, Interrupted, InvalidRequest, OwnerError
 from .inference_data import POSTERIOR_FILE, SpendTrace, posterior_tree, read_spend, write_posterior
-from .models import Model, Reference, build_model
+from .models import ExpFamModel, Model, Reference, build_model
 from .owner.owner_config import TlsFiles
 from .refusals import budget_refusal, plan_needs, policy_refusal
 
@@ -110,17 +110,34 @@ class RunResult:
     privacy: dict[str, Any]
     diagnostics: dict[str, Any]
     theta: np.ndarray
-    stopped: OwnerError | None = None
+    stopped: OwnerError | Interrupted | None = None
 
 
-def owner_records(scenario: Scenario, model: Model, rng: np.random.Generator) -> list[np.ndarray]:
+def owner_records(scenario: Scenario, model: Model, seed: np.random.SeedSequence) -> OwnerRecords:
+    """The owners' records, made on demand: read from ``data.paths``, or simulated, owner k
+    from the k-th stream of ``seed`` (so every transport's hosts make the same records)."""
     data = scenario["data"]
     if data["source"] == "files":
-        return [load_records(p, model) for p in data["paths"]]
+        return OwnerRecords(model, [FileRecords(str(Path(p).resolve())) for p in data["paths"]])
     n = data["n_per_owner"]
     n_per_owner = n if isinstance(n, list) else [n] * data["owners"]
     true_theta = np.broadcast_to(np.asarray(data["true_theta"], dtype=float), (model.dim,))
-    return synthetic_owners(model, rng, true_theta, n_per_owner)
+    return OwnerRecords(model, synthetic_sources(seed, true_theta, n_per_owner))
+
+
+def pooled_reference(
+    model: Model, records: OwnerRecords, progress: bool = False
+) -> tuple[Reference, int]:
+    """The reference posterior given every owner's records, and their total count. Closed-form
+    exponential-family references sum the owners' statistics one owner at a time, so the
+    records are never all held at once; otherwise the records are pooled."""
+    if isinstance(model, ExpFamModel):
+        n, total = records.stat_total()
+        closed = model.reference_from_stats(n, total)
+        if closed is not None:
+            return closed, n
+    pooled = records.pooled()
+    return reference_posterior(model, pooled, progress=progress), len(pooled)
 
 
 def owner_policies(scenario: Scenario, owners: int, sigma: float | None = None) -> list[Policy]:
@@ -204,34 +221,85 @@ def run_scenario(scenario: Scenario, out: str | Path | None = None) -> RunResult
     algorithm = ALGORITHMS[scenario["sampler"]["algorithm"]]
     out, existed = _new_run_dir(scenario, out)
     with _drawless_run_removed(out, existed):
-        data_seed, owner_seed, _, release_seed = _seeds(scenario)
-        records = owner_records(scenario, model, np.random.default_rng(data_seed))
-        pooled = np.concatenate(records)
-        reference = reference_posterior(model, pooled, progress=scenario["run"]["progress"])
-        release_rng = np.random.default_rng(release_seed)
+        world = _simulated_world(scenario, model)
+        records, reference = world.records, world.reference
         if isinstance(algorithm, ReleaseAlgorithm):
-            return _run_release(scenario, algorithm, model, records, release_rng, out, reference)
+            return _run_release(
+                scenario, algorithm, model, list(records), world.release_rng, out, reference
+            )
         if algorithm.query is None:
-            return _run_pooled(scenario, algorithm, model, pooled, out, reference)
-        seeds = owner_seed.spawn(len(records))
-        return _run_owners(scenario, algorithm, model, records, seeds, release_rng, out, reference)
+            return _run_pooled(scenario, algorithm, model, records.pooled(), out, reference)
+        return _run_owners(scenario, algorithm, model, world, out)
+
+
+@dataclass(frozen=True)
+class _World:
+    """What a simulation derives from ``run.seed``: the owners' ``records`` (made on demand),
+    their total count, their noise ``seeds``, the generator of releases and data-dependent
+    starts, and the ``reference`` posterior."""
+
+    records: OwnerRecords
+    n_total: int
+    seeds: list[np.random.SeedSequence]
+    release_rng: np.random.Generator
+    reference: Reference
+
+
+def _simulated_world(scenario: Scenario, model: Model) -> _World:
+    data_seed, owner_seed, _, release_seed = _seeds(scenario)
+    records = owner_records(scenario, model, data_seed)
+    reference, n_total = pooled_reference(model, records, progress=scenario["run"]["progress"])
+    seeds = owner_seed.spawn(len(records))
+    return _World(records, n_total, seeds, np.random.default_rng(release_seed), reference)
+
+
+def resume_simulation(out: str | Path) -> RunResult:
+    """Continue a stopped or interrupted ``fedpenalty simulate`` in ``out`` from its checkpoint.
+
+    The owners are built again from the run's seeds on their ledgers: they replay what they
+    answered, and their seeded noise is addressed by (session, chain, iteration) (docs/design.md
+    §2.7), so the draws are exactly those of an uninterrupted run with the same seed.
+    """
+    out = Path(out)
+    info = _run_info(out)
+    if info.get("mode") != "simulate":
+        raise ConfigError(
+            f"{out} is a run of `fedpenalty run`; continue it with `fedpenalty run --resume {out}`"
+        )
+    if info.get("complete"):
+        raise ConfigError(f"{out} holds a finished simulation; nothing to resume")
+    scenario = load_scenario(out / "config.toml")
+    model = build_model(scenario["model"])
+    algorithm = ALGORITHMS[scenario["sampler"]["algorithm"]]
+    assert isinstance(algorithm, ChainAlgorithm)  # only owner-asking chains write a run.json
+    progress = checkpoint.load(out / CHECKPOINT) if (out / CHECKPOINT).exists() else None
+    return _run_owners(scenario, algorithm, model, _simulated_world(scenario, model), out, progress)
+
+
+def _run_info(out: Path) -> dict[str, Any]:
+    """The ``run.json`` of the run directory ``out``, or a ``ConfigError`` saying why not."""
+    try:
+        return json.loads((out / RUN_INFO).read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"{out} is not a resumable run directory (no readable {RUN_INFO}: {exc})"
+        ) from exc
 
 
 def _run_owners(
     scenario: Scenario,
     algorithm: ChainAlgorithm,
     model: Model,
-    records: list[np.ndarray],
-    seeds: list[np.random.SeedSequence],
-    release_rng: np.random.Generator,
+    world: _World,
     out: Path,
-    reference: Reference,
+    resume: Progress | None = None,
 ) -> RunResult:
-    """Simulated owners (``run.transport``) answering ``algorithm``'s chains."""
-    pooled = np.concatenate(records)
+    """Simulated owners (``run.transport``) answering ``algorithm``'s chains (``resume``: from
+    that checkpoint, on the owners' existing ledgers)."""
+    records, seeds, release_rng = world.records, world.seeds, world.release_rng
     start = None
     if algorithm.start is not None:
-        start = algorithm.start(release_rng, model, pooled, scenario.sections)
+        start = algorithm.start(release_rng, model, records.pooled(), scenario.sections)
     policies = owner_policies(scenario, len(records), None if start is None else start.sigma)
     names = [f"owner-{k}" for k in range(len(records))]
     setup = OwnerSetup(out, model, names, records, policies, seeds, scenario["run"])
@@ -245,7 +313,7 @@ def _run_owners(
         }
         theta0 = None if start is None else start.theta
         chains, reports, stopped, spend = _sample_owners(
-            scenario, algorithm, model, owners, out, len(pooled), info, theta0=theta0
+            scenario, algorithm, model, owners, out, world.n_total, info, resume, theta0
         )
         extra = _chain_diagnostics(chains)
         simulated = launched.oracle.simulation_diagnostics()
@@ -258,7 +326,9 @@ def _run_owners(
         privacy["noise"] = SIMULATED_NOISE
     if privacy and start is not None:
         start.privacy(privacy)
-    outputs = _Outputs(model, algorithm.name, reference, _sample_stats(chains, scenario, algorithm))
+    outputs = _Outputs(
+        model, algorithm.name, world.reference, _sample_stats(chains, scenario, algorithm)
+    )
     return _finish(out, chains.theta, chains.accepted, privacy, outputs, extra, stopped, spend)
 
 
@@ -451,14 +521,11 @@ def resume_run(
     start when it has none). The owners replay what they already answered, so the resumed
     chain is the chain of an uninterrupted run, and nothing is charged twice."""
     out = Path(out)
-    try:
-        info = json.loads((out / RUN_INFO).read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(
-            f"{out} is not a resumable run directory (no readable {RUN_INFO}: {exc})"
-        ) from exc
+    info = _run_info(out)
     if info.get("mode") != "deployed":
-        raise ConfigError(f"{out} is a simulation; only runs of `fedpenalty run` can be resumed")
+        raise ConfigError(
+            f"{out} is a simulation; continue it with `fedpenalty simulate --resume {out}`"
+        )
     if info.get("session") is None or info.get("complete"):
         raise ConfigError(
             f"{out} holds a finished run (or one that never opened a session); nothing to resume"
@@ -517,7 +584,7 @@ def _sample_owners(
     info: dict[str, Any],
     resume: Progress | None = None,
     theta0: np.ndarray | None = None,
-) -> tuple[ChainResult, list[PrivacyReport], OwnerError | None, SpendTrace]:
+) -> tuple[ChainResult, list[PrivacyReport], OwnerError | Interrupted | None, SpendTrace]:
     """Open (or resume) the session, sample with checkpoints, collect the owners' reports.
     Returns the kept draws, the reports (empty if some owner cannot report), the owner error
     that stopped the run early, if any, and the owners' running spend. ``theta0`` ``(chains,
@@ -525,7 +592,7 @@ def _sample_owners(
     (session closed) when the run completed or stopped before its first iteration, and only
     disconnected (session left open for a resume) when it stopped later."""
     sampler, run, oracle = scenario["sampler"], scenario["run"], owners.oracle
-    stopped: OwnerError | None = None
+    stopped: OwnerError | Interrupted | None = None
     try:
         info["session"] = _open_session(scenario, algorithm, model, owners, info.get("session"))
         _write_info(out, info)
@@ -596,7 +663,7 @@ def _open_session(
         ) from exc
 
 
-def _unstarted(cause: OwnerError) -> Exception:
+def _unstarted(cause: OwnerError | Interrupted) -> Exception:
     """The error of a run stopped before its first iteration: for a request outside an
     owner's policy, what to change (a resume would repeat it); else the owner's error."""
     return ConfigError(policy_refusal(cause)) if isinstance(cause, InvalidRequest) else cause
@@ -686,7 +753,7 @@ def _finish(
     privacy: dict[str, Any],
     outputs: _Outputs,
     extra: dict[str, Any],
-    stopped: OwnerError | None = None,
+    stopped: OwnerError | Interrupted | None = None,
     spend: SpendTrace | None = None,
 ) -> RunResult:
     """Write samples, privacy, diagnostics, posterior.nc and the figures of what was sampled:

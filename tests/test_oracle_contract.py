@@ -1,5 +1,6 @@
-"""The oracle contract, run against every transport: in-process and gRPC (owner hosts served
-in this process on loopback, two hosts of 2 + 1 owners so that per-host batching is crossed).
+"""The oracle contract, run against every transport: in-process, gRPC (owner hosts served
+in this process on loopback, two hosts of 2 + 1 owners so that per-host batching is crossed)
+and Ray (two actors of 2 + 1 owners on the session's local Ray).
 
 A transport must not change the numbers: answers equal those of the same owners asked directly
 (up to the last-bit rounding of how owners are grouped into hosts), in the order ``describe``
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from ray_support import ray_oracle_of
 
 from fedpenalty.common import Policy
 from fedpenalty.coordinator.grpc_oracle import GrpcOracle
@@ -58,7 +60,7 @@ def make_nodes(tmp_path, tag: str, sigmas: tuple[float, ...] = SIGMAS, **policy)
     ]
 
 
-@pytest.fixture(params=["inprocess", "grpc"])
+@pytest.fixture(params=["inprocess", "grpc", "ray"])
 def connect(request):
     """connect(nodes) → an oracle over those owners through the transport under test."""
     opened = []
@@ -66,6 +68,9 @@ def connect(request):
     def make(nodes: list[OwnerNode]):
         if request.param == "inprocess":
             oracle = InProcessOracle(nodes)
+        elif request.param == "ray":
+            oracle, actors = ray_oracle_of(request.getfixturevalue("ray_actors"), nodes)
+            opened.append(actors)
         else:
             servers = [ServerThread(OwnerHost([nodes[k] for k in group])) for group in GROUPS]
             opened.extend(servers)

@@ -392,6 +392,49 @@ def noisy_stats(
     )
 
 
+@dataclass(frozen=True)
+class PseudoCountsResult:
+    """One release of Foulds et al.'s Beta–Bernoulli pseudo-counts. ``released`` ``(2,)``: the
+    noisy (n₁, n₀) after clamping at 0; ``theta`` ``(draws, 1)``: draws of logit p from
+    Beta(a + n̂₁, b + n̂₀) on Θ; ``scale`` the Laplace b = Δ₁/ε; ``sensitivity`` Δ₁ of the pair;
+    (``epsilon``, 0)-DP for every record, n included."""
+
+    theta: np.ndarray
+    released: np.ndarray
+    epsilon: float
+    neighbour: str
+    scale: float
+    sensitivity: float
+
+
+def laplace_pseudo_counts(
+    rng: np.random.Generator,
+    model: Bernoulli,
+    records: np.ndarray,
+    epsilon: float,
+    *,
+    neighbour: Neighbour,
+    draws: int,
+) -> PseudoCountsResult:
+    """Foulds et al.'s own Laplace mechanism for the Beta–Bernoulli model (their §3.2 and
+    Figure 2), as opposed to ``noisy_stats`` (which releases Σx alone and treats n as public):
+    both pseudo-counts (n₁, n₀) = (Σx, n − Σx) of the prepared ``records`` get independent
+    Laplace(Δ₁/ε) noise, with Δ₁ the L1 sensitivity of the pair — 2 for replace-one (one record
+    moves one count up and the other down), 1 for add/remove — and are clamped at 0
+    (post-processing), so n stays private. ``draws`` samples of θ = logit p follow from
+    Beta(a + n̂₁, b + n̂₀) restricted to Θ, the conjugate posterior treating n̂ as exact."""
+    eps = gaussian.check_positive("epsilon", epsilon)
+    if neighbour not in ("replace_one", "add_remove"):
+        raise ValueError(f"neighbour must be 'replace_one' or 'add_remove', got {neighbour!r}")
+    ones = float(model.suff_stat(records).sum())
+    sensitivity = 2.0 if neighbour == "replace_one" else 1.0
+    scale = sensitivity / eps
+    counts = np.array([ones, len(records) - ones]) + rng.laplace(0.0, scale, size=2)
+    released = np.maximum(counts, 0.0)
+    theta = conjugate_draws(rng, model, float(released.sum()), released[:1], draws)
+    return PseudoCountsResult(theta, released, eps, neighbour, scale, sensitivity)
+
+
 # ------------------------------------------------------------------ hybrid OPS + DP-SGLD
 
 

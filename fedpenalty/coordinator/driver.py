@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from ..errors import OwnerError
+from ..errors import Interrupted, OwnerError
 from .base import SamplingAlgorithm, StepRecord
 
 
@@ -115,10 +115,11 @@ class Progress:
 
 
 class SamplingStopped(Exception):
-    """An owner refused or could not be reached. ``progress`` is the run up to the last
-    completed iteration (resumable); ``cause`` the owner's error."""
+    """An owner refused or could not be reached, or the user interrupted the run. ``progress``
+    is the run up to the last completed iteration (resumable); ``cause`` the owner's error or
+    ``Interrupted``."""
 
-    def __init__(self, progress: Progress, cause: OwnerError):
+    def __init__(self, progress: Progress, cause: OwnerError | Interrupted):
         super().__init__(str(cause))
         self.progress, self.cause = progress, cause
 
@@ -166,7 +167,8 @@ def sample(
     ``resume``: continue from a saved ``Progress`` (``theta0`` is then ignored and ``rng`` is
     reset to the saved state), which gives exactly the chain of an uninterrupted run when the
     owners replay re-asked queries. ``checkpoint`` is called every ``checkpoint_every``
-    iterations. An owner error stops the run with ``SamplingStopped``.
+    iterations. An owner error, or Ctrl-C during an iteration, stops the run with
+    ``SamplingStopped``.
     """
     if resume is None:
         run = start(algorithm, rng, theta0, iterations, warmup)
@@ -192,6 +194,8 @@ def sample(
                 state, record = algorithm.step(rng, run.state)
             except OwnerError as exc:
                 raise SamplingStopped(run, exc) from exc
+            except KeyboardInterrupt:  # the iteration is dropped; what owners answered replays
+                raise SamplingStopped(run, Interrupted("interrupted (Ctrl-C)")) from None
             run = replace(run.advanced(state, record), rng_state=rng.bit_generator.state)
             if (
                 checkpoint is not None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from .grpc_oracle import GRPC
 from .inprocess import INPROCESS
+from .ray_oracle import RAY
 from .transport_base import Transport
 
 TRANSPORTS: dict[str, Transport] = {
@@ -14,5 +15,6 @@ TRANSPORTS: dict[str, Transport] = {
     for t in (
         INPROCESS,
         GRPC,
+        RAY,
     )
 }

@@ -1,0 +1,211 @@
+"""The Ray transport: the simulation's owners packed into Ray actors (docs/design.md §4).
+
+Owners are split into contiguous blocks, one per actor; each actor is an ``OwnerHost`` with its
+own ledger file that makes or reads its owners' records itself (``cluster/ray_hosts.py``). An
+iteration is one call per actor — all issued, then all awaited — so it costs one round trip to
+the slowest actor, never one per owner. The answers come back in ``describe`` order (actor
+order, then each actor's owners), with each owner's declared noise sd; owner refusals are
+raised again with the owner's own error class, and an actor that dies stops the run with
+``OwnerUnavailable`` naming the owners it hosted.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import numpy as np
+
+from ..cluster.ray_hosts import HostSpec, OwnerSpec, RayHosts, RayRuntime, connect_ray
+from ..common import OwnerDescription, PrivacyReport
+from ..data import OwnerRecords
+from ..errors import ConfigError, OwnerUnavailable
+from .oracle import Answers
+from .transport_base import Launched, OwnerSetup, Transport
+
+#: The ``note`` of ``simulation_diagnostics`` (the same counters as in-process owners keep).
+SIMULATION_NOTE = (
+    "data-dependent counters kept by simulated owners only; deployed owners never release them. "
+    "Owners answering from sufficient statistics evaluate no per-record terms: for records "
+    "inside the data domain the per-record clip cannot bind there"
+)
+
+
+class RayOracle:
+    """All owners hosted by ``hosts`` (Ray actors), in actor order, then each actor's order."""
+
+    def __init__(self, hosts: RayHosts, owners: list[OwnerDescription]):
+        self.hosts = hosts
+        self._owners = owners
+        self._sigma = np.array([d.policy.sigma for d in owners])
+        self.session: str | None = None
+
+    # --- the Oracle interface ---------------------------------------------------------------
+    def describe(self) -> list[OwnerDescription]:
+        return list(self._owners)
+
+    def open_session(
+        self,
+        algorithm: str,
+        planned_answers: int,
+        session: str | None = None,
+        sampling_rate: float | None = None,
+        max_step: float | None = None,
+    ) -> str:
+        session = session or uuid.uuid4().hex
+        self._each(
+            "open_session",
+            session,
+            algorithm,
+            planned_answers,
+            sampling_rate,
+            max_step=max_step,
+        )
+        self.session = session
+        return session
+
+    def log_ratio(
+        self, iteration: int, chains: np.ndarray, theta: np.ndarray, theta_prop: np.ndarray
+    ) -> Answers:
+        values = self._stacked(
+            "log_ratio", self._require_session(), iteration, chains, theta, theta_prop
+        )
+        return Answers(values, self._sigma)
+
+    def suff_stats(self, chains: np.ndarray, start: int, block: int) -> Answers:
+        values = self._stacked("suff_stats", self._require_session(), chains, start, block)
+        return Answers(values, self._sigma)
+
+    def gradient(
+        self, iteration: int, chains: np.ndarray, theta: np.ndarray, clip: float
+    ) -> Answers:
+        values = self._stacked("gradient", self._require_session(), iteration, chains, theta, clip)
+        return Answers(values, self._sigma * clip)
+
+    def privacy_reports(self) -> list[PrivacyReport]:
+        return [r for block in self._each("privacy_reports", self.session) for r in block]
+
+    def close(self) -> None:
+        """Close the session at every owner (the actors run until the transport stops)."""
+        if self.session is not None:
+            self._each("close_session", self.session)
+            self.session = None
+
+    def disconnect(self) -> None:
+        """Leave the session open at the owners (a stopped run); the actors end with the
+        transport (``Launched.stop``)."""
+
+    def simulation_diagnostics(self) -> dict[str, Any] | None:
+        """The simulated owners' counters; None when some owner keeps none or its actor has
+        stopped (a run that stopped early)."""
+        try:
+            blocks = self.hosts.simulation_counters()
+        except OwnerUnavailable:
+            return None
+        if any(block is None for block in blocks):
+            return None
+        counters = [c for block in blocks for c in block]
+        return {
+            "note": SIMULATION_NOTE,
+            "answered_from_sufficient_statistics": [c[0] for c in counters],
+            "clip_binds": [c[1] for c in counters],
+            "log_ratio_terms": [c[2] for c in counters],
+        }
+
+    # --- machinery --------------------------------------------------------------------------
+    def _require_session(self) -> str:
+        if self.session is None:
+            raise RuntimeError("open_session must be called first")
+        return self.session
+
+    def _each(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """``OwnerHost.method(*args, **kwargs)`` on every actor; the first refusal is raised."""
+        return self.hosts.raise_failures(self.hosts.call(method, *args, **kwargs))
+
+    def _stacked(self, method: str, *args: Any) -> np.ndarray:
+        """Every actor's answers ``(K_h, …)`` stacked in owner order ``(K, …)``."""
+        return np.concatenate(self._each(method, *args))
+
+
+#: In ``<run>/owners``: how many owners each actor hosts, so that the transport started again
+#: for the same run (a resumed run) hosts every owner on the ledger file it had.
+PACKING = "ray-actors.json"
+
+
+def host_specs(setup: OwnerSetup, blocks: list[np.ndarray]) -> list[HostSpec]:
+    """One actor per block of owner indices, each with a ledger file in ``<run>/owners``.
+    Owners made from sources (``OwnerRecords``) travel as their sources."""
+    model = {"name": setup.model.name, **setup.model.params()}
+    folder = (setup.folder / "owners").resolve()
+    records = setup.records
+    sources = records.sources if isinstance(records, OwnerRecords) else list(records)
+    return [
+        HostSpec(
+            model,
+            str(folder / f"ray-{h}.sqlite"),
+            [
+                OwnerSpec(
+                    setup.names[k],
+                    setup.policies[k],
+                    np.random.default_rng(setup.seeds[k]),
+                    sources[k],
+                )
+                for k in block
+            ],
+        )
+        for h, block in enumerate(blocks)
+    ]
+
+
+def packing(setup: OwnerSetup, runtime: RayRuntime) -> list[np.ndarray]:
+    """Owner indices per actor, in contiguous blocks: as recorded in ``<run>/owners`` when
+    the transport ran there before, else ``run.ray_actors`` blocks (0: one per free CPU of the
+    cluster), recorded. ``ConfigError`` when the actors do not fit the cluster's free CPUs."""
+    path, owners, run = setup.folder / "owners" / PACKING, len(setup.names), setup.run
+    cpus = run["ray_actor_cpus"]
+    if path.exists():
+        sizes = json.loads(path.read_text())["owners_per_actor"]
+        if sum(sizes) != owners:
+            raise ConfigError(f"{path} packs {sum(sizes)} owners into Ray actors, not {owners}")
+    else:
+        actors = min(run["ray_actors"] or int(runtime.cpus() / cpus + 1e-9), owners)
+        sizes = [len(b) for b in np.array_split(np.arange(owners), max(actors, 1))]
+    free = runtime.cpus(need=len(sizes) * cpus)
+    if len(sizes) * cpus > free + 1e-9:
+        raise ConfigError(
+            f"run.ray_actors = {len(sizes)} actors × run.ray_actor_cpus = {cpus:g} CPUs need "
+            f"{len(sizes) * cpus:g} CPUs, but the Ray cluster has {free:g} free: lower "
+            "run.ray_actors or run.ray_actor_cpus"
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"owners_per_actor": sizes}))
+    return np.split(np.arange(owners), np.cumsum(sizes)[:-1])
+
+
+def launch(setup: OwnerSetup) -> Launched:
+    """The simulation's owners in Ray actors (``run.ray_address``: '' starts a local Ray that
+    ``stop`` shuts down; otherwise an existing cluster, left running)."""
+    runtime = connect_ray(setup.run["ray_address"])
+    try:
+        specs = host_specs(setup, packing(setup, runtime))
+        hosts = RayHosts.start(specs, setup.run["ray_actor_cpus"])
+    except BaseException:
+        runtime.stop()
+        raise
+
+    def stop() -> None:
+        try:
+            hosts.stop()
+        finally:
+            runtime.stop()
+
+    owners = [d for block in hosts.described for d in block]
+    return Launched(RayOracle(hosts, owners), stop)
+
+
+RAY = Transport(
+    "ray",
+    "owners packed into Ray actors, locally or on an existing Ray cluster (scaling experiments)",
+    launch,
+)

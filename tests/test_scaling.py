@@ -1,0 +1,58 @@
+"""The scaling scenario (scenarios/scaling.py) at tiny settings: its rows have exactly the
+promised keys, and at a fixed per-owner σ the penalty's acceptance does not increase with K
+(the total noise variance Σσ_k² = Kσ² grows; docs/design.md §2.1).
+
+Seeds are fixed, so the figures are deterministic. Tolerance: each acceptance rate is a mean of
+4 chains × 300 decisions, whose binomial sd is at most 0.015 (more with the chains'
+autocorrelation); 0.04 of slack between neighbouring K is about the noise of two such rates,
+while the expected fall from K = 2 to K = 64 (s² = 0.125 → 4: the pure-noise acceptance
+2Φ(−s/2) falls from 0.86 to 0.32) is far beyond the 0.15 asked for.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+_PATH = Path(__file__).resolve().parents[1] / "scenarios" / "scaling.py"
+_SPEC = importlib.util.spec_from_file_location("scaling", _PATH)
+assert _SPEC is not None and _SPEC.loader is not None
+scaling = importlib.util.module_from_spec(_SPEC)
+sys.modules["scaling"] = scaling
+_SPEC.loader.exec_module(scaling)
+
+KEYS = {
+    "model",
+    "owners",
+    "transport",
+    "iterations_per_second",
+    "startup_seconds",
+    "peak_rss_bytes",
+    "acceptance_rate",
+    "epsilon_min",
+    "epsilon_median",
+    "epsilon_max",
+    "error_in_sd",
+}
+
+
+def test_rows_have_the_keys_and_acceptance_does_not_grow_with_the_owners(tmp_path):
+    out = tmp_path / "rows.json"
+    flags = ["--owners=2,16,64", "--transports=inprocess", "--models=gaussian_mean"]
+    tiny = ["--n-per-owner=200", "--sigma=0.25", "--iterations=300", "--warmup=50"]
+    assert scaling.main([*flags, *tiny, "--json", str(out), "--plot", str(tmp_path / "s.png")]) == 0
+    rows = json.loads(out.read_text())
+    assert [r["owners"] for r in rows] == [2, 16, 64]
+    for row in rows:
+        assert set(row) == KEYS
+        assert (row["model"], row["transport"]) == ("gaussian_mean", "inprocess")
+        assert row["iterations_per_second"] > 0 and row["startup_seconds"] >= 0
+        assert row["peak_rss_bytes"] > 0
+        assert 0 < row["epsilon_min"] <= row["epsilon_median"] <= row["epsilon_max"]
+        assert row["error_in_sd"] >= 0
+    acceptance = [r["acceptance_rate"] for r in rows]
+    assert all(later <= earlier + 0.04 for earlier, later in zip(acceptance, acceptance[1:]))
+    assert acceptance[-1] <= acceptance[0] - 0.15
+    assert (tmp_path / "s.png").stat().st_size > 0
