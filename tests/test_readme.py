@@ -4,9 +4,11 @@ blocks are parsed, so this fails when they drift:
 * ```bash blocks: each `fedpenalty` command runs. Its plan is first opened, exactly as shown,
   at real owners (the owner's own budget check at session open, which needs no sampling); then
   the command runs with few iterations, few records and in-process owners (small settings,
-  so the suite stays fast). `fedpenalty run` (deployed owners at DNS names) is parsed by the
-  CLI here; real deployed runs are tests/test_grpc_deploy.py. The install and test commands
-  are the CI's.
+  so the suite stays fast; Ray commands run with in-process owners, which give the same
+  draws). Commands to fill in — `fedpenalty run` against owners at DNS names, a Ray cluster's
+  HEAD address, any `<…>` or SCENARIO.toml placeholder — are parsed by the CLI here; real
+  deployed and cluster runs are tests/test_grpc_deploy.py and the Ray tests. The install and
+  test commands are the CI's.
 * ```toml blocks: the scenario file runs, and the OWNER.toml policy (with the certificates of
   the README's openssl commands) admits that scenario's plan.
 * ```python blocks: run against the scenario file's run directory.
@@ -40,11 +42,15 @@ from fedpenalty.simulation import owner_policies
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+#: Small settings for running a command (after its own arguments, so these win); FEW_RECORDS
+#: goes before them, so a command's own data.n_per_owner wins.
 SMALL = [
     *("--set", "sampler.iterations=40", "--set", "sampler.warmup=10"),
-    *("--set", "data.n_per_owner=2000"),
-    *("--set", "run.transport='inprocess'", "--no-progress"),
+    *("--set", "run.transport='inprocess'", "--set", "run.ray_address=''", "--no-progress"),
 ]
+FEW_RECORDS = ["--set", "data.n_per_owner=2000"]
+#: A placeholder the reader fills in: <…>, or a word in capitals (HEAD:6379, SCENARIO.toml).
+PLACEHOLDER = re.compile(r"<[^>]*>|\b[A-Z]{3,}\b")
 
 
 def blocks(language: str) -> list[str]:
@@ -123,9 +129,12 @@ def test_the_install_and_test_commands_are_the_ci_script():
     assert f"pip install{test_command}" in ci
 
 
-@pytest.mark.parametrize(
-    "command", [c for c in fedpenalty_commands() if not c.startswith("fedpenalty run ")]
-)
+def runnable(command: str) -> bool:
+    """A command that runs as shown here: no placeholder, no deployed owners to reach."""
+    return not command.startswith("fedpenalty run ") and not PLACEHOLDER.search(command)
+
+
+@pytest.mark.parametrize("command", [c for c in fedpenalty_commands() if runnable(c)])
 def test_each_fedpenalty_command_runs(capsys, tmp_path, command):
     args = shlex.split(command)[1:]
     if args[0] != "simulate":
@@ -133,7 +142,7 @@ def test_each_fedpenalty_command_runs(capsys, tmp_path, command):
         return
     overrides = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
     assert_owners_admit(load_scenario(None, overrides))
-    code = main([*args, *SMALL, "--out", str(tmp_path / "run")])
+    code = main([args[0], *FEW_RECORDS, *args[1:], *SMALL, "--out", str(tmp_path / "run")])
     err = capsys.readouterr().err
     assert code == 0, err
     assert (tmp_path / "run" / "posterior.nc").is_file()
@@ -144,7 +153,7 @@ def test_the_scenario_file_runs_and_the_python_block_reads_it(capsys, tmp_path):
     assert_owners_admit(load_scenario(path))
     out = tmp_path / "runs" / "my-run"  # the file's run.out
     assert load_scenario(path)["run"]["out"] == "runs/my-run"
-    code = main(["simulate", str(path), *SMALL, "--out", str(out)])
+    code = main(["simulate", str(path), *FEW_RECORDS, *SMALL, "--out", str(out)])
     assert code == 0, capsys.readouterr().err
     for block in blocks("python"):
         done = subprocess.run(
@@ -190,3 +199,10 @@ def test_the_owner_file_admits_the_scenario_and_the_run_command_parses(tmp_path)
     assert args.scenario == "my-scenario.toml" and len(args.owners.split(",")) == 3
     for flag in ("tls_cert", "tls_key", "tls_ca"):
         assert (tmp_path / getattr(args, flag)).is_file()  # the openssl commands made them
+
+
+@pytest.mark.parametrize("command", [c for c in fedpenalty_commands() if not runnable(c)])
+def test_commands_to_fill_in_parse(command):
+    """Commands with placeholders (or deployed owners) are at least valid command lines."""
+    filled = PLACEHOLDER.sub("x", command)
+    build_parser().parse_args(shlex.split(filled)[1:])
