@@ -2,6 +2,10 @@
 
     python scenarios/throughput.py [--owners 1,4,16,64,256,1024] [--json FILE] [--seconds 3]
 
+Rows: ``numpy-floor`` — the compute floor, one iteration of K owners' noisy clipped
+log-likelihood ratios from sufficient statistics for 4 chains in pure numpy (proposal, ratios,
+clip, noise, sum; no validation, ledger or transport; exponential-family models only) — and
+the transports, each with its ratio to the floor measured in the same run.
 Transports: ``inprocess`` (one OwnerHost in this process), ``grpc-one-per-host`` (one owner
 host process per owner, only up to ``--max-processes`` owners), ``grpc-packed`` (owners
 packed into ``--packed-hosts`` host processes; default one per CPU core but the
@@ -34,7 +38,7 @@ from fedpenalty.coordinator import mh
 from fedpenalty.coordinator.grpc_oracle import GrpcOracle
 from fedpenalty.coordinator.inprocess import InProcessOracle
 from fedpenalty.errors import FedPenaltyError
-from fedpenalty.models import build_model
+from fedpenalty.models import ExpFamModel, build_model
 from fedpenalty.owner import Ledger, OwnerNode
 
 MODELS = {
@@ -59,6 +63,36 @@ def measure(oracle, model, seconds: float) -> float:
     return done / elapsed
 
 
+def numpy_floor(model, records: list[np.ndarray], seconds: float) -> float:
+    """Iterations/s of the numpy compute floor (module docstring) for ``records`` of K owners."""
+    if not isinstance(model, ExpFamModel):
+        raise FedPenaltyError(
+            f"the numpy floor needs an exponential-family model, not {model.name}"
+        )
+    stat = np.stack([model.suff_stat(model.prepare_records(r)).sum(axis=0) for r in records])
+    n = np.array([len(r) for r in records], dtype=float)
+    sigma = np.ones(len(records))
+    rng = np.random.default_rng(0)
+    theta = np.zeros((CHAINS, model.dim))
+
+    def iteration() -> np.ndarray:
+        prop = mh.propose_in_ball(rng, theta, STEP)
+        d_eta = model.natural_param(prop) - model.natural_param(theta)
+        d_a = model.log_partition(prop) - model.log_partition(theta)
+        exact = stat @ d_eta.T - n[:, None] * d_a[None, :]
+        bound = n[:, None] * (model.lipschitz * np.linalg.norm(prop - theta, axis=1))[None, :]
+        noisy = np.clip(exact, -bound, bound) + sigma[:, None] * rng.standard_normal(exact.shape)
+        return noisy.sum(axis=0)
+
+    for _ in range(20):
+        iteration()
+    done, start = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - start) < seconds:
+        iteration()
+        done += 1
+    return done / elapsed
+
+
 def run(
     transport: str,
     model_name: str,
@@ -75,6 +109,8 @@ def run(
     ]
     policies = [Policy(sigma=1.0, max_step=STEP, budget_epsilon=1e12)] * owners
     seeds = np.random.SeedSequence(2).spawn(owners)
+    if transport == "numpy-floor":
+        return numpy_floor(model, records, seconds)
     if transport == "inprocess":
         ledger = Ledger(folder / "ledger.sqlite", synchronous="NORMAL")
         oracle = InProcessOracle(
@@ -113,7 +149,9 @@ def main(argv: list[str] | None = None) -> int:
         default="gaussian_mean,logistic",
         help="comma-separated: gaussian_mean, logistic",
     )
-    parser.add_argument("--transports", default="inprocess,grpc-one-per-host,grpc-packed")
+    parser.add_argument(
+        "--transports", default="numpy-floor,inprocess,grpc-one-per-host,grpc-packed"
+    )
     parser.add_argument("--seconds", type=float, default=3.0, help="timed seconds per measurement")
     parser.add_argument(
         "--max-processes", type=int, default=64, help="largest K run with one process per owner"
@@ -160,12 +198,22 @@ def main(argv: list[str] | None = None) -> int:
                     except FedPenaltyError as exc:
                         print(f"throughput: {label}: left out: {_one_line(exc)}", file=sys.stderr)
                         continue
+                floor = next(
+                    (
+                        r["iterations_per_second"]
+                        for r in rows
+                        if (r["model"], r["owners"], r["transport"])
+                        == (model_name, owners, "numpy-floor")
+                    ),
+                    None,
+                )
                 rows.append(
                     {
                         "transport": transport,
                         "owners": owners,
                         "model": model_name,
                         "iterations_per_second": rate,
+                        "ratio_to_numpy_floor": None if floor is None else rate / floor,
                     }
                 )
                 print(
@@ -175,9 +223,15 @@ def main(argv: list[str] | None = None) -> int:
                 )
     print(
         table(
-            ["model", "owners", "transport", "it/s"],
+            ["model", "owners", "transport", "it/s", "× numpy floor"],
             [
-                [r["model"], str(r["owners"]), r["transport"], f"{r['iterations_per_second']:.1f}"]
+                [
+                    r["model"],
+                    str(r["owners"]),
+                    r["transport"],
+                    f"{r['iterations_per_second']:.1f}",
+                    "" if r["ratio_to_numpy_floor"] is None else f"{r['ratio_to_numpy_floor']:.3f}",
+                ]
                 for r in rows
             ],
         )

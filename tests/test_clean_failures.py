@@ -57,3 +57,27 @@ def test_throughput_reports_a_host_that_does_not_start_and_keeps_the_other_rows(
     assert "grpc-one-per-host: left out: owner host 0 did not start in time" in done.stderr
     assert "--startup-seconds" in done.stderr
     assert [r["transport"] for r in json.loads(out.read_text())] == ["inprocess"]
+
+
+def test_throughput_puts_each_transport_beside_the_numpy_floor(tmp_path):
+    out = tmp_path / "rows.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scenarios" / "throughput.py"),
+            "--owners", "3",
+            "--models", "gaussian_mean",
+            "--transports", "numpy-floor,inprocess",
+            "--seconds", "0.2",
+            "--json", str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    floor, inprocess = json.loads(out.read_text())
+    assert (floor["transport"], floor["ratio_to_numpy_floor"]) == ("numpy-floor", None)
+    ratio = inprocess["iterations_per_second"] / floor["iterations_per_second"]
+    assert inprocess["ratio_to_numpy_floor"] == ratio > 0
