@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,7 +15,9 @@ from . import __version__
 from .errors import FedPenaltyError
 
 if TYPE_CHECKING:
+    from .common import SpendReport
     from .models.base import Neighbour
+    from .owner.owner_config import OwnerConfig
     from .privacy.subsampled import Accountant
 
 
@@ -104,13 +107,45 @@ def privacy_table(privacy: dict[str, Any]) -> str:
     )
 
 
+#: Owners shown one row each in the console; past this, a summary over owners (privacy.json
+#: keeps every owner).
+MAX_OWNER_ROWS = 20
+
+
+def privacy_overview(privacy: dict[str, Any]) -> str:
+    """The per-owner privacy of a run for the console: the table of ``privacy_table`` for up
+    to MAX_OWNER_ROWS owners, else min / median / max ε over the owners and which owners are at
+    the max."""
+    owners = privacy["owners"]
+    if len(owners) <= MAX_OWNER_ROWS:
+        return privacy_table(privacy)
+    eps = [o["epsilon"] for o in owners]
+    top = max(eps)
+    at_max = [o["owner"] for o in owners if o["epsilon"] >= top * (1 - 1e-12)]
+    named = ", ".join(at_max[:5]) + (f" and {len(at_max) - 5} more" if len(at_max) > 5 else "")
+    lines = [
+        f"{len(owners)} owners; ε over owners: min {_fmt(min(eps))}, median "
+        f"{_fmt(statistics.median(eps))}, max {_fmt(top)} ({named})"
+    ]
+    paper = [o.get("epsilon_paper_bound") for o in owners]
+    if all(p is not None for p in paper):
+        lines.append(f"paper's bound over owners: min {_fmt(min(paper))}, max {_fmt(max(paper))}")
+    budgets = [o.get("budget_epsilon") for o in owners]
+    if all(b is not None for b in budgets):
+        left = [o["budget_left"] for o in owners if o.get("budget_left") is not None]
+        spare = f", least left {_fmt(min(left))}" if left else ""
+        lines.append(f"budgets: min {_fmt(min(budgets))}, max {_fmt(max(budgets))}{spare}")
+    return "\n".join([*lines, "(every owner's row is in privacy.json)"])
+
+
 def mixing_table(diag: dict[str, Any]) -> str:
+    names = diag.get("param_names")
     d = len(diag["posterior_mean"])
     shown = range(min(d, 10))
     rows = []
     for j in shown:
         row = [
-            f"θ[{j}]",
+            names[j] if names else f"θ[{j}]",
             _fmt(diag["posterior_mean"][j]),
             _fmt(diag["posterior_sd"][j]),
             _fmt(diag["ess_bulk"][j], 3),
@@ -142,7 +177,7 @@ def print_run(title: str, result) -> None:
             f"\nPer-owner privacy ({neighbour}: {privacy.get('neighbour_meaning', '')}; {delta}; "
             f"{privacy['release']}):"
         )
-        print(privacy_table(privacy))
+        print(privacy_overview(privacy))
         if privacy.get("trusted_curator"):
             print("trusted curator: this baseline pools every owner's records centrally")
     elif privacy.get("trusted_curator"):
@@ -183,17 +218,21 @@ def excess_warning(diag: dict[str, Any]) -> str | None:
     )
 
 
-def stop_message(result, resumable: bool) -> str:
-    """One message saying why a run stopped early, what it kept and how to continue."""
-    from .errors import BudgetExhausted
+def stop_message(result, resumable: bool, command: str = "run") -> str:
+    """One message saying why a run stopped early, what it kept and how to continue
+    (``fedpenalty COMMAND --resume``, when ``resumable``)."""
+    from .errors import BudgetExhausted, InvalidRequest
+    from .refusals import policy_refusal
 
     cause = result.stopped
     kept = f"kept {result.diagnostics['kept_draws']} draws per chain in {result.out}"
     then = (
-        f"; `fedpenalty run --resume {result.out}` continues from its checkpoint"
+        f"; `fedpenalty {command} --resume {result.out}` continues from its checkpoint"
         if resumable
         else ""
     )
+    if isinstance(cause, InvalidRequest):
+        return f"stopped: {policy_refusal(cause)}; {kept}"
     if isinstance(cause, BudgetExhausted):
         return (
             f"stopped: owner {cause.owner!r} refused to answer: its privacy budget is exhausted "
@@ -206,12 +245,21 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from .config import load_scenario
     from .coordinator.algorithms import ALGORITHMS
     from .coordinator.base import ReleaseAlgorithm
-    from .simulation import run_scenario
+    from .simulation import resume_simulation, run_scenario
 
-    scenario = load_scenario(args.scenario, args.set or [])
-    if args.no_progress:
-        scenario["run"]["progress"] = False
-    result = run_scenario(scenario, args.out)
+    if args.resume:
+        if args.scenario or args.set or args.out:
+            raise FedPenaltyError(
+                "--resume continues a simulation as it was configured: give no scenario, --set "
+                "or --out"
+            )
+        result = resume_simulation(args.resume)
+        scenario = load_scenario(Path(args.resume) / "config.toml")
+    else:
+        scenario = load_scenario(args.scenario, args.set or [])
+        if args.no_progress:
+            scenario["run"]["progress"] = False
+        result = run_scenario(scenario, args.out)
     model, sampler = scenario["model"], scenario["sampler"]
     algorithm = ALGORITHMS[sampler["algorithm"]]
     transport = "" if algorithm.query is None else f", {scenario['run']['transport']} transport"
@@ -224,15 +272,29 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         f"draws{warmup}",
         result,
     )
-    return _exit_status(result, resumable=False)
+    return _exit_status(result, resumable=algorithm.query is not None, command="simulate")
 
 
-def _exit_status(result, resumable: bool) -> int:
-    """Warn about excess noise; 3 (with the one-line reason) when the run stopped early, else 0."""
+#: Mixing warnings printed one per line; the rest are counted (diagnostics.json has them all).
+MAX_WARNING_LINES = 5
+
+
+def _exit_status(result, resumable: bool, command: str = "run") -> int:
+    """Warn about unmixed chains and excess noise; 3 (with the one-line reason) when the run
+    stopped early, else 0."""
+    warnings = result.diagnostics.get("warnings", [])
+    for line in warnings[:MAX_WARNING_LINES]:
+        print(f"warning: {line}", file=sys.stderr)
+    if len(warnings) > MAX_WARNING_LINES:
+        print(
+            f"warning: {len(warnings) - MAX_WARNING_LINES} more parameters have not mixed "
+            "(diagnostics.json: warnings)",
+            file=sys.stderr,
+        )
     if warning := excess_warning(result.diagnostics):
         print(warning, file=sys.stderr)
     if result.stopped is not None:
-        print(stop_message(result, resumable=resumable), file=sys.stderr)
+        print(stop_message(result, resumable, command), file=sys.stderr)
         return 3
     return 0
 
@@ -287,7 +349,15 @@ def cmd_owner_serve(args: argparse.Namespace) -> int:
     configs = [load_owner_config(path, args.listen, args.ledger) for path in args.owner_files]
     first = configs[0]
     for c in configs[1:]:
-        for key in ("listen", "tls", "allowed_clients", "max_message_bytes"):
+        shared = (
+            "listen",
+            "tls",
+            "allowed_clients",
+            "max_message_bytes",
+            "peer_ca",
+            "allowed_peers",
+        )
+        for key in shared:
             if getattr(c, key) != getattr(first, key):
                 raise FedPenaltyError(
                     f"owners served by one process must share server.{key}: "
@@ -309,6 +379,7 @@ def cmd_owner_serve(args: argparse.Namespace) -> int:
             first.max_message_bytes,
             allowed_clients=first.allowed_clients,
             insecure=args.insecure,
+            peers=first.peer_auth(),
         )
     finally:
         for ledger in ledgers.values():
@@ -317,8 +388,6 @@ def cmd_owner_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_owner_report(args: argparse.Namespace) -> int:
-    from .common import SpendReport
-    from .owner import Ledger
     from .owner.owner_config import load_owner_config
 
     config = load_owner_config(args.owner_file, ledger=args.ledger)
@@ -326,19 +395,8 @@ def cmd_owner_report(args: argparse.Namespace) -> int:
         raise FedPenaltyError(
             f"no ledger at {config.ledger}: owner {config.name!r} has never served from it"
         )
-    ledger = Ledger(config.ledger, read_only=True)  # no lock: works while a server runs
-    try:
-        policy = config.policy
-        # accounted as the serving owner accounts: by Rényi DP once it gave lattice answers
-        spend = SpendReport.of(
-            ledger.total(config.name),
-            ledger.sampled(config.name),
-            policy.delta,
-            policy.neighbour,
-            lattice=ledger.answered_on_lattice(config.name),
-        )
-    finally:
-        ledger.close()
+    policy = config.policy
+    spend, own = _ledger_spend(config)
     report = {
         "owner": config.name,
         "answers": spend.answers,
@@ -352,6 +410,7 @@ def cmd_owner_report(args: argparse.Namespace) -> int:
         "budget_epsilon": policy.budget_epsilon,
         "budget_left": max(policy.budget_epsilon - spend.epsilon, 0.0),
         "ledger": str(config.ledger),
+        "epsilon_own_noise_only": None if own is None else own.epsilon,
     }
     if args.json:
         print(json.dumps(report))
@@ -362,8 +421,32 @@ def cmd_owner_report(args: argparse.Namespace) -> int:
             f"ε = {spend.epsilon:.6g} at δ = {policy.delta:g} (paper's bound: "
             f"{_fmt(spend.epsilon_paper_bound)}); "
             f"budget ε = {policy.budget_epsilon:g}, {report['budget_left']:.6g} left"
+            + ("" if own is None else f"; its own noise alone: ε = {own.epsilon:.6g}")
         )
     return 0
+
+
+def _ledger_spend(config: OwnerConfig) -> tuple[SpendReport, SpendReport | None]:
+    """An owner's spend read offline from its ledger, and with secure aggregation what its own
+    noise alone would give (None: no secure session; docs/design.md §2.6)."""
+    from .common import SpendReport
+    from .owner import Ledger
+    from .owner.node import own_noise_report
+
+    ledger = Ledger(config.ledger, read_only=True)  # no lock: works while a server runs
+    try:
+        policy = config.policy
+        # accounted as the serving owner accounts: by Rényi DP once it gave lattice answers
+        spend = SpendReport.of(
+            ledger.total(config.name),
+            ledger.sampled(config.name),
+            policy.delta,
+            policy.neighbour,
+            lattice=ledger.answered_on_lattice(config.name),
+        )
+        return spend, own_noise_report(ledger, config.name, config.model.dim, policy)
+    finally:
+        ledger.close()
 
 
 def _positive_args(args: argparse.Namespace, *names: str) -> None:
@@ -528,6 +611,11 @@ def _add_simulate(sub: argparse._SubParsersAction) -> None:
     )
     sim.add_argument("--out", help="run directory (default: run.out or runs/<algorithm>-<time>)")
     sim.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    sim.add_argument(
+        "--resume",
+        metavar="DIR",
+        help="continue the stopped or interrupted simulation in DIR from its checkpoint",
+    )
     sim.set_defaults(func=cmd_simulate)
 
 

@@ -16,7 +16,15 @@ from .errors import ConfigError
 from .privacy import GaussianSpend
 from .privacy.owner_epsilon import owner_epsilon
 from .privacy.subsampled import SubsampledGaussian
-from .schema import Neighbour, PositiveFloat, PositiveInt, Probability, Rate, check_fields
+from .schema import (
+    Neighbour,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Probability,
+    Rate,
+    check_fields,
+)
 
 #: The kinds of query an owner answers (a session is opened for one of them): noisy
 #: log-likelihood ratios (penalty MH), noisy sufficient-statistic copies (exponential-family
@@ -52,6 +60,12 @@ class Policy:
         a vanishing noise scale σ·clip must never reach the noise sampler.
     max_record_evaluations: the most per-record terms (chains × records) one request may make
         the owner compute; larger requests are refused before any work.
+    total_noise_sd, colluders, min_peers: secure aggregation (docs/design.md §2.6). s, the sd of
+        the noise the honest owners' *sum* carries (same units as sigma; unset: the owner answers
+        no secure session); t, how many of the other owners it assumes may collude with the
+        coordinator; the fewest other owners a secure session must have. In a secure session of
+        K owners (counted from the peer keys it receives) it adds noise of variance s²/(K − t)
+        and charges μ = (Δ + γ√w)/s per answer.
     """
 
     sigma: PositiveFloat = 1.0
@@ -65,6 +79,9 @@ class Policy:
     min_step: PositiveFloat = 1e-9
     min_clip: PositiveFloat = 1e-6
     max_record_evaluations: PositiveInt = 50_000_000
+    total_noise_sd: PositiveFloat | None = None
+    colluders: NonNegativeInt = 0
+    min_peers: NonNegativeInt = 0
 
     def __post_init__(self) -> None:
         check_fields(self, "privacy")
@@ -84,6 +101,34 @@ class Policy:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class SecureTerms:
+    """What an owner counted and assumed when it opened a secure session (docs/design.md §2.6):
+    ``owners`` K (itself included, from the peer keys it received), ``colluders`` t and
+    ``total_noise_sd`` s from its own policy."""
+
+    owners: int
+    colluders: int
+    total_noise_sd: float
+
+    @property
+    def owner_noise_sd(self) -> float:
+        """The sd of the noise this owner adds: s/√(K − t)."""
+        return self.total_noise_sd / math.sqrt(self.owners - self.colluders)
+
+
+@dataclass(frozen=True)
+class OwnNoise:
+    """What an owner's privacy would be if only its *own* noise protected it in its secure
+    sessions (no honest peer's noise counted; noise sd s/√(K − t) instead of s): ``total``
+    across every session, ``session`` for the asked one (None when not asked), whose terms are
+    ``terms`` (None when it was not secure)."""
+
+    total: SpendReport
+    session: SpendReport | None = None
+    terms: SecureTerms | None = None
 
 
 @dataclass(frozen=True)
@@ -151,6 +196,8 @@ class PrivacyReport:
     neighbour: Neighbour
     total: SpendReport
     session: SpendReport | None = None
+    #: secure aggregation: ε as if its own noise alone protected it (None: never secure)
+    own_noise: OwnNoise | None = None
 
     @property
     def budget_left(self) -> float:

@@ -20,7 +20,8 @@ from pydantic import ConfigDict, Field, PlainValidator
 from pydantic_core import PydanticCustomError
 
 from .cluster.ray_hosts import check_address
-from .coordinator.algorithms import ALGORITHMS
+from .coordinator.algorithms import ALGORITHMS, Algorithm
+from .coordinator.base import ChainAlgorithm
 from .coordinator.transports import TRANSPORTS
 from .errors import ConfigError
 from .models import MODELS, Model, build_model
@@ -101,6 +102,21 @@ class PrivacySection(Section):
         default="wang",
         description="ops, hybrid: OPS temperature min{1, ε/(4B)} (wang; ε/(2B) for add_remove) "
         "or min{1, ε/(2C)} (foulds; replace_one only)",
+    )
+    aggregation: Annotated[str, one_of("none", "secure")] = Field(
+        default="none",
+        description="'secure': the coordinator learns only the sum of the owners' masked answers "
+        "(docs/design.md §2.6); 'none': each owner's answer",
+    )
+    total_noise_sd: PositiveFloat | None = Field(
+        default=None,
+        description="secure aggregation: s, the noise sd of the honest owners' sum (units of "
+        "sigma); each of K owners adds variance s²/(K − colluders)",
+    )
+    colluders: NonNegativeInt = Field(
+        default=0,
+        description="secure aggregation: t, owners assumed to collude with the coordinator "
+        "(0 ≤ t < owners)",
     )
 
 
@@ -242,8 +258,31 @@ class Scenario:
 
 
 def default_scenario_text() -> str:
-    """The scenario ``fedpenalty simulate`` runs when given none."""
+    """The model-independent part of the scenario ``fedpenalty simulate`` runs when given none
+    (``default_scenario_for`` adds the model's keys)."""
     return resources.files("fedpenalty").joinpath("default_scenario.toml").read_text()
+
+
+def model_defaults() -> dict[str, dict[str, dict[str, Any]]]:
+    """Per model name, the embedded default scenario's [model], [data] and [sampler] keys
+    sized for that model (``model_defaults.toml``)."""
+    text = resources.files("fedpenalty").joinpath("model_defaults.toml").read_text()
+    return tomllib.loads(text)
+
+
+def default_scenario_for(model: str | None = None) -> dict[str, Any]:
+    """The embedded default scenario (parsed) for ``model`` (default: the one it names), with
+    that model's keys from ``model_defaults.toml``."""
+    raw = tomllib.loads(default_scenario_text())
+    name = model or raw["model"]["name"]
+    sized = model_defaults().get(name)
+    if sized is None:
+        known = ", ".join(sorted(MODELS))
+        raise ConfigError(f"[model] unknown model name {name!r}; known models: {known}")
+    for section, keys in sized.items():
+        raw.setdefault(section, {}).update(keys)
+    raw["model"]["name"] = name
+    return raw
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:
@@ -260,20 +299,29 @@ def parse_override(text: str) -> tuple[str, str, Any]:
 
 
 def load_scenario(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Scenario:
-    """Read a scenario file (or the embedded default), apply overrides, validate, resolve."""
+    """Read a scenario file (or the embedded default), apply overrides, validate, resolve.
+
+    ``--set model.name=NAME`` switches the model: a [model] table's other keys belong to the
+    model it names, so they are dropped (NAME's defaults apply, then any ``model.*`` given);
+    the embedded default also takes NAME's data and sampler sizes (``model_defaults.toml``)."""
+    parsed = [parse_override(item) for item in overrides]
+    names = [v for section, key, v in parsed if (section, key) == ("model", "name")]
+    chosen = names[-1] if names and isinstance(names[-1], str) else None
     if path is None:
-        text, origin = default_scenario_text(), "the embedded default scenario"
+        raw = default_scenario_for(chosen)
     else:
         try:
-            text, origin = Path(path).read_text(), str(path)
+            text = Path(path).read_text()
         except OSError as exc:
             raise ConfigError(f"cannot read scenario {path}: {exc.strerror}") from exc
-    try:
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{origin} is not valid TOML: {exc}") from exc
-    for item in overrides:
-        section, key, value = parse_override(item)
+        try:
+            raw = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
+        model = raw.get("model")
+        if chosen is not None and isinstance(model, dict) and model.get("name") != chosen:
+            raw["model"] = {"name": chosen}
+    for section, key, value in parsed:
         raw.setdefault(section, {})
         if not isinstance(raw[section], dict):
             raise ConfigError(f"[{section}] must be a table")
@@ -315,3 +363,30 @@ def _check_consistency(s: dict[str, dict[str, Any]], model: Model) -> None:
         raise ConfigError(f"data.true_theta must lie inside Θ = [-{bound:g}, {bound:g}]^{dim}")
     if sampler["init_scale"] > 1:
         raise ConfigError("sampler.init_scale must be at most 1 (chains start inside Θ)")
+    _check_aggregation(privacy, owners, ALGORITHMS[sampler["algorithm"]])
+
+
+def _check_aggregation(privacy: dict[str, Any], owners: int, algorithm: Algorithm) -> None:
+    """Secure aggregation needs s, t < K, and an algorithm whose owners answer queries."""
+    if privacy["aggregation"] != "secure":
+        if privacy["total_noise_sd"] is not None or privacy["colluders"]:
+            raise ConfigError(
+                "privacy.total_noise_sd and privacy.colluders apply with privacy.aggregation = "
+                "'secure' only; set it, or remove them"
+            )
+        return
+    if privacy["total_noise_sd"] is None:
+        raise ConfigError(
+            "privacy.aggregation = 'secure' needs privacy.total_noise_sd (s, the noise sd of the "
+            "owners' sum)"
+        )
+    if privacy["colluders"] >= owners:
+        raise ConfigError(
+            f"privacy.colluders = {privacy['colluders']} must be below the number of owners "
+            f"({owners})"
+        )
+    if not isinstance(algorithm, ChainAlgorithm) or not algorithm.deployable:
+        raise ConfigError(
+            f"privacy.aggregation = 'secure' applies to penalty, penalty_expfam, sgld, sghmc and "
+            f"sgnht, not {algorithm.name!r}"
+        )

@@ -19,6 +19,10 @@ class DataError(FedPenaltyError, ValueError):
     """A data file or record array cannot be used with the model."""
 
 
+class Interrupted(FedPenaltyError):
+    """The user interrupted a run (Ctrl-C, SIGINT): it stops like a refused run, resumable."""
+
+
 class OwnerError(FedPenaltyError):
     """An owner refused a request. ``grpc_code`` is the status name a server reports."""
 
@@ -73,6 +77,14 @@ class OwnerUnavailable(OwnerError):
 class StorageUnavailable(OwnerUnavailable):
     """The owner's ledger cannot be written (disk full, read-only, I/O error); the request was
     neither answered nor charged, and may be retried once the storage is back."""
+
+
+class AggregationFailed(OwnerError):
+    """The owners' masked answers of a secure session do not sum to a decodable total: an owner
+    did not answer (dropout), or owners were shown different peers or terms. Nothing was
+    decoded; the run stops and may be resumed (docs/design.md §2.6)."""
+
+    grpc_code = "ABORTED"
 
 
 class LedgerInUse(FedPenaltyError):

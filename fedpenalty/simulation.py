@@ -13,40 +13,58 @@ both connect through an oracle, run the sampler with checkpoints and write
   and ``privacy.json`` says so;
 * ``diagnostics.json`` — acceptance (MH), bulk ESS, split R-hat, moments, error vs reference,
   and for SG-MCMC ``excess_noise_ratio`` (0 when the owners' noise fits under the design noise);
-* ``config.toml`` — the fully resolved scenario; ``trace.png`` — a trace plot;
+* ``posterior.nc`` — the draws as ArviZ data (posterior, sample_stats, the owners' running
+  privacy spend; ``inference_data``);
+* ``config.toml`` — the fully resolved scenario; ``trace.png``, ``rank.png`` and
+  ``privacy.png`` — the figures of ``plots``;
 * ``run.json`` — how to reach the owners again and the session id; ``checkpoint.npz`` — while
   a run is unfinished: its chain state (``resume_run`` continues it).
 
 An owner that refuses (budget) or cannot be reached stops the run: what was sampled is kept and
-written, with a checkpoint, and ``RunResult.stopped`` holds the owner's error.
+written, with a checkpoint, and ``RunResult.stopped`` holds the owner's error. A run that fails
+before its first iteration (a plan refused at session open, say) leaves no run directory, so
+that the same ``--out`` can be used again.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from . import plots
 from .common import LOG_RATIO, SGMCMC, SUFF_STATS, Policy, PrivacyReport
 from .config import Scenario, load_scenario
 from .coordinator import checkpoint
 from .coordinator.algorithms import ALGORITHMS, Algorithm
-from .coordinator.base import ChainAlgorithm, ChainData, ReleaseAlgorithm
+from .coordinator.base import ChainAlgorithm, ChainData, ReleaseAlgorithm, SamplingAlgorithm
 from .coordinator.driver import ChainResult, Progress, SamplingStopped, sample
 from .coordinator.grpc_oracle import GrpcOracle
 from .coordinator.oracle import Oracle
 from .coordinator.reference import reference_posterior
+from .coordinator.secure_sum import (
+    SIMULATED_SECURE_NOISE,
+    aggregation_fields,
+    owner_fields,
+    requested,
+)
+from .coordinator.sgmcmc import StepSchedule
 from .coordinator.transport_base import OwnerSetup
 from .coordinator.transports import TRANSPORTS
 from .data import FileRecords, OwnerRecords, synthetic_sources
 from .diagnostics import summarize
-from .errors import ConfigError, OwnerError
+from .errors import BudgetExhausted, ConfigError, Interrupted, InvalidRequest, OwnerError
+from .inference_data import POSTERIOR_FILE, SpendTrace, posterior_tree, read_spend, write_posterior
 from .models import ExpFamModel, Model, Reference, build_model
 from .owner.owner_config import TlsFiles
+from .refusals import budget_refusal, plan_needs, policy_refusal
 
 CHECKPOINT, RUN_INFO = "checkpoint.npz", "run.json"
 
@@ -98,7 +116,7 @@ class RunResult:
     privacy: dict[str, Any]
     diagnostics: dict[str, Any]
     theta: np.ndarray
-    stopped: OwnerError | None = None
+    stopped: OwnerError | Interrupted | None = None
 
 
 def owner_records(scenario: Scenario, model: Model, seed: np.random.SeedSequence) -> OwnerRecords:
@@ -135,6 +153,7 @@ def owner_policies(scenario: Scenario, owners: int, sigma: float | None = None) 
     given = p["sigma"] if sigma is None else sigma
     sigmas = given if isinstance(given, list) else [given] * owners
     max_step = p["max_step"] if p["max_step"] is not None else sampler["step"]
+    secure = requested(p)
     return [
         Policy(
             sigma=s,
@@ -144,6 +163,8 @@ def owner_policies(scenario: Scenario, owners: int, sigma: float | None = None) 
             neighbour=p["neighbour"],
             max_sampling_rate=sampler["sampling_rate"],
             max_clip=sampler["clip"],
+            total_noise_sd=None if secure is None else secure.total_noise_sd,
+            colluders=0 if secure is None else secure.colluders,
         )
         for s in sigmas
     ]
@@ -166,13 +187,40 @@ def chain_start(scenario: Scenario, model: Model) -> tuple[np.random.Generator, 
     return rng, rng.uniform(-scale, scale, size=(sampler["chains"], model.dim))
 
 
-def _new_run_dir(scenario: Scenario, out: str | Path | None) -> Path:
+def _new_run_dir(scenario: Scenario, out: str | Path | None) -> tuple[Path, bool]:
+    """The run directory (new, or existing and empty) with the resolved scenario in it, and
+    whether it existed before."""
     out = Path(out or scenario["run"]["out"] or default_out_dir(scenario))
+    if out.exists() and not out.is_dir():
+        raise ConfigError(
+            f"--out {out} is a file, not a directory: name a new or empty directory (or run.out)"
+        )
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"run directory {out} exists and is not empty; choose another --out")
+    existed = out.is_dir()
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.toml").write_text(scenario.to_toml())
-    return out
+    return out, existed
+
+
+#: Files that hold draws: a run directory with one of these is kept, whatever happened.
+_DRAW_FILES = ("samples.npz", CHECKPOINT)
+
+
+@contextmanager
+def _drawless_run_removed(out: Path, existed: bool) -> Iterator[None]:
+    """Remove the run directory ``out`` (from ``_new_run_dir``; emptied instead when it
+    ``existed``) when what runs inside fails before it holds any draw (a plan refused at
+    session open, a launch failure, Ctrl-C during start-up), so that a rerun may use the same
+    ``--out``; a run with draws keeps them with its checkpoint."""
+    try:
+        yield
+    except BaseException:
+        if not any((out / name).exists() for name in _DRAW_FILES):
+            shutil.rmtree(out, ignore_errors=True)
+            if existed:
+                out.mkdir(parents=True, exist_ok=True)
+        raise
 
 
 def run_scenario(scenario: Scenario, out: str | Path | None = None) -> RunResult:
@@ -180,32 +228,101 @@ def run_scenario(scenario: Scenario, out: str | Path | None = None) -> RunResult
     gRPC owner hosts), run the algorithm and write the run directory."""
     model = build_model(scenario["model"])
     algorithm = ALGORITHMS[scenario["sampler"]["algorithm"]]
-    out = _new_run_dir(scenario, out)
+    out, existed = _new_run_dir(scenario, out)
+    with _drawless_run_removed(out, existed):
+        world = _simulated_world(scenario, model)
+        records, reference = world.records, world.reference
+        if isinstance(algorithm, ReleaseAlgorithm):
+            return _run_release(
+                scenario, algorithm, model, list(records), world.release_rng, out, reference
+            )
+        if algorithm.query is None:
+            return _run_pooled(scenario, algorithm, model, records.pooled(), out, reference)
+        return _run_owners(scenario, algorithm, model, world, out)
+
+
+@dataclass(frozen=True)
+class _World:
+    """What a simulation derives from ``run.seed``: the owners' ``records`` (made on demand),
+    their total count, their noise ``seeds``, the generator of releases and data-dependent
+    starts, and the ``reference`` posterior."""
+
+    records: OwnerRecords
+    n_total: int
+    seeds: list[np.random.SeedSequence]
+    release_rng: np.random.Generator
+    reference: Reference
+
+
+def _simulated_world(scenario: Scenario, model: Model) -> _World:
     data_seed, owner_seed, _, release_seed = _seeds(scenario)
     records = owner_records(scenario, model, data_seed)
     reference, n_total = pooled_reference(model, records, progress=scenario["run"]["progress"])
-    release_rng = np.random.default_rng(release_seed)
-    if isinstance(algorithm, ReleaseAlgorithm):
-        return _run_release(scenario, algorithm, model, list(records), release_rng, out, reference)
-    if algorithm.query is None:
-        return _run_pooled(scenario, algorithm, model, records.pooled(), out, reference)
+    seeds = owner_seed.spawn(len(records))
+    return _World(records, n_total, seeds, np.random.default_rng(release_seed), reference)
+
+
+def resume_simulation(out: str | Path) -> RunResult:
+    """Continue a stopped or interrupted ``fedpenalty simulate`` in ``out`` from its checkpoint.
+
+    The owners are built again from the run's seeds on their ledgers: they replay what they
+    answered, and their seeded noise is addressed by (session, chain, iteration) (docs/design.md
+    §2.7), so the draws are exactly those of an uninterrupted run with the same seed.
+    """
+    out = Path(out)
+    info = _run_info(out)
+    if info.get("mode") != "simulate":
+        raise ConfigError(
+            f"{out} is a run of `fedpenalty run`; continue it with `fedpenalty run --resume {out}`"
+        )
+    if info.get("complete"):
+        raise ConfigError(f"{out} holds a finished simulation; nothing to resume")
+    scenario = load_scenario(out / "config.toml")
+    model = build_model(scenario["model"])
+    algorithm = ALGORITHMS[scenario["sampler"]["algorithm"]]
+    assert isinstance(algorithm, ChainAlgorithm)  # only owner-asking chains write a run.json
+    progress = checkpoint.load(out / CHECKPOINT) if (out / CHECKPOINT).exists() else None
+    return _run_owners(scenario, algorithm, model, _simulated_world(scenario, model), out, progress)
+
+
+def _run_info(out: Path) -> dict[str, Any]:
+    """The ``run.json`` of the run directory ``out``, or a ``ConfigError`` saying why not."""
+    try:
+        return json.loads((out / RUN_INFO).read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"{out} is not a resumable run directory (no readable {RUN_INFO}: {exc})"
+        ) from exc
+
+
+def _run_owners(
+    scenario: Scenario,
+    algorithm: ChainAlgorithm,
+    model: Model,
+    world: _World,
+    out: Path,
+    resume: Progress | None = None,
+) -> RunResult:
+    """Simulated owners (``run.transport``) answering ``algorithm``'s chains (``resume``: from
+    that checkpoint, on the owners' existing ledgers)."""
+    records, seeds, release_rng = world.records, world.seeds, world.release_rng
     start = None
     if algorithm.start is not None:
         start = algorithm.start(release_rng, model, records.pooled(), scenario.sections)
     policies = owner_policies(scenario, len(records), None if start is None else start.sigma)
     names = [f"owner-{k}" for k in range(len(records))]
-    seeds = owner_seed.spawn(len(records))
     setup = OwnerSetup(out, model, names, records, policies, seeds, scenario["run"])
     launched = TRANSPORTS[scenario["run"]["transport"]].launch(setup)
     try:
+        owners = _Owners(launched.oracle, names, policies, deployed=False)
         info = {
             "mode": "simulate",
             "transport": scenario["run"]["transport"],
             "session": SIMULATION_SESSION,
         }
         theta0 = None if start is None else start.theta
-        chains, reports, stopped = _sample_owners(
-            scenario, algorithm, model, launched.oracle, out, n_total, info, theta0=theta0
+        chains, reports, stopped, spend = _sample_owners(
+            scenario, algorithm, model, owners, out, world.n_total, info, resume, theta0
         )
         extra = _chain_diagnostics(chains)
         simulated = launched.oracle.simulation_diagnostics()
@@ -213,12 +330,67 @@ def run_scenario(scenario: Scenario, out: str | Path | None = None) -> RunResult
             extra["simulation_only"] = simulated
     finally:
         launched.stop()
-    privacy = privacy_summary(reports, policies, algorithm, scenario["sampler"]) if reports else {}
+    privacy = privacy_summary(reports, policies, algorithm, scenario) if reports else {}
     if privacy:
-        privacy["noise"] = SIMULATED_NOISE
+        secure = requested(scenario["privacy"])
+        privacy["noise"] = SIMULATED_NOISE if secure is None else SIMULATED_SECURE_NOISE
     if privacy and start is not None:
         start.privacy(privacy)
-    return _finish(out, chains.theta, chains.accepted, privacy, reference, extra, stopped)
+    outputs = _Outputs(
+        model, algorithm.name, world.reference, _sample_stats(chains, scenario, algorithm)
+    )
+    return _finish(out, chains.theta, chains.accepted, privacy, outputs, extra, stopped, spend)
+
+
+@dataclass(frozen=True)
+class _Owners:
+    """The owners of a run behind ``oracle``: their ``names`` and ``policies`` in the order
+    the oracle reports them; ``deployed``: served by ``fedpenalty owner serve`` (their policies
+    live in their OWNER.toml files, and they give lattice answers)."""
+
+    oracle: Oracle
+    names: list[str]
+    policies: list[Policy]
+    deployed: bool
+
+
+@dataclass(frozen=True)
+class _Outputs:
+    """What the run's files say about its draws beyond ``theta``: the ``model`` (parameter
+    names), the ``algorithm``'s name, the ``reference`` posterior, and ``sample_stats``
+    (name → ``(chains, draws)``, ``inference_data``)."""
+
+    model: Model
+    algorithm: str
+    reference: Reference | None
+    sample_stats: dict[str, np.ndarray]
+
+
+def _sample_stats(
+    chains: ChainResult, scenario: Scenario, algorithm: ChainAlgorithm
+) -> dict[str, np.ndarray]:
+    """The per-draw statistics of chains (posterior.nc's sample_stats): accepted (MH),
+    queried, the owners' noise variance and the step size (MH: the proposal radius; SG-MCMC:
+    η_t of the step schedule)."""
+    stats: dict[str, np.ndarray] = {"queried": chains.queried}
+    if chains.accepted is not None:
+        stats["accepted"] = chains.accepted
+    if chains.noise_draws is not None:
+        stats["noise_variance"] = chains.noise_draws
+    sampler = scenario["sampler"]
+    draws = chains.theta.shape[1]
+    if "step_schedule" in algorithm.settings:
+        schedule = StepSchedule.of(
+            sampler["step"],
+            sampler["step_schedule"],
+            sampler["step_decay_b"],
+            sampler["step_decay_gamma"],
+        )
+        eta = [schedule(sampler["warmup"] + k) for k in range(draws)]
+        stats["step_size"] = np.broadcast_to(np.array(eta), chains.queried.shape)
+    elif "step" in algorithm.settings:
+        stats["step_size"] = np.full(chains.queried.shape, float(sampler["step"]))
+    return stats
 
 
 def _run_pooled(
@@ -247,9 +419,8 @@ def _run_pooled(
         "owners": [],
         "accounting": ACCOUNTING[None],
     }
-    return _finish(
-        out, chains.theta, chains.accepted, privacy, reference, _chain_diagnostics(chains)
-    )
+    outputs = _Outputs(model, algorithm.name, reference, _sample_stats(chains, scenario, algorithm))
+    return _finish(out, chains.theta, chains.accepted, privacy, outputs, _chain_diagnostics(chains))
 
 
 def _run_release(
@@ -285,7 +456,8 @@ def _run_release(
         ],
         **release.extra,
     }
-    return _finish(out, release.theta, None, privacy, reference, {})
+    outputs = _Outputs(model, algorithm.name, reference, {})
+    return _finish(out, release.theta, None, privacy, outputs, {})
 
 
 def _chain_diagnostics(chains: ChainResult) -> dict[str, Any]:
@@ -316,7 +488,7 @@ def run_deployed(
     _deployable(ALGORITHMS[scenario["sampler"]["algorithm"]])
     oracle = GrpcOracle(owners, model, tls, retry_seconds=scenario["run"]["retry_seconds"])
     try:
-        out = _new_run_dir(scenario, out)
+        out, existed = _new_run_dir(scenario, out)
     except BaseException:
         oracle.disconnect()
         raise
@@ -331,7 +503,8 @@ def run_deployed(
             "ca": str(tls.ca.resolve()) if tls.ca else None,
         },
     }
-    return _deployed(scenario, model, oracle, out, info, None)
+    with _drawless_run_removed(out, existed):
+        return _deployed(scenario, model, oracle, out, info, None)
 
 
 def _deployable(algorithm: Algorithm) -> ChainAlgorithm:
@@ -358,14 +531,11 @@ def resume_run(
     start when it has none). The owners replay what they already answered, so the resumed
     chain is the chain of an uninterrupted run, and nothing is charged twice."""
     out = Path(out)
-    try:
-        info = json.loads((out / RUN_INFO).read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(
-            f"{out} is not a resumable run directory (no readable {RUN_INFO}: {exc})"
-        ) from exc
+    info = _run_info(out)
     if info.get("mode") != "deployed":
-        raise ConfigError(f"{out} is a simulation; only runs of `fedpenalty run` can be resumed")
+        raise ConfigError(
+            f"{out} is a simulation; continue it with `fedpenalty simulate --resume {out}`"
+        )
     if info.get("session") is None or info.get("complete"):
         raise ConfigError(
             f"{out} holds a finished run (or one that never opened a session); nothing to resume"
@@ -395,16 +565,22 @@ def _deployed(
     algorithm = _deployable(ALGORITHMS[scenario["sampler"]["algorithm"]])
     counts = [d.n for d in described]
     n_total = None if None in counts else sum(n for n in counts if n is not None)
-    chains, reports, stopped = _sample_owners(
-        scenario, algorithm, model, oracle, out, n_total, info, resume
+    policies = [d.policy for d in described]
+    owners = _Owners(oracle, [d.name for d in described], policies, deployed=True)
+    chains, reports, stopped, spend = _sample_owners(
+        scenario, algorithm, model, owners, out, n_total, info, resume
     )
-    privacy = (
-        privacy_summary(reports, [d.policy for d in described], algorithm, scenario["sampler"])
-        if reports
-        else {}
-    )
+    privacy = privacy_summary(reports, policies, algorithm, scenario) if reports else {}
+    outputs = _Outputs(model, algorithm.name, None, _sample_stats(chains, scenario, algorithm))
     return _finish(
-        out, chains.theta, chains.accepted, privacy, None, _chain_diagnostics(chains), stopped
+        out,
+        chains.theta,
+        chains.accepted,
+        privacy,
+        outputs,
+        _chain_diagnostics(chains),
+        stopped,
+        spend,
     )
 
 
@@ -412,33 +588,30 @@ def _sample_owners(
     scenario: Scenario,
     algorithm: ChainAlgorithm,
     model: Model,
-    oracle: Oracle,
+    owners: _Owners,
     out: Path,
     n_total: int | None,
     info: dict[str, Any],
     resume: Progress | None = None,
     theta0: np.ndarray | None = None,
-) -> tuple[ChainResult, list[PrivacyReport], OwnerError | None]:
+) -> tuple[ChainResult, list[PrivacyReport], OwnerError | Interrupted | None, SpendTrace]:
     """Open (or resume) the session, sample with checkpoints, collect the owners' reports.
-    Returns the kept draws, the reports (empty if some owner cannot report) and the owner
-    error that stopped the run early, if any. ``theta0`` ``(chains, d)`` overrides the
-    data-independent starts (hybrid: the OPS draws). The oracle is closed (session closed) when
-    the run completed, and only disconnected (session left open for a resume) when it stopped."""
-    sampler, run = scenario["sampler"], scenario["run"]
-    assert algorithm.query is not None  # only algorithms that ask owners come here
-    stopped: OwnerError | None = None
+    Returns the kept draws, the reports (empty if some owner cannot report), the owner error
+    that stopped the run early, if any, and the owners' running spend. ``theta0`` ``(chains,
+    d)`` overrides the data-independent starts (hybrid: the OPS draws). The oracle is closed
+    (session closed) when the run completed or stopped before its first iteration, and only
+    disconnected (session left open for a resume) when it stopped later."""
+    sampler, run, oracle = scenario["sampler"], scenario["run"], owners.oracle
+    stopped: OwnerError | Interrupted | None = None
     try:
-        info["session"] = oracle.open_session(
-            algorithm.query,
-            algorithm.planned_answers(sampler),
-            info.get("session"),
-            **algorithm.session_options(sampler),
-        )
+        info["session"] = _open_session(scenario, algorithm, model, owners, info.get("session"))
         _write_info(out, info)
         rng, start = chain_start(scenario, model)
+        recorder = _SpendRecorder.start(oracle, algorithm, sampler, out, resume)
+        kernel = algorithm.kernel(model, ChainData(oracle=oracle, n_total=n_total), sampler)
         try:
             chains = sample(
-                algorithm.kernel(model, ChainData(oracle=oracle, n_total=n_total), sampler),
+                recorder.observing(kernel),
                 rng,
                 start if theta0 is None else theta0,
                 iterations=sampler["iterations"],
@@ -449,9 +622,13 @@ def _sample_owners(
                 checkpoint=lambda p: checkpoint.save(out / CHECKPOINT, p),
                 checkpoint_every=run["checkpoint_every"],
             )
+            done = int(sampler["warmup"]) + int(sampler["iterations"])
         except SamplingStopped as stop:
+            if stop.progress.done == 0:  # nothing sampled: nothing to keep or to resume
+                _close_quietly(oracle)
+                raise _unstarted(stop.cause) from stop.cause
             checkpoint.save(out / CHECKPOINT, stop.progress)
-            chains, stopped = stop.progress.result(), stop.cause
+            chains, stopped, done = stop.progress.result(), stop.cause, stop.progress.done
         try:
             reports = oracle.privacy_reports()
         except OwnerError:
@@ -468,7 +645,111 @@ def _sample_owners(
         _write_info(out, info)
     else:
         oracle.disconnect()
-    return chains, reports, stopped
+    return chains, reports, stopped, recorder.finished(done, reports)
+
+
+def _open_session(
+    scenario: Scenario,
+    algorithm: ChainAlgorithm,
+    model: Model,
+    owners: _Owners,
+    session: str | None,
+) -> str:
+    """Open (or resume) the run's session at every owner; a plan an owner refuses for its
+    budget becomes a ``PlanRefused`` that says what would make it fit."""
+    assert algorithm.query is not None  # only algorithms that ask owners come here
+    sampler = scenario["sampler"]
+    options = algorithm.session_options(sampler)
+    planned = algorithm.planned_answers(sampler)
+    try:
+        return owners.oracle.open_session(
+            algorithm.query, planned, session, secure=requested(scenario["privacy"]), **options
+        )
+    except BudgetExhausted as exc:
+        if exc.owner not in owners.names:
+            raise
+        policy = owners.policies[owners.names.index(exc.owner)]
+        needs = plan_needs(algorithm.query, model, policy, planned, options, owners.deployed)
+        raise budget_refusal(
+            exc, needs, policy, algorithm.query, sampler["chains"], owners.deployed
+        ) from exc
+
+
+def _unstarted(cause: OwnerError | Interrupted) -> Exception:
+    """The error of a run stopped before its first iteration: for a request outside an
+    owner's policy, what to change (a resume would repeat it); else the owner's error."""
+    return ConfigError(policy_refusal(cause)) if isinstance(cause, InvalidRequest) else cause
+
+
+def _close_quietly(oracle: Oracle) -> None:
+    """Close the session (releasing what a gradient plan reserved); an owner that cannot be
+    reached keeps it open until it is closed or expires."""
+    with suppress(OwnerError):
+        oracle.close()
+
+
+class _SpendRecorder:
+    """Asks the owners for their reports while the chains run (``observing``), so ``trace``
+    holds each owner's running spend as its ledger reports it: at most POINTS points, and only
+    while the reports have taken at most SHARE of the time the steps took (an owner accounts
+    gradient answers with PLD, about a second a report), then after the last iteration
+    (``finished``)."""
+
+    POINTS = 100
+    SHARE = 0.05
+
+    def __init__(self, oracle: Oracle, trace: SpendTrace, every: int, gradient: bool):
+        self.oracle, self.trace, self.every, self.gradient = oracle, trace, every, gradient
+        self.stepping = self.reporting = 0.0
+
+    @classmethod
+    def start(
+        cls,
+        oracle: Oracle,
+        algorithm: ChainAlgorithm,
+        sampler: dict[str, Any],
+        out: Path,
+        resume: Progress | None,
+    ) -> _SpendRecorder:
+        """The recorder of a run about to start (or resume: with the points recorded before
+        it, from the run's posterior.nc) holding its first point."""
+        reports = oracle.privacy_reports()
+        done = 0 if resume is None else resume.done
+        earlier = read_spend(out / POSTERIOR_FILE) if resume is not None else None
+        trace = SpendTrace.empty(reports) if earlier is None else earlier.before(done)
+        total = int(sampler["warmup"]) + int(sampler["iterations"])
+        recorder = cls(oracle, trace, max(1, total // cls.POINTS), algorithm.query == SGMCMC)
+        recorder.trace = trace.added(done, reports, recorder.gradient)
+        return recorder
+
+    def observing(self, kernel: SamplingAlgorithm) -> SamplingAlgorithm:
+        """``kernel`` that records a point after every ``every``-th iteration, time allowing."""
+        done = int(self.trace.iterations[-1])
+
+        def step(rng: np.random.Generator, state: Any) -> tuple[Any, Any]:
+            nonlocal done
+            began = time.perf_counter()
+            new, record = kernel.step(rng, state)
+            self.stepping += time.perf_counter() - began
+            done += 1
+            if done % self.every == 0 and self.reporting <= self.SHARE * self.stepping:
+                began = time.perf_counter()
+                # a failed report only loses this point: the next query meets the same failure
+                # and stops the run, which reports what it can
+                with suppress(OwnerError):
+                    self.trace = self.trace.added(
+                        done, self.oracle.privacy_reports(), self.gradient
+                    )
+                self.reporting += time.perf_counter() - began
+            return new, record
+
+        return SamplingAlgorithm(kernel.init, step, kernel.accepts)
+
+    def finished(self, done: int, reports: list[PrivacyReport]) -> SpendTrace:
+        """The trace with the run's final ``reports`` after ``done`` iterations."""
+        if reports and (not len(self.trace.iterations) or self.trace.iterations[-1] < done):
+            return self.trace.added(done, reports, self.gradient)
+        return self.trace
 
 
 def _write_info(out: Path, info: dict[str, Any]) -> None:
@@ -482,16 +763,19 @@ def _finish(
     theta: np.ndarray,
     accepted: np.ndarray | None,
     privacy: dict[str, Any],
-    reference: Reference | None,
+    outputs: _Outputs,
     extra: dict[str, Any],
-    stopped: OwnerError | None = None,
+    stopped: OwnerError | Interrupted | None = None,
+    spend: SpendTrace | None = None,
 ) -> RunResult:
-    """Write samples, privacy, diagnostics and the trace plot of what was sampled: ``theta``
-    ``(chains, draws, d)``, ``accepted`` ``(chains, draws)`` (None without an accept step)."""
+    """Write samples, privacy, diagnostics, posterior.nc and the figures of what was sampled:
+    ``theta`` ``(chains, draws, d)``, ``accepted`` ``(chains, draws)`` (None without an accept
+    step), the owners' running ``spend`` (None without owners' ledgers)."""
     kept = theta.shape[1]
-    diagnostics: dict[str, Any] = {"kept_draws": kept}
+    names = outputs.model.param_names
+    diagnostics: dict[str, Any] = {"kept_draws": kept, "param_names": names}
     if kept > 1:
-        diagnostics.update(summarize(theta, accepted, reference))
+        diagnostics.update(summarize(theta, accepted, outputs.reference, names))
     diagnostics.update(extra)
     if stopped is not None:
         diagnostics["stopped"] = str(stopped)
@@ -499,9 +783,22 @@ def _finish(
     np.savez_compressed(out / "samples.npz", **arrays)  # type: ignore[arg-type]  # numpy's stub
     if privacy:
         (out / "privacy.json").write_text(json.dumps(privacy, indent=2))
+    attrs = {"algorithm": outputs.algorithm, "model": outputs.model.name}
+    tree = posterior_tree(theta, names, outputs.sample_stats, spend, outputs.reference, attrs)
+    try:
+        write_posterior(out / POSTERIOR_FILE, tree)
+    except ImportError as exc:  # an install without the NetCDF writer: keep the rest of the run
+        diagnostics.setdefault("warnings", []).append(
+            f"{POSTERIOR_FILE} not written ({exc}); `pip install -e .` installs h5netcdf and h5py"
+        )
     (out / "diagnostics.json").write_text(json.dumps(diagnostics, indent=2))
     if kept:
-        _trace_plot(out / "trace.png", theta, reference)
+        rhat = diagnostics.get("rhat")
+        plots.trace_plot(out / "trace.png", theta, names, outputs.reference, rhat)
+        if kept > 1 and theta.shape[0] > 1:
+            plots.rank_plot(out / "rank.png", theta, names, rhat)
+    if spend is not None and len(spend.iterations) > 1:
+        plots.privacy_plot(out / "privacy.png", spend)
     return RunResult(out, privacy, diagnostics, theta, stopped)
 
 
@@ -509,12 +806,15 @@ def privacy_summary(
     reports: list[PrivacyReport],
     policies: list[Policy],
     algorithm: ChainAlgorithm,
-    sampler: dict[str, Any],
+    scenario: Scenario,
 ) -> dict[str, Any]:
     """The ``privacy.json`` content: each owner's own report of this run's session, and
     ``ledger_epsilon``, its ε across every session its ledger has seen. Gradient runs show the
     owner's σ as ``noise_multiplier`` with the sampling rate and clip they asked for; ``mu`` is
-    null unless the owner's ε is the exact GDP one."""
+    null unless the owner's ε is the exact GDP one. With secure aggregation: s, t and the
+    assumption ``epsilon`` rests on, and each owner's ε from its own noise alone."""
+    sampler = scenario["sampler"]
+    secure = requested(scenario["privacy"])
     gradient = algorithm.query == SGMCMC
     owners = []
     for report, policy in zip(reports, policies):
@@ -529,6 +829,8 @@ def privacy_summary(
             if gradient
             else {"sigma": policy.sigma}
         )
+        if secure is not None:  # the noise is s/√(K − t) (owner_fields), not σ
+            noise.pop("noise_multiplier" if gradient else "sigma")
         owners.append(
             {
                 "owner": report.owner,
@@ -543,6 +845,7 @@ def privacy_summary(
                 "ledger_epsilon": report.total.epsilon,
                 "budget_epsilon": report.budget_epsilon,
                 "budget_left": report.budget_left,
+                **owner_fields(report),
             }
         )
     neighbour = _common([r.neighbour for r in reports])
@@ -554,6 +857,7 @@ def privacy_summary(
         "accounting": ACCOUNTING[algorithm.query],
         "trusted_curator": False,
         "release": "each owner's own ledger",
+        **aggregation_fields(secure),
         "owners": owners,
     }
 
@@ -565,28 +869,3 @@ def _common(values: list[Any]) -> Any:
 
 def _finite_or_none(x: float) -> float | None:
     return float(x) if np.isfinite(x) else None
-
-
-def _trace_plot(path: Path, theta: np.ndarray, reference) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    d = theta.shape[2]
-    shown = min(d, 4)
-    fig, axes = plt.subplots(shown, 1, figsize=(8, 2.2 * shown), squeeze=False)
-    for j in range(shown):
-        ax = axes[j, 0]
-        for c in range(theta.shape[0]):
-            ax.plot(theta[c, :, j], lw=0.6, alpha=0.8)
-        if reference is not None:
-            ax.axhline(reference.mean[j], color="k", ls="--", lw=1, label="reference mean")
-        ax.set_ylabel(f"θ[{j}]")
-    axes[0, 0].set_title(
-        "trace of kept draws" + (f" (first {shown} of {d} dimensions)" if d > shown else "")
-    )
-    axes[-1, 0].set_xlabel("iteration")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)

@@ -9,13 +9,17 @@ coordinator's). Models: ``gaussian_mean`` (d = 1; O(1) answers from sufficient s
 and ``logistic`` (d = 10; O(n) per answer, only up to ``--max-logistic-owners`` owners), n =
 10,000 records per owner, 4 chains. Every iteration is a real ``penalty`` MH step:
 validated, noised, charged answers from every owner (ledgers with synchronous=NORMAL, as in
-local simulation). Start-up is not timed.
+local simulation). Start-up is not timed; it grows with the number of host processes (each
+imports numpy and gRPC: seconds per host on a loaded 2-core machine), so each host is given
+``--startup-seconds`` to start. A measurement that fails is reported in one line and left out,
+and the others are still printed and written.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tempfile
 import time
@@ -29,6 +33,7 @@ from fedpenalty.common import Policy
 from fedpenalty.coordinator import mh
 from fedpenalty.coordinator.grpc_oracle import GrpcOracle
 from fedpenalty.coordinator.inprocess import InProcessOracle
+from fedpenalty.errors import FedPenaltyError
 from fedpenalty.models import build_model
 from fedpenalty.owner import Ledger, OwnerNode
 
@@ -55,7 +60,13 @@ def measure(oracle, model, seconds: float) -> float:
 
 
 def run(
-    transport: str, model_name: str, owners: int, seconds: float, folder: Path, packed_hosts: int
+    transport: str,
+    model_name: str,
+    owners: int,
+    seconds: float,
+    folder: Path,
+    packed_hosts: int,
+    startup_per_host: float,
 ) -> float:
     model = build_model(MODELS[model_name])
     rng = np.random.default_rng(1)
@@ -78,7 +89,10 @@ def run(
             oracle.close()
             ledger.close()
     hosts = owners if transport == "grpc-one-per-host" else min(owners, packed_hosts)
-    with LocalCluster.start(folder, model, records, policies, seeds, hosts=hosts) as cluster:
+    timeout = startup_per_host * hosts
+    with LocalCluster.start(
+        folder, model, records, policies, seeds, hosts=hosts, timeout=timeout
+    ) as cluster:
         del records
         oracle = GrpcOracle(cluster.addresses, model)
         try:
@@ -113,8 +127,16 @@ def main(argv: list[str] | None = None) -> int:
         default=default_owner_hosts(),
         help="host processes for grpc-packed (default: one per core but the coordinator's)",
     )
+    parser.add_argument(
+        "--startup-seconds",
+        type=float,
+        default=20.0,
+        help="start-up time allowed per owner host process (default 20 s)",
+    )
     parser.add_argument("--json", type=Path, help="write the rows as JSON")
     args = parser.parse_args(argv)
+    if not args.startup_seconds > 0:
+        parser.error("--startup-seconds must be positive")
     rows = []
     for model_name in args.models.split(","):
         for owners in [int(k) for k in args.owners.split(",")]:
@@ -123,10 +145,21 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 if model_name == "logistic" and owners > args.max_logistic_owners:
                     continue
+                label = f"{model_name} K={owners} {transport}"
                 with tempfile.TemporaryDirectory() as tmp:
-                    rate = run(
-                        transport, model_name, owners, args.seconds, Path(tmp), args.packed_hosts
-                    )
+                    try:
+                        rate = run(
+                            transport,
+                            model_name,
+                            owners,
+                            args.seconds,
+                            Path(tmp),
+                            args.packed_hosts,
+                            args.startup_seconds,
+                        )
+                    except FedPenaltyError as exc:
+                        print(f"throughput: {label}: left out: {_one_line(exc)}", file=sys.stderr)
+                        continue
                 rows.append(
                     {
                         "transport": transport,
@@ -152,6 +185,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return 0
+
+
+def _one_line(exc: Exception) -> str:
+    """The error's first line (a host's log tail follows it in the message), without the path
+    of a log in the temporary folder, which is gone by the time it is read."""
+    text = str(exc).strip().splitlines()
+    first = re.sub(r"\s*\(see [^)]*\)", "", text[0]) if text else type(exc).__name__
+    return f"{first} (more time per host: --startup-seconds)" if "in time" in first else first
 
 
 if __name__ == "__main__":

@@ -384,6 +384,12 @@ def test_owner_file_privacy_is_the_policy(tmp_path):
             "privacy.max_sampling_rate must be a number in (0, 1], got 1.01",
         ),
         ({"max_clip": "1"}, "privacy.max_clip must be a positive finite number, got '1'"),
+        (
+            {"total_noise_sd": 0.0},
+            "privacy.total_noise_sd must be a positive finite number, got 0.0",
+        ),
+        ({"colluders": -1}, "privacy.colluders must be a non-negative integer, got -1"),
+        ({"min_peers": 1.5}, "privacy.min_peers must be a non-negative integer, got 1.5"),
     ],
 )
 def test_bad_policies_name_the_key(values, message):
@@ -409,6 +415,9 @@ def test_policy_is_a_frozen_hashable_dataclass_of_floats():
         "min_step": 1e-9,
         "min_clip": 1e-6,
         "max_record_evaluations": 50_000_000,
+        "total_noise_sd": None,
+        "colluders": 0,
+        "min_peers": 0,
     }
     assert Policy(**policy.to_dict()) == policy
     with pytest.raises(AttributeError):

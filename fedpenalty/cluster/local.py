@@ -189,17 +189,16 @@ def serve_host(spec_path: Path) -> None:
     ledger = Ledger(folder / spec["ledger"], synchronous=spec["synchronous"])
     with np.load(folder / spec["data"]) as data:
         nodes = [
-            OwnerNode(
+            OwnerNode.simulated(
                 o["name"],
                 model,
                 data[o["name"]],
                 Policy(**o["policy"]),
                 ledger,
-                np.random.default_rng(
-                    np.random.SeedSequence(
-                        o["noise_seed"]["entropy"], spawn_key=tuple(o["noise_seed"]["spawn_key"])
-                    )
+                np.random.SeedSequence(
+                    o["noise_seed"]["entropy"], spawn_key=tuple(o["noise_seed"]["spawn_key"])
                 ),
+                simulation=False,
             )
             for o in spec["owners"]
         ]

@@ -40,6 +40,7 @@ from scipy import special, stats
 from ..models import Bernoulli, ExpFamModel, GaussianMean, Logistic, Model, Neighbour, Poisson
 from ..privacy import gaussian, subsampled
 from . import mh
+from .exact import pooled_log_ratio
 
 OPSForm = Literal["wang", "foulds"]
 Mechanism = Literal["laplace", "gaussian"]
@@ -222,13 +223,16 @@ def tempered_mh_draws(
 ) -> np.ndarray:
     """``size`` draws ``(size, d)`` from ∝ [p(θ) Π p(x | θ)]^ρ on Θ by exact MH on the pooled
     ``records`` (trusted curator): ``size`` independent chains from θ = 0, with a tempered
-    ratio ρ Σ_x Δℓ + (ρ − 1) Δlog p(θ). The ball radius is tuned to acceptance ≈ 0.3, then
+    ratio ρ Σ_x Δℓ + (ρ − 1) Δlog p(θ) (Σ_x Δℓ from summed statistics where the model has them,
+    ``exact.pooled_log_ratio``). The ball radius is tuned to acceptance ≈ 0.3, then
     ``mh_steps`` steps are run with it frozen, and each chain's last state is returned."""
     if not 0.0 < rho <= 1.0:
         raise ValueError(f"rho must be in (0, 1], got {rho!r}")
 
+    pooled = pooled_log_ratio(model, records)
+
     def ratio(iteration: int, chains: np.ndarray, theta: np.ndarray, theta_prop: np.ndarray):
-        lik = model.log_lik_diff(records, theta, theta_prop).sum(axis=1)
+        lik = pooled(theta, theta_prop)
         prior = model.log_prior(theta_prop) - model.log_prior(theta)
         return rho * lik + (rho - 1.0) * prior, np.zeros(len(chains))
 
@@ -386,6 +390,49 @@ def noisy_stats(
         float(sensitivity),
         mu,
     )
+
+
+@dataclass(frozen=True)
+class PseudoCountsResult:
+    """One release of Foulds et al.'s Beta–Bernoulli pseudo-counts. ``released`` ``(2,)``: the
+    noisy (n₁, n₀) after clamping at 0; ``theta`` ``(draws, 1)``: draws of logit p from
+    Beta(a + n̂₁, b + n̂₀) on Θ; ``scale`` the Laplace b = Δ₁/ε; ``sensitivity`` Δ₁ of the pair;
+    (``epsilon``, 0)-DP for every record, n included."""
+
+    theta: np.ndarray
+    released: np.ndarray
+    epsilon: float
+    neighbour: str
+    scale: float
+    sensitivity: float
+
+
+def laplace_pseudo_counts(
+    rng: np.random.Generator,
+    model: Bernoulli,
+    records: np.ndarray,
+    epsilon: float,
+    *,
+    neighbour: Neighbour,
+    draws: int,
+) -> PseudoCountsResult:
+    """Foulds et al.'s own Laplace mechanism for the Beta–Bernoulli model (their §3.2 and
+    Figure 2), as opposed to ``noisy_stats`` (which releases Σx alone and treats n as public):
+    both pseudo-counts (n₁, n₀) = (Σx, n − Σx) of the prepared ``records`` get independent
+    Laplace(Δ₁/ε) noise, with Δ₁ the L1 sensitivity of the pair — 2 for replace-one (one record
+    moves one count up and the other down), 1 for add/remove — and are clamped at 0
+    (post-processing), so n stays private. ``draws`` samples of θ = logit p follow from
+    Beta(a + n̂₁, b + n̂₀) restricted to Θ, the conjugate posterior treating n̂ as exact."""
+    eps = gaussian.check_positive("epsilon", epsilon)
+    if neighbour not in ("replace_one", "add_remove"):
+        raise ValueError(f"neighbour must be 'replace_one' or 'add_remove', got {neighbour!r}")
+    ones = float(model.suff_stat(records).sum())
+    sensitivity = 2.0 if neighbour == "replace_one" else 1.0
+    scale = sensitivity / eps
+    counts = np.array([ones, len(records) - ones]) + rng.laplace(0.0, scale, size=2)
+    released = np.maximum(counts, 0.0)
+    theta = conjugate_draws(rng, model, float(released.sum()), released[:1], draws)
+    return PseudoCountsResult(theta, released, eps, neighbour, scale, sensitivity)
 
 
 # ------------------------------------------------------------------ hybrid OPS + DP-SGLD

@@ -69,6 +69,8 @@ def save(path: Path, progress: Progress) -> None:
     arrays: dict[str, np.ndarray] = {"theta": progress.theta, "queried": progress.queried}
     if progress.accepted is not None:
         arrays["accepted"] = progress.accepted
+    if progress.noise_draws is not None:
+        arrays["noise_draws"] = progress.noise_draws
     scalars: dict[str, Any] = {}
     _flatten(progress.state, "state", arrays, scalars)
     meta = {
@@ -128,4 +130,5 @@ def load(path: Path) -> Progress:
         meta["noise_count"],
         meta["excess_max"],
         meta["excess_steps"],
+        arrays["noise_draws"].copy() if "noise_draws" in arrays else None,
     )

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from ..errors import OwnerError
+from ..errors import Interrupted, OwnerError
 from .base import SamplingAlgorithm, StepRecord
 
 
@@ -32,7 +32,8 @@ class ChainResult:
     SG-MCMC) and ``queried`` ``(C, iterations)``; ``noise_var`` the mean owner-noise variance of
     the queried steps; over all steps (warmup included) ``excess_noise_ratio`` the largest
     excess of the owners' noise over the design noise and ``excess_fraction`` the fraction of
-    chain steps with any excess (both 0 for MH)."""
+    chain steps with any excess (both 0 for MH); ``noise_draws`` ``(C, iterations)`` the owners'
+    noise variance of each kept step (NaN where no owner was asked)."""
 
     theta: np.ndarray
     accepted: np.ndarray | None
@@ -40,6 +41,7 @@ class ChainResult:
     noise_var: float
     excess_noise_ratio: float = 0.0
     excess_fraction: float = 0.0
+    noise_draws: np.ndarray | None = None
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -53,8 +55,9 @@ class Progress:
     ``(C, iterations, d)``, ``accepted`` (None for SG-MCMC) and ``queried`` ``(C, iterations)``
     are filled for the first ``kept`` draws; ``noise_sum``/``noise_count`` total the noise
     variance of queried chain steps, ``excess_max``/``excess_steps`` the largest excess noise
-    ratio and the number of chain steps with excess. The arrays are the live buffers: copy or
-    save them at once."""
+    ratio and the number of chain steps with excess; ``noise_draws`` ``(C, iterations)`` the
+    noise variance of each kept step (NaN: not queried; None in checkpoints of older runs).
+    The arrays are the live buffers: copy or save them at once."""
 
     done: int
     warmup: int
@@ -67,6 +70,7 @@ class Progress:
     noise_count: int
     excess_max: float = 0.0
     excess_steps: int = 0
+    noise_draws: np.ndarray | None = None
 
     def advanced(self, state: Any, record: StepRecord) -> Progress:
         """This run one iteration later: ``state`` after it, its ``record`` written into the
@@ -79,6 +83,8 @@ class Progress:
             if self.accepted is not None:
                 self.accepted[:, k] = record.accepted
             self.queried[:, k] = record.queried
+            if self.noise_draws is not None:
+                self.noise_draws[:, k] = np.where(record.queried, record.noise_var, np.nan)
         return replace(
             self,
             done=t + 1,
@@ -104,14 +110,16 @@ class Progress:
             self.noise_sum / max(self.noise_count, 1),
             self.excess_max,
             self.excess_steps / max(steps, 1),
+            None if self.noise_draws is None else self.noise_draws[:, :k],
         )
 
 
 class SamplingStopped(Exception):
-    """An owner refused or could not be reached. ``progress`` is the run up to the last
-    completed iteration (resumable); ``cause`` the owner's error."""
+    """An owner refused or could not be reached, or the user interrupted the run. ``progress``
+    is the run up to the last completed iteration (resumable); ``cause`` the owner's error or
+    ``Interrupted``."""
 
-    def __init__(self, progress: Progress, cause: OwnerError):
+    def __init__(self, progress: Progress, cause: OwnerError | Interrupted):
         super().__init__(str(cause))
         self.progress, self.cause = progress, cause
 
@@ -137,6 +145,7 @@ def start(
         np.zeros((chains, iterations), dtype=bool),
         0.0,
         0,
+        noise_draws=np.full((chains, iterations), np.nan),
     )
 
 
@@ -158,7 +167,8 @@ def sample(
     ``resume``: continue from a saved ``Progress`` (``theta0`` is then ignored and ``rng`` is
     reset to the saved state), which gives exactly the chain of an uninterrupted run when the
     owners replay re-asked queries. ``checkpoint`` is called every ``checkpoint_every``
-    iterations. An owner error stops the run with ``SamplingStopped``.
+    iterations. An owner error, or Ctrl-C during an iteration, stops the run with
+    ``SamplingStopped``.
     """
     if resume is None:
         run = start(algorithm, rng, theta0, iterations, warmup)
@@ -184,6 +194,8 @@ def sample(
                 state, record = algorithm.step(rng, run.state)
             except OwnerError as exc:
                 raise SamplingStopped(run, exc) from exc
+            except KeyboardInterrupt:  # the iteration is dropped; what owners answered replays
+                raise SamplingStopped(run, Interrupted("interrupted (Ctrl-C)")) from None
             run = replace(run.advanced(state, record), rng_state=rng.bit_generator.state)
             if (
                 checkpoint is not None

@@ -8,6 +8,11 @@ safe because every request except ``CloseSession`` is idempotent (owners replay 
 for a re-sent (session, chain, iteration)) — and after ``retry_seconds`` it is reported as
 ``OwnerUnavailable``. Owner refusals come back as the ``fedpenalty.errors`` class the owner
 raised (``BudgetExhausted`` with the owner's name and ε left).
+
+Secure aggregation (docs/design.md §2.6): ``open_session`` first collects every owner's session
+key (``SessionKeys``) and relays all of them in ``OpenSession``; each host then replies with its
+owners' masked sum, and ``secure_sum.combine`` adds the hosts' sums and decodes — only when
+every host answered, so a host that drops out stops the run (resumably) and nothing is decoded.
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ from ..owner import wire
 from ..owner.owner_config import TlsFiles
 from ..proto import owner_pb2 as pb
 from ..proto import owner_pb2_grpc as pb_grpc
-from .oracle import Answers
+from .oracle import Answers, SecureAggregation
+from .secure_sum import combine, owner_noise_sd, secure_open
 from .transport_base import Launched, OwnerSetup, Transport
 
 _RETRYABLE = {
@@ -149,7 +155,8 @@ class GrpcOracle:
             self._run(self._close_channels())
             self._loop.close()
             raise
-        self._noise_sd = np.array([o.policy.sigma for o in self.describe()])
+        self._sigma = np.array([o.policy.sigma for o in self.describe()])
+        self._noise_sd = self._sigma
 
     @staticmethod
     async def _open_channel(address: str, creds, options) -> grpc.aio.Channel:
@@ -168,6 +175,7 @@ class GrpcOracle:
         session: str | None = None,
         sampling_rate: float | None = None,
         max_step: float | None = None,
+        secure: SecureAggregation | None = None,
     ) -> str:
         session = session or uuid.uuid4().hex
         request = pb.OpenSessionRequest(
@@ -177,9 +185,22 @@ class GrpcOracle:
             request.sampling_rate = sampling_rate
         if max_step is not None:
             request.max_step = max_step
+        if secure is not None:
+            keys = self._session_keys(session)
+            request.secure.CopyFrom(wire.secure_message(secure_open(keys, secure)))
         self._run(self._each(lambda h: self._unary(h, h.stub.OpenSession, request)))
+        self._noise_sd = owner_noise_sd(secure, self._sigma, len(self._sigma))
         self.session = session
         return session
+
+    def _session_keys(self, session: str) -> list:
+        """Every owner's public key for ``session``, in owner order (secure aggregation)."""
+        request = pb.SessionKeysRequest(session=session)
+        replies = self._run(self._each(lambda h: self._unary(h, h.stub.SessionKeys, request)))
+        keys = [wire.peer_key(k) for reply in replies for k in reply.keys]
+        if [k.owner for k in keys] != [o.name for o in self.describe()]:
+            raise OwnerError("the owner hosts sent session keys of other owners than they describe")
+        return keys
 
     def log_ratio(
         self, iteration: int, chains: np.ndarray, theta: np.ndarray, theta_prop: np.ndarray
@@ -263,19 +284,20 @@ class GrpcOracle:
         return results
 
     def _query(self, fill: Callable[[pb.QueryRequest], None], noise_scale: float) -> Answers:
-        """One query on every host's stream. Each owner's noise sd must be its described σ_k
-        times ``noise_scale`` (1, or the clip of gradient answers)."""
-        replies = self._run(self._each(lambda h: self._stream_query(h, fill)))
-        values, noise = [], []
-        for host, reply in zip(self._hosts, replies):
-            v, sd = wire.answers_arrays(reply.answers)
-            if len(sd) != len(host.owners):
+        """One query on every host's stream. Each owner's noise sd must be what its described
+        policy gives (σ_k, or s/√(K − t) with secure aggregation) times ``noise_scale`` (1, or
+        the clip of gradient answers)."""
+        messages = self._run(self._each(lambda h: self._stream_query(h, fill)))
+        replies = []
+        for host, message in zip(self._hosts, messages):
+            reply = wire.answers_reply(message.answers)
+            if len(reply.noise_sd) != len(host.owners):
                 raise OwnerError(
-                    f"{host.label()} answered for {len(sd)} owners, it described {len(host.owners)}"
+                    f"{host.label()} answered for {len(reply.noise_sd)} owners, it described "
+                    f"{len(host.owners)}"
                 )
-            values.append(v)
-            noise.append(sd)
-        noise_sd = np.concatenate(noise)
+            replies.append(reply)
+        noise_sd = np.concatenate([r.noise_sd for r in replies])
         declared = self._noise_sd * noise_scale
         wrong = ~np.isclose(noise_sd, declared, rtol=1e-12, atol=0.0)
         if wrong.any():
@@ -285,7 +307,7 @@ class GrpcOracle:
                 f"its "
                 f"described policy gives {declared[k]:g}"
             )
-        return Answers(np.concatenate(values), noise_sd)
+        return combine(replies)
 
     async def _stream_query(
         self, host: _Host, fill: Callable[[pb.QueryRequest], None]

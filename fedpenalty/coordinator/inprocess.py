@@ -1,5 +1,7 @@
 """The in-process transport: owners living in the coordinator's process, served by one
-``OwnerHost`` (no serialisation; tests and the fastest simulations)."""
+``OwnerHost`` (no serialisation; tests and the fastest simulations). With secure aggregation
+the host computes every owner's masked answer and the oracle decodes their sum
+(``secure_sum``), exactly as over a network."""
 
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ import numpy as np
 
 from ..common import OwnerDescription, PrivacyReport
 from ..owner import Ledger, OwnerHost, OwnerNode
-from .oracle import Answers
+from .oracle import Answers, SecureAggregation
+from .secure_sum import combine, secure_open
 from .transport_base import Launched, OwnerSetup, Transport
 
 
@@ -20,7 +23,6 @@ class InProcessOracle:
 
     def __init__(self, nodes: Sequence[OwnerNode]):
         self.host = OwnerHost(nodes)
-        self._sigma = np.array([node.policy.sigma for node in self.host.nodes])
         self.session: str | None = None
 
     def describe(self) -> list[OwnerDescription]:
@@ -33,10 +35,14 @@ class InProcessOracle:
         session: str | None = None,
         sampling_rate: float | None = None,
         max_step: float | None = None,
+        secure: SecureAggregation | None = None,
     ) -> str:
         session = session or uuid.uuid4().hex
+        request = None
+        if secure is not None:
+            request = secure_open(self.host.session_keys(session), secure)
         self.host.open_session(
-            session, algorithm, planned_answers, sampling_rate, max_step=max_step
+            session, algorithm, planned_answers, sampling_rate, max_step=max_step, secure=request
         )
         self.session = session
         return session
@@ -49,21 +55,21 @@ class InProcessOracle:
     def log_ratio(
         self, iteration: int, chains: np.ndarray, theta: np.ndarray, theta_prop: np.ndarray
     ) -> Answers:
-        return Answers(
-            self.host.log_ratio(self._require_session(), iteration, chains, theta, theta_prop),
-            self._sigma,
-        )
+        session = self._require_session()
+        values = self.host.log_ratio(session, iteration, chains, theta, theta_prop)
+        return combine([self.host.reply(session, values)])
 
     def suff_stats(self, chains: np.ndarray, start: int, block: int) -> Answers:
-        return Answers(
-            self.host.suff_stats(self._require_session(), chains, start, block), self._sigma
-        )
+        session = self._require_session()
+        values = self.host.suff_stats(session, chains, start, block)
+        return combine([self.host.reply(session, values)])
 
     def gradient(
         self, iteration: int, chains: np.ndarray, theta: np.ndarray, clip: float
     ) -> Answers:
-        values = self.host.gradient(self._require_session(), iteration, chains, theta, clip)
-        return Answers(values, self._sigma * clip)
+        session = self._require_session()
+        values = self.host.gradient(session, iteration, chains, theta, clip)
+        return combine([self.host.reply(session, values, clip)])
 
     def privacy_reports(self) -> list[PrivacyReport]:
         return self.host.privacy_reports(self.session)
@@ -96,9 +102,7 @@ def launch(setup: OwnerSetup) -> Launched:
     """The simulation's owners in this process, on one ledger in the run directory."""
     ledger = Ledger(setup.folder / "ledger.sqlite", synchronous="NORMAL")
     nodes = [
-        OwnerNode(
-            name, setup.model, records, policy, ledger, np.random.default_rng(seed), simulation=True
-        )
+        OwnerNode.simulated(name, setup.model, records, policy, ledger, seed)
         for name, records, policy, seed in zip(
             setup.names, setup.records, setup.policies, setup.seeds
         )

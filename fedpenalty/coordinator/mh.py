@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+from scipy.special import log_ndtr
 
 from ..common import LOG_RATIO
 from ..models import Model
@@ -93,6 +94,25 @@ def step(
         theta[idx[acc]] = theta_prop[idx[acc]]
         log_prior[idx[acc]] = lp_prop[acc]
     return MHState(theta, log_prior, state.iteration + 1), MHInfo(accepted, queried, noise_var)
+
+
+def expected_acceptance(log_ratio: np.ndarray | float, noise_var: float) -> np.ndarray:
+    """The penalty test's acceptance probability E_ξ[min{1, exp(λ + sξ − s²/2)}], ξ ~ N(0, 1),
+    for exact log ratios λ (nats, prior ratio included; any shape) and noise variance s²
+    (nats²): Φ((λ − s²/2)/s) + e^λ Φ((−λ − s²/2)/s), and min{1, e^λ} when s² = 0.
+
+    Averaged over the chain's stationary pairs (θ, θ') it is the expected acceptance of the
+    penalty paper's Proposition 1, which falls monotonically as s² grows (docs/design.md
+    §2.1). Computed in log space, so λ may be large of either sign."""
+    lam = np.asarray(log_ratio, dtype=float)
+    if not noise_var >= 0.0:
+        raise ValueError(f"noise_var must be >= 0, got {noise_var!r}")
+    if noise_var == 0.0:
+        return np.exp(np.minimum(lam, 0.0))
+    s = np.sqrt(noise_var)
+    first = log_ndtr((lam - 0.5 * noise_var) / s)
+    second = lam + log_ndtr((-lam - 0.5 * noise_var) / s)
+    return np.exp(np.logaddexp(first, second))
 
 
 def tune_radius(

@@ -2,7 +2,10 @@
 
 Every transport (``transports.py``: in-process, gRPC) implements ``Oracle`` and passes the same
 contract tests (tests/test_oracle_contract.py). Answers come back per owner together with the
-noise sd each owner declared, so the samplers can subtract the exact noise variance.
+noise sd each owner declared, so the samplers can subtract the exact noise variance. With
+secure aggregation (docs/design.md §2.6) they come back as one row: the decoded sum over all
+owners with the sd of its noise (``secure_sum.combine``); the samplers read both the same way
+(``Answers.total``).
 """
 
 from __future__ import annotations
@@ -17,15 +20,27 @@ from ..common import OwnerDescription, PrivacyReport
 
 @dataclass(frozen=True)
 class Answers:
-    """Per-owner noisy answers. ``values``: ``(K, ...)``; ``noise_sd``: ``(K,)``, the sd of the
-    Gaussian noise each owner added to each component."""
+    """Noisy answers in rows: one per owner, or (secure aggregation) one row holding the
+    decoded sum over all owners. ``values``: ``(R, ...)``; ``noise_sd``: ``(R,)``, the sd of the
+    Gaussian noise in each row's components (a sum's: √(Σ_k sd_k²))."""
 
     values: np.ndarray
     noise_sd: np.ndarray
 
     def total(self) -> tuple[np.ndarray, float]:
-        """Sum over owners and its total noise variance Σ_k σ_k²."""
+        """Sum over the rows and its total noise variance Σ_r sd_r²."""
         return self.values.sum(axis=0), float(np.sum(self.noise_sd**2))
+
+
+@dataclass(frozen=True)
+class SecureAggregation:
+    """Ask the owners for secure aggregation (docs/design.md §2.6): ``total_noise_sd`` s, the
+    sd of the noise the honest owners' sum carries (same units as the owners' sigma), and
+    ``colluders`` t, the owners assumed to collude with the coordinator. Each owner checks both
+    against its own policy and adds noise of variance s²/(K − t)."""
+
+    total_noise_sd: float
+    colluders: int = 0
 
 
 class Oracle(Protocol):
@@ -41,11 +56,14 @@ class Oracle(Protocol):
         session: str | None = None,
         sampling_rate: float | None = None,
         max_step: float | None = None,
+        secure: SecureAggregation | None = None,
     ) -> str:
         """Open (or, with an existing id, resume) a session at every owner; returns its id.
         ``sgmcmc`` sessions name the owners' Poisson ``sampling_rate``; ``penalty`` sessions may
         declare the largest step ``max_step`` they will ask about (≤ each owner's), which the
-        owners check the plan and every request against."""
+        owners check the plan and every request against. ``secure``: with secure aggregation —
+        every owner's session key is relayed to all of them first, and every answer comes back
+        as the decoded sum."""
 
     def log_ratio(
         self, iteration: int, chains: np.ndarray, theta: np.ndarray, theta_prop: np.ndarray

@@ -21,7 +21,7 @@ from ..cluster.ray_hosts import HostSpec, OwnerSpec, RayHosts, RayRuntime, conne
 from ..common import OwnerDescription, PrivacyReport
 from ..data import OwnerRecords
 from ..errors import ConfigError, OwnerUnavailable
-from .oracle import Answers
+from .oracle import Answers, SecureAggregation
 from .transport_base import Launched, OwnerSetup, Transport
 
 #: The ``note`` of ``simulation_diagnostics`` (the same counters as in-process owners keep).
@@ -52,7 +52,13 @@ class RayOracle:
         session: str | None = None,
         sampling_rate: float | None = None,
         max_step: float | None = None,
+        secure: SecureAggregation | None = None,
     ) -> str:
+        if secure is not None:
+            raise ConfigError(
+                "privacy.aggregation = 'secure' is not implemented for run.transport = 'ray' "
+                "yet; use run.transport = 'inprocess' or 'grpc'"
+            )
         session = session or uuid.uuid4().hex
         self._each(
             "open_session",

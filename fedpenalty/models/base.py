@@ -82,6 +82,12 @@ class Model(ABC):
     def column_names(self) -> list[str]:
         """Names of the record columns, in order (``x`` or ``x0..``; ``y`` last for labels)."""
 
+    @property
+    def param_names(self) -> list[str]:
+        """Names of the d coordinates of θ in the sampled parameterisation (run outputs label
+        them: the ``param`` coordinate of posterior.nc, the plots and the console tables)."""
+        return [f"theta[{j}]" for j in range(self.dim)]
+
     # --- data ----------------------------------------------------------------------------
     @abstractmethod
     def prepare_records(self, raw: np.ndarray) -> np.ndarray:

@@ -64,6 +64,10 @@ class Bernoulli(Configured, ExpFamModel):
     def column_names(self) -> list[str]:
         return ["x"]
 
+    @property
+    def param_names(self) -> list[str]:
+        return ["logit_p"]
+
     # --- data ------------------------------------------------------------------------------
     def prepare_records(self, raw: np.ndarray) -> np.ndarray:
         """Validate ``(n, 1)`` / ``(n,)`` records; ``DataError`` for any value other than 0 or 1."""

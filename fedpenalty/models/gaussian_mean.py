@@ -50,6 +50,11 @@ class GaussianMean(Configured, ExpFamModel):
     def column_names(self) -> list[str]:
         return ["x"] if self.dim == 1 else [f"x{i}" for i in range(self.dim)]
 
+    @property
+    def param_names(self) -> list[str]:
+        """The mean of each record coordinate: ``mu`` (d = 1) or ``mu0 .. mu{d-1}``."""
+        return ["mu"] if self.dim == 1 else [f"mu{i}" for i in range(self.dim)]
+
     # --- data ------------------------------------------------------------------------------
     def prepare_records(self, raw: np.ndarray) -> np.ndarray:
         """Validate ``(n, d)`` (1-D accepted for d = 1) and rescale rows with ‖x‖₂ > data_bound

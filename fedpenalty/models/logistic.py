@@ -57,6 +57,11 @@ class Logistic(Configured, Model):
     def column_names(self) -> list[str]:
         return [f"x{i}" for i in range(self.dim)] + ["y"]
 
+    @property
+    def param_names(self) -> list[str]:
+        """The coefficient of each feature: ``w0 .. w{d-1}`` (feature ``x{j}``)."""
+        return [f"w{j}" for j in range(self.dim)]
+
     # --- data ------------------------------------------------------------------------------
     def prepare_records(self, raw: np.ndarray) -> np.ndarray:
         """Validate ``(n, d + 1)`` records (``DataError`` when y is not exactly 0 or 1) and

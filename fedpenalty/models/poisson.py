@@ -60,6 +60,10 @@ class Poisson(Configured, ExpFamModel):
     def column_names(self) -> list[str]:
         return ["x"]
 
+    @property
+    def param_names(self) -> list[str]:
+        return ["log_rate"]
+
     # --- data ------------------------------------------------------------------------------
     def prepare_records(self, raw: np.ndarray) -> np.ndarray:
         """Validate ``(n, 1)`` / ``(n,)`` counts (``DataError`` for negative or non-integer

@@ -7,6 +7,12 @@ transaction, so a host of hundreds of owners pays one commit per request instead
 owner. A refusal by any owner (validation, budget, replay conflict) fails the whole request
 and, within one ledger, charges nobody. A lone ``OwnerNode`` answers through a host of one
 (``OwnerHost([node])``).
+
+Sessions with secure aggregation (docs/design.md §2.6) answer through the same path: their
+noise, lattice step and charge come from the session's ``_Mechanism``, each owner's answer is
+masked (``aggregation.SecureSession``) and stored masked, and the host releases only the sum
+of its owners' masked answers (an ``aggregation.Reply``). Transports turn any answer into a
+``Reply`` with ``OwnerHost.reply``.
 """
 
 from __future__ import annotations
@@ -15,25 +21,35 @@ import hashlib
 import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ..common import LOG_RATIO, SGMCMC, SUFF_STATS, OwnerDescription, PrivacyReport
-from ..errors import InvalidRequest, ReplayConflict
+from ..common import (
+    LOG_RATIO,
+    SGMCMC,
+    SUFF_STATS,
+    OwnerDescription,
+    PrivacyReport,
+    SecureTerms,
+)
+from ..errors import InvalidRequest, ReplayConflict, UnknownSession
 from ..models import ExpFamModel
+from .aggregation import PeerKey, Reply, SecureOpen, SecureSession, agree, scaled_step
 from .gradient import clipped_gradient_sum
 from .ledger import Charge, SampledCharge
 from .node import SESSION_EVENTS, OwnerNode, close_sessions, open_sessions, privacy_reports
 from .noise import (
     LATTICE_BITS,
     SCALE_MAX,
-    ChaChaSource,
     SeededNormals,
     lattice_sensitivity,
     noisy_lattice_answers,
+    noisy_lattice_multiples,
     poisson_sample,
     seed_material,
+    word_source,
 )
 
 #: Exact values are clipped to ±2⁵² γ before rounding (data independent; 1-Lipschitz).
@@ -62,6 +78,34 @@ class _LedgerPart:
         self.max_mu_squared = np.array([n.max_mu_squared for n in self.nodes])
 
 
+@dataclass(frozen=True)
+class _Mechanism:
+    """How one session's answers are noised and charged (docs/design.md §2.6, §2.7).
+
+    ``sd`` ``(K,)``: each owner's noise sd per answer unit (σ_k; s/√(K − t) in a secure
+    session); ``accounting_sd`` ``(K,)``: what its μ divides by (σ_k; s); ``gamma``: the lattice
+    step (None: float noise of simulated owners); ``limit``: the largest |exact value| in
+    lattice steps; ``gradient_multiplier`` ``(K,)``: the noise multiplier gradient answers are
+    accounted at; ``secure``: a secure session's masks (None: plain answers).
+    """
+
+    sd: np.ndarray
+    accounting_sd: np.ndarray
+    gamma: float | None
+    limit: float
+    gradient_multiplier: np.ndarray
+    secure: SecureSession | None = None
+
+    @property
+    def dtype(self) -> type:
+        """What an answer is made of: float64, or masked uint64 lattice words."""
+        return np.float64 if self.secure is None else np.uint64
+
+    def width(self, width: int) -> int:
+        """Stored components of an answer of ``width``: a secure answer adds its check word."""
+        return width if self.secure is None else width + 1
+
+
 class OwnerHost:
     """Owner nodes answering batched requests; values are stacked in node order ``(K, ...)``.
 
@@ -88,12 +132,9 @@ class OwnerHost:
         self._records = np.array([len(n.records) for n in nodes])
         self._max_work = np.array([n.policy.max_record_evaluations for n in nodes])
         self._max_answers = min(n.policy.max_answers_per_request for n in nodes)
-        # μ per unit step of a log-ratio answer: (2 or 1)·L/σ_k
-        self._mu_per_step = (
-            np.array(
-                [float(self.model.log_ratio_sensitivity(1.0, n.policy.neighbour)) for n in nodes]
-            )
-            / sigma
+        # sensitivity per unit step of a log-ratio answer: (2 or 1)·L
+        self._delta_per_step = np.array(
+            [float(self.model.log_ratio_sensitivity(1.0, n.policy.neighbour)) for n in nodes]
         )
         by_ledger: dict[int, list[int]] = defaultdict(list)
         for i, node in enumerate(nodes):
@@ -105,25 +146,35 @@ class OwnerHost:
                 total is not None for total in sums
             )  # set for every exponential-family owner
             self._stat_sum = np.stack(sums)  # type: ignore[arg-type]
-            self._stat_mu = (
-                np.array([self.model.stat_sensitivity(n.policy.neighbour) for n in nodes]) / sigma
+            self._stat_delta = np.array(
+                [self.model.stat_sensitivity(n.policy.neighbour) for n in nodes]
             )
         self._n = np.array([len(n.records) for n in nodes], dtype=float)
         self._fast = not any(n.per_record for n in nodes)
         self._lattice = self._lattice_noise(nodes, sigma)
         if not self._lattice:
             self._seeded = SeededNormals([seed_material(n.rng) for n in nodes])
+        self._plain = _Mechanism(
+            sigma,
+            sigma,
+            self._gamma if self._lattice else None,
+            LATTICE_LIMIT,
+            np.array([n.gradient_noise_multiplier for n in nodes]),
+        )
+        self._secure: dict[str, _Mechanism] = {}
 
     def _lattice_noise(self, nodes: Sequence[OwnerNode], sigma: np.ndarray) -> bool:
         """Set up exact lattice noise when the owners use it (all of them or none): their
-        ChaCha20 keys and one lattice step γ, a power of two 2²⁰ to 2²¹ times below the
-        smallest σ (docs/design.md §2.7)."""
+        ChaCha20 keys (seeded Philox for simulated owners) and one lattice step γ, a power of
+        two 2²⁰ to 2²¹ times below the smallest σ (docs/design.md §2.7)."""
         modes = {n.lattice for n in nodes}
         if len(modes) != 1:
             raise ValueError("the owners of one host must all use lattice noise, or all not")
         if not modes.pop():
             return False
-        self._source = ChaChaSource([n.noise_key for n in nodes if n.noise_key is not None])
+        self._simulated = all(n.seeded_streams for n in nodes)
+        keys = [n.noise_key for n in nodes if n.noise_key is not None]
+        self._source = word_source(keys, simulation=self._simulated)
         self._gamma = 2.0 ** (math.floor(math.log2(float(sigma.min()))) - LATTICE_BITS)
         if sigma.max() / self._gamma > SCALE_MAX / 2:  # /2: room for a gradient's clip scale
             raise ValueError("the owners' σ of one host must lie within a factor 2¹⁸ of each other")
@@ -143,13 +194,17 @@ class OwnerHost:
         lattice answers (``_lattice_answers``), or seeded float normals × σ_k addressed by the
         same keys (simulated owners, ``SeededNormals``)."""
         owners = np.arange(len(self.nodes)) if owner is None else np.array([owner])
-        if self._lattice:
-            return self._lattice_answers(session, kind, owners, exact, chains, iterations)
+        mechanism = self._mechanism(session)
+        if mechanism.gamma is not None:
+            return self._lattice_answers(
+                mechanism, session, kind, owners, exact, chains, iterations
+            )
         normals = self._seeded.normals(session, kind, owners, chains, iterations, exact.shape[2])
         return exact + self._sigma[owners, None, None] * normals
 
     def _lattice_answers(
         self,
+        mechanism: _Mechanism,
         session: str,
         kind: str,
         owners: np.ndarray,
@@ -159,33 +214,51 @@ class OwnerHost:
         scale: float = 1.0,
     ) -> np.ndarray:
         """Released answers ``(K', M, w)``: ``exact`` ``(K', M, w)`` of ``owners`` rounded to γℤ
-        plus exact discrete-Gaussian noise of scale σ_k·``scale``/γ, keyed (session, kind,
-        owner, chain, iteration, component) — every entry an exact multiple of γ. ``scale``:
-        the answer unit (gradients: the clip); γ is the host's step times a power of two
-        no larger than ``scale``, so σ_k·scale/γ stays 2²⁰ to 2²¹ times σ_k/σ_min."""
-        gamma = self._gamma * 2.0 ** math.floor(math.log2(scale))
-        # a data-independent bound that keeps every released value an exact float (2^53 γ)
-        bound = LATTICE_LIMIT * gamma
+        plus exact discrete-Gaussian noise of scale sd_k·``scale``/γ, keyed (session, kind,
+        owner, chain, iteration, component) — every entry an exact multiple of γ; in a secure
+        session the masked lattice words ``(K', M, w + 1)`` instead. ``scale``: the answer unit
+        (gradients: the clip); γ is the session's step times a power of two no larger than
+        ``scale``, so sd_k·scale/γ stays 2²⁰ to 2²¹ times sd_k/sd_min."""
+        assert mechanism.gamma is not None  # lattice owners only
+        gamma = mechanism.gamma * scaled_step(scale)
+        # a data-independent bound that keeps every released value (and a secure session's
+        # decoded sum) an exact float: |n| < 2^53
+        bound = mechanism.limit * gamma
         clipped = np.clip(exact, -bound, bound)
-        sigma = self._sigma[owners] * scale
-        return noisy_lattice_answers(
-            self._source,
-            session,
-            kind,
-            iterations,
-            clipped,
-            sigma,
-            gamma,
-            owners=owners,
-            chains=chains,
-        )
+        sigma = mechanism.sd[owners] * scale
+        args = (self._source, session, kind, iterations, clipped, sigma, gamma)
+        if mechanism.secure is None:
+            return noisy_lattice_answers(*args, owners=owners, chains=chains)
+        multiples = noisy_lattice_multiples(*args, owners=owners, chains=chains)
+        return mechanism.secure.mask(multiples, owners, chains, iterations)
 
-    def _rounding_mu(self, width: int) -> np.ndarray:
-        """What rounding to γℤ adds to each owner's μ of one answer of ``width`` components:
-        γ√w/σ_k (0 without lattice noise)."""
-        if not self._lattice:
-            return np.zeros(len(self.nodes))
-        return lattice_sensitivity(0.0, self._gamma, width) / self._sigma
+    def _mus(self, mechanism: _Mechanism, delta: np.ndarray, width: int) -> np.ndarray:
+        """Each owner's μ of answers of sensitivity ``delta`` ``(K, M)`` and ``width``
+        components: (Δ + γ√w)/sd (γ√w: what rounding to γℤ adds; 0 without lattice noise)."""
+        rounding = 0.0
+        if mechanism.gamma is not None:
+            rounding = lattice_sensitivity(0.0, mechanism.gamma, width)
+        return (delta + rounding) / mechanism.accounting_sd[:, None]
+
+    def _mechanism(self, session: str) -> _Mechanism:
+        """How ``session``'s answers are noised and charged (after ``_require_session``)."""
+        return self._secure.get(session, self._plain)
+
+    def _release(
+        self, mechanism: _Mechanism, out: np.ndarray, shape: tuple[int, ...], scale: float = 1.0
+    ) -> np.ndarray | Reply:
+        """What the host releases from its owners' answers ``(K, M, w')``: them, shaped
+        ``(K, *shape)``; in a secure session only their masked sum (``SecureSession.reply``)."""
+        if mechanism.secure is None:
+            return out.reshape(len(self.nodes), *shape)
+        return mechanism.secure.reply(out, shape, scale)
+
+    def reply(self, session: str, answers: np.ndarray | Reply, scale: float = 1.0) -> Reply:
+        """Any answer of this host as a transport carries it: plain answers ``(K, ...)`` with
+        each owner's noise sd σ_k·``scale`` (a secure session's reply is already one)."""
+        if isinstance(answers, Reply):
+            return answers
+        return Reply(answers, self._mechanism(session).sd * scale)
 
     # --- sessions and reports ---------------------------------------------------------------
     def describe(self) -> list[OwnerDescription]:
@@ -199,17 +272,67 @@ class OwnerHost:
         sampling_rate: float | None = None,
         client: str | None = None,
         max_step: float | None = None,
+        secure: SecureOpen | None = None,
     ) -> None:
         """Open (or resume) ``session`` at every hosted owner (``node.open_sessions``):
-        ``client`` opens it; a penalty session may declare its largest step ``max_step``."""
+        ``client`` opens it; a penalty session may declare its largest step ``max_step``;
+        ``secure``: with secure aggregation among ``secure.peers`` (docs/design.md §2.6)."""
+        mechanism = None
+        if secure is not None:
+            mechanism = self._secure_mechanism(session, algorithm, secure)
         open_sessions(
-            self.nodes, session, algorithm, planned_answers, sampling_rate, client, max_step
+            self.nodes,
+            session,
+            algorithm,
+            planned_answers,
+            sampling_rate,
+            client,
+            max_step,
+            secure,
         )
+        if mechanism is not None:
+            self._secure[session] = mechanism
         for part in self._ledgers:
             part.refresh_caps()
 
+    def _secure_mechanism(self, session: str, algorithm: str, secure: SecureOpen) -> _Mechanism:
+        """A secure session's noise, charges and masks, once every hosted owner accepts its
+        terms (``aggregation.agree``; all must share them) and every peer key is usable."""
+        terms = {
+            agree(n.name, n.policy, n.session_key(session).public_key, secure) for n in self.nodes
+        }
+        if len(terms) != 1:
+            raise InvalidRequest(
+                "the owners of one host must share privacy.total_noise_sd and privacy.colluders "
+                "to join a secure session",
+                self.label,
+            )
+        agreed: SecureTerms = terms.pop()
+        if not self._lattice:
+            raise InvalidRequest(
+                "secure aggregation needs lattice answers; these owners give float answers",
+                self.label,
+            )
+        hosted = [(n.name, n.session_private_key(session)) for n in self.nodes]
+        masks = SecureSession(session, algorithm, agreed, secure.peers, hosted, self._simulated)
+        count = len(self.nodes)
+        return _Mechanism(
+            np.full(count, agreed.owner_noise_sd),
+            np.full(count, agreed.total_noise_sd),
+            masks.gamma,
+            LATTICE_LIMIT / agreed.owners,
+            np.array([n.gradient_multiplier(agreed) for n in self.nodes]),
+            masks,
+        )
+
+    def session_keys(self, session: str) -> list[PeerKey]:
+        """Every hosted owner's public X25519 key for ``session`` (secure aggregation: the
+        coordinator relays them to every participant before it opens the session)."""
+        return [n.session_key(session) for n in self.nodes]
+
     def close_session(self, session: str) -> None:
         close_sessions(self.nodes, session)
+        self._secure.pop(session, None)
 
     def _require_session(self, session: str, algorithm: str) -> list:
         """Every owner's open ``session`` for ``algorithm``: validated in full, then kept until
@@ -218,6 +341,12 @@ class OwnerHost:
         if checked is not None and checked[0] == algorithm and checked[1] == SESSION_EVENTS[0]:
             return checked[2]
         opened = [node.require_session(session, algorithm) for node in self.nodes]
+        if any(o.secure is not None for o in opened) != (session in self._secure):
+            raise UnknownSession(
+                f"session {session!r} uses secure aggregation, but this host holds no keys for "
+                "it: re-open it",
+                self.label,
+            )
         steps = np.array([np.inf if o.max_step is None else o.max_step for o in opened])
         self._checked[session] = (algorithm, SESSION_EVENTS[0], opened, steps)
         return opened
@@ -243,13 +372,15 @@ class OwnerHost:
         chains: np.ndarray,
         theta: np.ndarray,
         theta_prop: np.ndarray,
-    ) -> np.ndarray:
-        """Noisy clipped log-likelihood ratios ``(K, C)``.
+    ) -> np.ndarray | Reply:
+        """Noisy clipped log-likelihood ratios ``(K, C)`` (a secure session: their masked sum,
+        a ``Reply``).
 
         chains ``(C,)`` distinct non-negative ints; theta, theta_prop ``(C, d)`` inside Θ with
         ‖θ' − θ‖ ≤ each owner's ``max_step``. Owner k's answer for chain c is
         Σ_x clip(ℓ(x,θ'_c) − ℓ(x,θ_c), ±L‖θ'_c − θ_c‖) + N(0, σ_k²), keyed (session, c, iteration)
-        and charged μ = Δ/σ_k with Δ = 2L‖θ'_c − θ_c‖ (replace-one) or L‖θ'_c − θ_c‖ (add/remove).
+        and charged μ = Δ/σ_k with Δ = 2L‖θ'_c − θ_c‖ (replace-one) or L‖θ'_c − θ_c‖ (add/remove);
+        in a secure session the noise variance is s²/(K − t) and μ = (Δ + γ)/s.
         """
         self._require_session(session, LOG_RATIO)
         iteration = self._check_index("iteration", iteration)
@@ -278,23 +409,29 @@ class OwnerHost:
         def fresh_all() -> np.ndarray:
             return self._noisy(session, LOG_RATIO, None, exact[:, :, None], chains, iterations)
 
-        mus = self._mu_per_step[:, None] * step[None, :] + self._rounding_mu(1)[:, None]
-        return self._answer(
+        mechanism = self._mechanism(session)
+        mus = self._mus(mechanism, self._delta_per_step[:, None] * step[None, :], 1)
+        out = self._answer(
             session,
             chains,
             iterations,
             digests,
-            1,
+            mechanism.width(1),
             fresh,
             mus,
             fresh_all=fresh_all,
-        )[:, :, 0]
+            dtype=mechanism.dtype,
+        )
+        return self._release(mechanism, out, (len(chains),))
 
-    def suff_stats(self, session: str, chains: np.ndarray, start: int, block: int) -> np.ndarray:
-        """``block`` fresh noisy copies of each owner's Σ S(x) per chain: ``(K, C, block, s)``.
+    def suff_stats(
+        self, session: str, chains: np.ndarray, start: int, block: int
+    ) -> np.ndarray | Reply:
+        """``block`` fresh noisy copies of each owner's Σ S(x) per chain: ``(K, C, block, s)``
+        (a secure session: their masked sum, a ``Reply``).
 
         Copy j of chain c is keyed (session, c, start + j); each copy is N(Σ S(x), σ_k² I),
-        charged μ = Δ_S/σ_k.
+        charged μ = Δ_S/σ_k (secure: variance s²/(K − t), μ = (Δ_S + γ√s)/s).
         """
         self._require_session(session, SUFF_STATS)
         start = self._check_index("start", start)
@@ -317,19 +454,20 @@ class OwnerHost:
             )
             return self._noisy(session, SUFF_STATS, None, exact, key_chains, key_iterations)
 
-        stat_mu = self._stat_mu + self._rounding_mu(s)
-        mus = np.broadcast_to(stat_mu[:, None], (len(self.nodes), len(key_chains)))
+        mechanism = self._mechanism(session)
+        delta = np.broadcast_to(self._stat_delta[:, None], (len(self.nodes), len(key_chains)))
         out = self._answer(
             session,
             key_chains,
             key_iterations,
             [_STATS_DIGEST] * len(key_chains),
-            s,
+            mechanism.width(s),
             fresh,
-            mus,
+            self._mus(mechanism, delta, s),
             fresh_all=fresh_all,
+            dtype=mechanism.dtype,
         )
-        return out.reshape(len(self.nodes), len(chains), block, s)
+        return self._release(mechanism, out, (len(chains), block, s))
 
     # --- the shared answer path ---------------------------------------------------------------
     def _clipped_log_ratio_sums(
@@ -350,8 +488,9 @@ class OwnerHost:
 
     def gradient(
         self, session: str, iteration: int, chains: np.ndarray, theta: np.ndarray, clip: float
-    ) -> np.ndarray:
-        """Noisy clipped gradient sums ``(K, C, d)`` (federated SG-MCMC, docs/design.md §2.3).
+    ) -> np.ndarray | Reply:
+        """Noisy clipped gradient sums ``(K, C, d)`` (federated SG-MCMC, docs/design.md §2.3;
+        a secure session: their masked sum, a ``Reply``, with noise sd s·clip/√(K − t)).
 
         Owner k's answer for chain c: each record sampled with the session's Poisson rate q,
         its ∇_θ ℓ(x, θ_c) clipped to L2 norm ``clip`` (≤ the owner's ``max_clip``), summed, plus
@@ -386,24 +525,27 @@ class OwnerHost:
                 )
             return self._lattice_gradient(session, k, q, chains[new], iteration, theta[new], clip)
 
+        mechanism = self._mechanism(session)
         iterations = np.full(len(chains), iteration)
         sampled = SampledCharge(
             q,
-            np.array([n.gradient_noise_multiplier for n in self.nodes]),
+            mechanism.gradient_multiplier,
             np.array([o.planned_answers for o in opened]),
             [n.policy.neighbour for n in self.nodes],
         )
         zero_mus = np.zeros((len(self.nodes), len(chains)))
-        return self._answer(
+        out = self._answer(
             session,
             chains,
             iterations,
             digests,
-            self.model.dim,
+            mechanism.width(self.model.dim),
             fresh,
             zero_mus,
             sampled,
+            dtype=mechanism.dtype,
         )
+        return self._release(mechanism, out, (len(chains), self.model.dim), clip)
 
     def _seeded_gradient(
         self,
@@ -454,8 +596,9 @@ class OwnerHost:
         )
         sums = clipped_gradient_sum(self.model, records, theta, mask, clip)
         iterations = np.full(len(chains), iteration)
+        mechanism = self._mechanism(session)
         answers = self._lattice_answers(
-            session, SGMCMC, np.array([k]), sums[None], chains, iterations, clip
+            mechanism, session, SGMCMC, np.array([k]), sums[None], chains, iterations, clip
         )
         return answers[0]
 
@@ -470,8 +613,10 @@ class OwnerHost:
         mus: np.ndarray,
         sampled: SampledCharge | None = None,
         fresh_all: Callable[[], np.ndarray] | None = None,
+        dtype: type = np.float64,
     ) -> np.ndarray:
-        """The reply ``(K, M, width)`` to keys (chains[j], iterations[j]) with query ``digests[j]``.
+        """The reply ``(K, M, width)`` of ``dtype`` (float64; masked uint64 words in a secure
+        session) to keys (chains[j], iterations[j]) with query ``digests[j]``.
 
         A key an owner answered before gets its stored answer (nothing drawn, nothing charged);
         for the others ``fresh(k, new)`` computes owner k's noisy answers ``(Σ new, width)``, and
@@ -479,7 +624,7 @@ class OwnerHost:
         ledger — before anything is returned. ``fresh_all()`` does the same for every owner and
         key at once, for the usual request where nothing was answered before.
         """
-        out = np.empty((len(self.nodes), len(chains), width))
+        out: np.ndarray = np.empty((len(self.nodes), len(chains), width), dtype=dtype)
         new = np.ones(out.shape[:2], dtype=bool)
         first, last = int(iterations.min()), int(iterations.max())
         for part in self._ledgers:
@@ -548,7 +693,7 @@ class OwnerHost:
                         "an owner never gives two independent noisy answers to one query",
                         self.names[k],
                     )
-                out[k, j] = np.frombuffer(row[1], dtype="<f8")
+                out[k, j] = np.frombuffer(row[1], dtype=out.dtype.newbyteorder("<"))
                 new[k, j] = False
 
     def _check_steps(

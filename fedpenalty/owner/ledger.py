@@ -24,6 +24,13 @@ owners that answered together) and hold one value per owner:
   of its answers are accounted by Rényi DP, which bounds float Gaussian answers too).
 * ``sessions.client`` — the client identity (allow-list entry) that opened a session: no
   other client may re-open it, also after the owner restarts.
+* ``secure_sessions`` — per (owner, session) with secure aggregation (docs/design.md §2.6): the
+  K, t and s the owner counted and assumed and the transcript hash of the peers' keys; a
+  resumed session must show the same. Answers of these sessions are stored masked (uint64
+  lattice words, the check word last), so a replay releases exactly what was released.
+* ``agreement`` — per owner: the secret its secure-session X25519 keys derive from (drawn from
+  OS entropy once), so a restarted owner continues its sessions. The ledger file must
+  therefore be kept as private as the owner's data.
 
 One ledger, one writer (invariant 8): a writable ``Ledger`` holds an exclusive ``flock`` on
 ``<ledger>.lock`` beside the database for its whole life. A second ``Ledger`` on the same file,
@@ -38,19 +45,20 @@ from __future__ import annotations
 
 import fcntl
 import os
+import secrets
 import sqlite3
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
 import numpy as np
 
-from ..common import SGMCMC
+from ..common import SGMCMC, SecureTerms
 from ..errors import (
     BudgetExhausted,
     InvalidRequest,
@@ -88,6 +96,11 @@ CREATE TABLE IF NOT EXISTS sampled (
 CREATE TABLE IF NOT EXISTS limits (owner_id INTEGER PRIMARY KEY, max_mu_squared REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS mechanisms (owner_id INTEGER PRIMARY KEY, lattice INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS health (id INTEGER PRIMARY KEY, checked_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS secure_sessions (
+    owner_id INTEGER NOT NULL, session_id INTEGER NOT NULL, owners INTEGER NOT NULL,
+    colluders INTEGER NOT NULL, total_noise_sd REAL NOT NULL, transcript BLOB NOT NULL,
+    PRIMARY KEY (owner_id, session_id));
+CREATE TABLE IF NOT EXISTS agreement (owner_id INTEGER PRIMARY KEY, secret BLOB NOT NULL);
 """
 
 #: Columns added after a table first shipped: (table, column, declaration) — added on open.
@@ -132,6 +145,20 @@ def _events(rows: list[tuple]) -> list[SubsampledGaussian]:
     return [SubsampledGaussian(q, sigma, c) for (q, sigma), c in counts.items()]
 
 
+def _terms_row(terms: SecureTerms) -> tuple[int, int, float]:
+    return (terms.owners, terms.colluders, terms.total_noise_sd)
+
+
+def _secure_words(kept: tuple[SecureTerms, bytes] | None) -> str:
+    if kept is None:
+        return "no secure aggregation"
+    terms, digest = kept
+    return (
+        f"secure aggregation over {terms.owners} owners (colluders {terms.colluders}, "
+        f"total_noise_sd {terms.total_noise_sd:g}, peer keys {digest.hex()[:12]}…)"
+    )
+
+
 def _check_reopen(
     owner: str, row: tuple | None, session: str, asked: tuple, client: str | None
 ) -> None:
@@ -162,26 +189,49 @@ Admit = Callable[[PlanView], float | None]
 
 
 @dataclass(frozen=True)
+class SecureRecord:
+    """What the ledger keeps of an owner's secure session: the ``terms`` it counted and assumed
+    and the ``transcript`` hash of the session's peers and terms (docs/design.md §2.6)."""
+
+    terms: SecureTerms
+    transcript: bytes
+
+
+@dataclass(frozen=True)
+class SecureSpend:
+    """One secure session of an owner with its spend there (Gaussian and gradient answers)."""
+
+    session: str
+    terms: SecureTerms
+    spend: GaussianSpend
+    sampled: list[SubsampledGaussian]
+
+
+@dataclass(frozen=True)
 class Report:
     """One owner's spend as ``Ledger.reports`` reads it: in all sessions (``total``,
     ``sampled``); whether the asked session is recorded for it, and then its spend there
-    (``session``: Gaussian spend and gradient answers)."""
+    (``session``: Gaussian spend and gradient answers); ``secure``: each of its secure
+    sessions with its spend."""
 
     total: GaussianSpend
     sampled: list[SubsampledGaussian]
     in_session: bool
     session: tuple[GaussianSpend, list[SubsampledGaussian]] | None
+    secure: list[SecureSpend] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class Opening:
-    """One owner opening a session: its name, the noise multiplier its gradient answers are
-    accounted at, whether it answers with lattice noise, and its plan check."""
+    """One owner opening a session: its name, the noise multiplier its other sgmcmc sessions
+    are reserved at, whether it answers with lattice noise, its plan check, and the record of a
+    secure session (None: plain)."""
 
     owner: str
     noise_multiplier: float = 1.0
     lattice: bool = False
     admit: Admit | None = None
+    secure: SecureRecord | None = None
 
 
 @dataclass(frozen=True)
@@ -189,7 +239,8 @@ class Charge:
     """New answers of K owners (one ledger) to one request of M keys.
 
     Keys (``chains[j]``, ``iterations[j]``) with query ``digests[j]``; ``payloads`` ``(K, M, w)``
-    float64; ``mus`` ``(K, M)``; ``new`` ``(K, M)`` marks the answers to store and charge.
+    float64 (uint64 masked words in secure sessions; stored as they are); ``mus`` ``(K, M)``;
+    ``new`` ``(K, M)`` marks the answers to store and charge.
     ``max_mu_squared``, ``budget_epsilon``, ``delta``: ``(K,)`` each owner's limit; the ledger
     enforces the lower of ``max_mu_squared`` and the cap it recorded for the owner's plans.
     ``owner_ids``: the owners' ledger ids (``Ledger.ids``), when the caller has them.
@@ -502,6 +553,7 @@ class Ledger:
             asked = (algorithm, sampling_rate, max_step)
             for name in names:
                 _check_reopen(name, recorded.get(name), session, asked, client)
+            self._check_secure_reopen(owners, session, recorded)
             views = self._plan_views(owners, session, algorithm)
             caps = [None if o.admit is None else o.admit(v) for o, v in zip(owners, views)]
             now = time.time()
@@ -524,20 +576,77 @@ class Ledger:
                 ],
             )
             ids = [self._id(name) for name in names]
-            self._db.executemany(
-                "INSERT OR REPLACE INTO limits(owner_id, max_mu_squared) VALUES (?,?)",
-                [(i, cap) for i, cap in zip(ids, caps) if cap is not None],
-            )
-            self._db.executemany(
-                "INSERT OR REPLACE INTO mechanisms(owner_id, lattice) VALUES (?, 1)",
-                [(i,) for i, o in zip(ids, owners) if o.lattice],
-            )
+            self._record_owners(ids, owners, caps, session)
         for i, cap in zip(ids, caps):  # committed: the caches follow
             if cap is not None and i in self._slots:
                 self._caps[self._slots[i]] = cap
         if self._lattice_ids is not None:
             self._lattice_ids.update(i for i, o in zip(ids, owners) if o.lattice)
         return caps
+
+    def _record_owners(
+        self, ids: list[int], owners: list[Opening], caps: list[float | None], session: str
+    ) -> None:
+        """Write each opening owner's cap, lattice mechanism and secure-session record (call
+        inside the transaction)."""
+        self._db.executemany(
+            "INSERT OR REPLACE INTO limits(owner_id, max_mu_squared) VALUES (?,?)",
+            [(i, cap) for i, cap in zip(ids, caps) if cap is not None],
+        )
+        self._db.executemany(
+            "INSERT OR REPLACE INTO mechanisms(owner_id, lattice) VALUES (?, 1)",
+            [(i,) for i, o in zip(ids, owners) if o.lattice],
+        )
+        self._db.executemany(
+            "INSERT OR IGNORE INTO secure_sessions(owner_id, session_id, owners, colluders, "
+            "total_noise_sd, transcript) VALUES (?,?,?,?,?,?)",
+            [
+                (i, self._id(session), *_terms_row(o.secure.terms), o.secure.transcript)
+                for i, o in zip(ids, owners)
+                if o.secure is not None
+            ],
+        )
+
+    def _check_secure_reopen(
+        self, owners: list[Opening], session: str, recorded: dict[str, tuple]
+    ) -> None:
+        """Refuse re-opening a recorded session with other secure-aggregation peers or terms
+        than it was opened with (or a plain one as secure, or the reverse): the masks of its
+        answered keys would no longer cancel with the new ones (call inside the transaction)."""
+        rows = {
+            owner_id: (SecureTerms(*terms), transcript)
+            for owner_id, *terms, transcript in self._db.execute(
+                "SELECT owner_id, owners, colluders, total_noise_sd, transcript "
+                "FROM secure_sessions WHERE session_id=?",
+                (self._id(session),),
+            )
+        }
+        for o in owners:
+            if o.owner not in recorded:
+                continue
+            kept = rows.get(self._id(o.owner))
+            asked = None if o.secure is None else (o.secure.terms, o.secure.transcript)
+            if kept != asked:
+                raise InvalidRequest(
+                    f"session {session!r} was opened with "
+                    f"{_secure_words(kept)}, not {_secure_words(asked)}; a resumed session "
+                    "keeps its peers and terms",
+                    o.owner,
+                )
+
+    def agreement_secret(self, owner: str) -> bytes:
+        """The owner's 32-byte agreement secret (secure aggregation), drawn from OS entropy and
+        recorded the first time it is asked for, read back ever after."""
+        with self._writing():
+            owner_id = self._id(owner)
+            self._db.execute(
+                "INSERT OR IGNORE INTO agreement(owner_id, secret) VALUES (?, ?)",
+                (owner_id, secrets.token_bytes(32)),
+            )
+            row = self._db.execute(
+                "SELECT secret FROM agreement WHERE owner_id=?", (owner_id,)
+            ).fetchone()
+        return bytes(row[0])
 
     def _plan_views(self, owners: list[Opening], session: str, algorithm: str) -> list[PlanView]:
         """Each owner's spend and reservations, in a constant number of statements (call inside
@@ -627,6 +736,7 @@ class Ledger:
                         "SELECT owner FROM sessions WHERE session=?", (session,)
                     )
                 }
+            secure = self._secure_spends(ids, sampled)
         out = []
         for k, (owner, owner_id) in enumerate(zip(owners, ids.tolist())):
             rows = sampled.get(owner_id, [])
@@ -639,8 +749,42 @@ class Ledger:
                     ),
                     _events([r for r in rows if r[0] == session_id]),
                 )
-            out.append(Report(total, _events(rows), owner in known, current))
+            out.append(
+                Report(total, _events(rows), owner in known, current, secure.get(owner_id, []))
+            )
         return out
+
+    def _secure_spends(
+        self, ids: np.ndarray, sampled: dict[int, list[tuple]]
+    ) -> dict[int, list[SecureSpend]]:
+        """Each owner id's secure sessions with its spend in each (``sampled``: its gradient
+        rows by session, as ``reports`` reads them); one spend query per secure session."""
+        if not self._has_table("secure_sessions"):  # a reader of a ledger from before §2.6
+            return {}
+        wanted = set(ids.tolist())
+        by_session: dict[int, list[tuple]] = defaultdict(list)
+        for owner_id, session_id, name, *terms in self._db.execute(
+            "SELECT s.owner_id, s.session_id, n.name, s.owners, s.colluders, s.total_noise_sd "
+            "FROM secure_sessions s JOIN names n ON n.id = s.session_id"
+        ):
+            if owner_id in wanted:
+                by_session[session_id].append((owner_id, name, SecureTerms(*terms)))
+        out: dict[int, list[SecureSpend]] = defaultdict(list)
+        for session_id, rows in by_session.items():
+            answers, mu2, max_mu = self._spend(np.array([r[0] for r in rows]), session_id)
+            for j, (owner_id, name, terms) in enumerate(rows):
+                spend = GaussianSpend(int(answers[j]), float(mu2[j]), float(max_mu[j]))
+                events = _events([r for r in sampled.get(owner_id, []) if r[0] == session_id])
+                out[owner_id].append(SecureSpend(name, terms, spend, events))
+        return out
+
+    def _has_table(self, table: str) -> bool:
+        return (
+            self._db.execute(
+                "SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (table,)
+            ).fetchone()
+            is not None
+        )
 
     def session(self, owner: str, session: str) -> Session | None:
         with self._reading():
@@ -829,7 +973,8 @@ class Ledger:
         for j in np.flatnonzero(c.new.any(axis=0)).tolist():
             members = c.new[:, j]
             gid = full_group if members.all() else self._group(owner_ids[members])
-            payload = np.ascontiguousarray(c.payloads[members, j], dtype="<f8").tobytes()
+            values = c.payloads[members, j]
+            payload = np.ascontiguousarray(values, dtype=values.dtype.newbyteorder("<")).tobytes()
             rows.append(
                 (session_id, int(c.iterations[j]), int(c.chains[j]), gid, c.digests[j], payload)
             )

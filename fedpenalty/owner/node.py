@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import functools
 import math
+from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from ..common import (
     LOG_RATIO,
@@ -22,8 +24,10 @@ from ..common import (
     SGMCMC,
     SUFF_STATS,
     OwnerDescription,
+    OwnNoise,
     Policy,
     PrivacyReport,
+    SecureTerms,
     SpendReport,
 )
 from ..errors import BudgetExhausted, InvalidRequest, UnknownSession
@@ -31,19 +35,31 @@ from ..models import ExpFamModel, Model
 from ..privacy import GaussianSpend
 from ..privacy.owner_epsilon import max_gdp_mu_squared, owner_epsilon
 from ..privacy.subsampled import SubsampledGaussian
-from .ledger import Ledger, Opening, PlanView, Report
-from .noise import LATTICE_BITS, NoiseKey, lattice_gradient_multiplier
+from .aggregation import (
+    PeerKey,
+    SecureOpen,
+    agree,
+    public_bytes,
+    session_private_key,
+    transcript,
+)
+from .ledger import Ledger, Opening, PlanView, Report, SecureRecord, SecureSpend
+from .noise import LATTICE_BITS, NoiseKey, lattice_gradient_multiplier, seed_material
 
 
 @dataclass(frozen=True)
 class _OpenSession:
     """An open session as the owner validated it: ``max_step`` is the largest ‖θ′ − θ‖ its
-    requests may ask (penalty: the declared one, else the policy's; None for other kinds)."""
+    requests may ask (penalty: the declared one, else the policy's; None for other kinds);
+    ``secure``: the terms of a session with secure aggregation (docs/design.md §2.6) and
+    ``record``, what its ledger keeps of them."""
 
     algorithm: str
     planned_answers: int
     sampling_rate: float | None
     max_step: float | None = None
+    secure: SecureTerms | None = None
+    record: SecureRecord | None = None
 
 
 @dataclass
@@ -59,12 +75,15 @@ class OwnerNode:
 
     records: ``(n, p)`` raw records; they are validated and clipped into the model's domain.
     rng: seeded randomness for a *simulated* owner: float Gaussian noise and Poisson sampling
-        reproducible from a run's seed (whoever knows the seed knows the noise).
+        reproducible from a run's seed (whoever knows the seed knows the noise); its
+        secure-aggregation keys derive from the seed too.
     noise_key: the owner's secret key of exact lattice noise (docs/design.md §2.7): log-ratio
         and statistic answers are rounded to a lattice and noised with the discrete Gaussian
         from a ChaCha20 stream addressed by (session, chain, iteration). The default when no
         ``rng`` is given is a fresh key from OS entropy (every deployed owner).
     simulation: keep data-dependent diagnostics (clip counts). Off for deployed owners.
+    seeded_streams: SIMULATION ONLY — lattice noise from seeded Philox streams and secure-
+        aggregation masks from a SplitMix64 mixer instead of ChaCha20 (``OwnerNode.simulated``).
     per_record: evaluate log-ratios record by record with the per-record clip. By default
     exponential-family models use the identity Σ_x ℓ(x,θ') − ℓ(x,θ) = Δηᵀ Σ S(x) − n ΔA, which is
     O(1) per answer and equal to the clipped sum: records are clipped into the data domain
@@ -82,6 +101,7 @@ class OwnerNode:
         simulation: bool = False,
         per_record: bool | None = None,
         noise_key: NoiseKey | None = None,
+        seeded_streams: bool = False,
     ):
         self.name = name
         self.model = model
@@ -89,6 +109,10 @@ class OwnerNode:
         self.records = model.prepare_records(records)
         self.ledger = ledger
         self.rng = rng if rng is not None else np.random.default_rng()
+        #: a simulated owner: its randomness (and its agreement secret) derive from a seed
+        self.seeded = rng is not None
+        #: simulation only: seeded Philox noise and SplitMix64 masks instead of ChaCha20
+        self.seeded_streams = seeded_streams
         self.noise_key = NoiseKey.from_os() if rng is None and noise_key is None else noise_key
         #: account by Rényi DP: this owner gives lattice answers, or its ledger holds some
         self.renyi_accounting = self.lattice or ledger.answered_on_lattice(name)
@@ -103,6 +127,58 @@ class OwnerNode:
             per_record if per_record is not None else not isinstance(model, ExpFamModel)
         )
         self._sessions: dict[str, _OpenSession] = {}
+        self._session_keys: dict[str, X25519PrivateKey] = {}
+
+    @classmethod
+    def simulated(
+        cls,
+        name: str,
+        model: Model,
+        records: np.ndarray,
+        policy: Policy,
+        ledger: Ledger,
+        seed: np.random.SeedSequence,
+        simulation: bool = True,
+    ) -> OwnerNode:
+        """SIMULATION ONLY: an owner whose noise is seeded from ``seed`` — float Gaussian noise,
+        or, when its policy allows secure aggregation (``total_noise_sd``), lattice noise under
+        a key derived from the seed (docs/design.md §2.6, §2.7). Whoever knows the seed knows
+        the noise. ``simulation``: keep the simulation-only diagnostics."""
+        rng = np.random.default_rng(seed)
+        key = None
+        if policy.total_noise_sd is not None:
+            key = NoiseKey.derive(seed_material(rng), name)
+        return cls(
+            name,
+            model,
+            records,
+            policy,
+            ledger,
+            rng,
+            simulation,
+            noise_key=key,
+            seeded_streams=True,
+        )
+
+    @functools.cached_property
+    def agreement_secret(self) -> bytes:
+        """The 32 bytes this owner derives its X25519 key of each secure session from: drawn
+        from OS entropy once and kept in its ledger, so a restarted owner continues a session
+        with the same key; derived from the seed for a simulated owner (SIMULATION ONLY)."""
+        if self.seeded:
+            return NoiseKey.derive(seed_material(self.rng), self.name + "/agreement").secret
+        return self.ledger.agreement_secret(self.name)
+
+    def session_private_key(self, session: str) -> X25519PrivateKey:
+        """This owner's X25519 key for ``session`` (docs/design.md §2.6); never released."""
+        if session not in self._session_keys:
+            self._check_session_id(session)
+            self._session_keys[session] = session_private_key(self.agreement_secret, session)
+        return self._session_keys[session]
+
+    def session_key(self, session: str) -> PeerKey:
+        """This owner's public key for ``session``, for the coordinator to relay to its peers."""
+        return PeerKey(self.name, public_bytes(self.session_private_key(session)))
 
     @property
     def lattice(self) -> bool:
@@ -113,8 +189,23 @@ class OwnerNode:
     def gradient_noise_multiplier(self) -> float:
         """The noise multiplier its gradient answers are accounted at: σ, or with lattice noise
         σ lowered by the most rounding can add (``lattice_gradient_multiplier``)."""
-        sigma = self.policy.sigma
+        return self.gradient_multiplier()
+
+    def gradient_multiplier(self, secure: SecureTerms | None = None) -> float:
+        """The noise multiplier gradient answers are accounted at: σ (or, in a secure session,
+        s — the honest owners' sum protects each of them), lowered with lattice noise by the
+        most rounding can add (``lattice_gradient_multiplier``)."""
+        sigma = self.policy.sigma if secure is None else secure.total_noise_sd
         return lattice_gradient_multiplier(sigma, self.model.dim) if self.lattice else sigma
+
+    def reservation_multiplier(self) -> float:
+        """The multiplier other open sgmcmc sessions are reserved at: the smaller of the plain
+        and the secure one (the larger privacy loss), since either kind may be open."""
+        secure = self.policy.total_noise_sd
+        plain = self.gradient_multiplier()
+        if secure is None:
+            return plain
+        return min(plain, self.gradient_multiplier(SecureTerms(1, 0, secure)))
 
     # --- public facts ------------------------------------------------------------------------
     @property
@@ -134,11 +225,15 @@ class OwnerNode:
             self.policy,
         )
 
-    def worst_case_mu(self, algorithm: str, max_step: float | None = None) -> float:
+    def worst_case_mu(
+        self, algorithm: str, max_step: float | None = None, secure: SecureTerms | None = None
+    ) -> float:
         """μ of the most expensive single answer the policy allows for ``algorithm`` (log-ratios:
         at ``max_step``, default the policy's); with lattice noise, plus the most rounding can
-        add (√w·2^−LATTICE_BITS, whatever host)."""
+        add (√w·2^−LATTICE_BITS, whatever host: γ lies 2²⁰ below the noise sd, which a secure
+        session's s exceeds). ``secure``: divided by s instead of σ."""
         policy = self.policy
+        sd = policy.sigma if secure is None else secure.total_noise_sd
         if algorithm == LOG_RATIO:
             width = 1
             step = policy.max_step if max_step is None else max_step
@@ -148,7 +243,7 @@ class OwnerNode:
             width = self.model.stat_dim
             delta = self.model.stat_sensitivity(policy.neighbour)
         rounding = math.sqrt(width) * 2.0**-LATTICE_BITS if self.lattice else 0.0
-        return delta / policy.sigma + rounding
+        return delta / sd + rounding
 
     # --- sessions ------------------------------------------------------------------------------
     def open_session(
@@ -159,10 +254,13 @@ class OwnerNode:
         sampling_rate: float | None = None,
         client: str | None = None,
         max_step: float | None = None,
+        secure: SecureOpen | None = None,
     ) -> None:
         """Open (or resume) a session; refuse a plan whose worst case the budget cannot cover
         (``open_sessions`` for this owner alone)."""
-        open_sessions([self], session, algorithm, planned_answers, sampling_rate, client, max_step)
+        open_sessions(
+            [self], session, algorithm, planned_answers, sampling_rate, client, max_step, secure
+        )
 
     def _admit(self, view: PlanView, opened: _OpenSession) -> float | None:
         """Refuse the plan unless it fits (``_check_plan``); the μ² Gaussian answers may still
@@ -186,12 +284,33 @@ class OwnerNode:
         planned_answers: int,
         sampling_rate: float | None,
         max_step: float | None = None,
+        secure: SecureOpen | None = None,
     ) -> _OpenSession:
         """``InvalidRequest`` for a malformed session request; else the session to record."""
+        self._check_session_id(session)
+        opened = self._check_session_terms(algorithm, planned_answers, sampling_rate)
+        step = self._check_session_step(algorithm, max_step)
+        if secure is None:
+            return replace(opened, max_step=step)
+        if not self.lattice:
+            raise InvalidRequest(
+                "secure aggregation needs lattice answers; this owner gives float answers",
+                self.name,
+            )
+        terms = agree(self.name, self.policy, self.session_key(session).public_key, secure)
+        record = SecureRecord(terms, transcript(session, algorithm, terms, secure.peers))
+        return replace(opened, max_step=step, secure=terms, record=record)
+
+    def _check_session_id(self, session: str) -> None:
         if not isinstance(session, str) or not session or len(session) > 128:
             raise InvalidRequest(
                 "session id must be a non-empty string of at most 128 characters", self.name
             )
+
+    def _check_session_terms(
+        self, algorithm: str, planned_answers: int, sampling_rate: float | None
+    ) -> _OpenSession:
+        """The algorithm, plan and sampling rate of a session request, checked."""
         if algorithm not in QUERY_KINDS:
             raise InvalidRequest(
                 f"unknown algorithm {algorithm!r}; this owner answers {', '.join(QUERY_KINDS)}",
@@ -213,13 +332,12 @@ class OwnerNode:
                 f"planned_answers must be a non-negative integer, got {planned_answers!r}",
                 self.name,
             )
-        step = self._check_session_step(algorithm, max_step)
         if algorithm != SGMCMC:
             if sampling_rate is not None:
                 raise InvalidRequest(
                     f"only sgmcmc sessions take a sampling_rate, not {algorithm!r}", self.name
                 )
-            return _OpenSession(algorithm, int(planned_answers), None, step)
+            return _OpenSession(algorithm, int(planned_answers), None)
         q, limit = sampling_rate, self.policy.max_sampling_rate
         if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0 < q <= limit:
             raise InvalidRequest(
@@ -266,11 +384,11 @@ class OwnerNode:
         if rate is not None:
             committed = [
                 *committed,
-                SubsampledGaussian(rate, self.gradient_noise_multiplier, remaining),
+                SubsampledGaussian(rate, self.gradient_multiplier(opened.secure), remaining),
             ]
             worst_spend = total
         else:
-            worst_mu = self.worst_case_mu(algorithm, opened.max_step)
+            worst_mu = self.worst_case_mu(algorithm, opened.max_step, opened.secure)
             worst_spend = GaussianSpend(
                 total.answers + remaining,
                 total.mu_squared + remaining * worst_mu**2,
@@ -356,6 +474,25 @@ class OwnerNode:
             neighbour,
             total,
             session_report,
+            self._own_noise(record, session),
+        )
+
+    def _own_noise(self, record: Report, session: str | None) -> OwnNoise | None:
+        """The spend of ``record`` as if only this owner's own noise (sd s/√(K − t))
+        protected it in its secure sessions (None: it never opened one)."""
+        if not record.secure:
+            return None
+        delta, neighbour = self.policy.delta, self.policy.neighbour
+        dim = self.model.dim
+        total, sampled = own_noise_spend(record.total, record.sampled, record.secure, dim)
+        mine = [row for row in record.secure if row.session == session]
+        session_report = terms = None
+        if mine:
+            spend, events = own_noise_spend(mine[0].spend, mine[0].sampled, mine, dim)
+            session_report = SpendReport.of(spend, events, delta, neighbour, True)
+            terms = mine[0].terms
+        return OwnNoise(
+            SpendReport.of(total, sampled, delta, neighbour, True), session_report, terms
         )
 
     def simulation_diagnostics(self) -> SimulationDiagnostics:
@@ -378,6 +515,44 @@ def _by_ledger(nodes: Sequence[OwnerNode]) -> list[list[OwnerNode]]:
     return list(groups.values())
 
 
+def own_noise_spend(
+    spend: GaussianSpend,
+    sampled: list[SubsampledGaussian],
+    rows: Sequence[SecureSpend],
+    dim: int,
+) -> tuple[GaussianSpend, list[SubsampledGaussian]]:
+    """``spend`` and ``sampled`` (which include the secure sessions ``rows``) with each secure
+    session's answers accounted at the owner's own noise sd s/√(K − t) instead of s: its μ_t
+    grow by √(K − t) and its gradient answers (lattice answers of a model of dimension
+    ``dim``) take the smaller multiplier."""
+    counts: dict[tuple[float, float], int] = defaultdict(int)
+    for event in sampled:
+        counts[(event.sampling_rate, event.noise_multiplier)] += event.count
+    for row in rows:
+        factor = row.terms.owners - row.terms.colluders
+        spend = GaussianSpend(
+            spend.answers,
+            spend.mu_squared + (factor - 1) * row.spend.mu_squared,
+            max(spend.max_mu, row.spend.max_mu * math.sqrt(factor)),
+        )
+        own = lattice_gradient_multiplier(row.terms.owner_noise_sd, dim)
+        for event in row.sampled:
+            counts[(event.sampling_rate, event.noise_multiplier)] -= event.count
+            counts[(event.sampling_rate, own)] += event.count
+    events = [SubsampledGaussian(q, m, c) for (q, m), c in counts.items() if c > 0]
+    return spend, events
+
+
+def own_noise_report(ledger: Ledger, owner: str, dim: int, policy: Policy) -> SpendReport | None:
+    """``owner``'s spend across its ledger as if its own noise alone protected it in its secure
+    sessions (None: it never opened one) — for the offline ``owner report``."""
+    record = ledger.reports([owner], None)[0]
+    if not record.secure:
+        return None
+    spend, sampled = own_noise_spend(record.total, record.sampled, record.secure, dim)
+    return SpendReport.of(spend, sampled, policy.delta, policy.neighbour, True)
+
+
 def open_sessions(
     nodes: Sequence[OwnerNode],
     session: str,
@@ -386,6 +561,7 @@ def open_sessions(
     sampling_rate: float | None = None,
     client: str | None = None,
     max_step: float | None = None,
+    secure: SecureOpen | None = None,
 ) -> None:
     """Open (or resume) ``session`` at every node; refuse a plan whose worst case some node's
     budget cannot cover.
@@ -396,10 +572,14 @@ def open_sessions(
     step and every request held to it. The checks read spend and reservations from each ledger
     in the one transaction that records the sessions of its owners (docs/design.md §3,
     invariant 8); a refusal by any owner of a ledger records nothing in it. ``client``: who
-    opens it (bound to the session in the ledger).
+    opens it (bound to the session in the ledger). ``secure``: open it with secure aggregation
+    (docs/design.md §2.6): each owner checks the peer keys and terms against its policy
+    (``aggregation.agree``), and its ledger keeps them; a resumed session must show the same.
     """
     requests = [
-        n._check_session_request(session, algorithm, planned_answers, sampling_rate, max_step)
+        n._check_session_request(
+            session, algorithm, planned_answers, sampling_rate, max_step, secure
+        )
         for n in nodes
     ]
     SESSION_EVENTS[0] += 1
@@ -409,9 +589,10 @@ def open_sessions(
         openings = [
             Opening(
                 n.name,
-                n.gradient_noise_multiplier,
+                n.reservation_multiplier(),
                 n.lattice,
                 functools.partial(n._admit, opened=o),
+                o.record,
             )
             for n, o in zip(group, opened)
         ]

@@ -63,7 +63,7 @@ _U64 = np.uint64
 _MAX64 = _U64(2**64 - 1)
 _SCALE_BITS = 41  # the sampler's σ/γ is a / 2^k with a ∈ [2^40, 2^41]
 _CHACHA_BLOCK_WORDS = 8  # a ChaCha20 block is 64 bytes
-_PURPOSES = ("gauss", "bernoulli", "uniform")
+_PURPOSES = ("gauss", "bernoulli", "uniform", "mask")
 
 
 # --------------------------------------------------------------------------- keys and sources
@@ -906,11 +906,34 @@ def noisy_lattice_answers(
 ) -> np.ndarray:
     """Released answers γ·(to_lattice(values) + n), n exact discrete Gaussian: float64 (K, M, w).
 
+    ``noisy_lattice_multiples`` times γ: every entry returned is an exact multiple of γ.
+    """
+    gamma = _check_gamma(gamma)
+    multiples = noisy_lattice_multiples(
+        source, session, kind, iteration, values, sigma, gamma, owners=owners, chains=chains
+    )
+    return from_lattice(multiples, gamma)
+
+
+def noisy_lattice_multiples(
+    source: WordSource,
+    session: str,
+    kind: str,
+    iteration: npt.ArrayLike,
+    values: npt.ArrayLike,
+    sigma: npt.ArrayLike,
+    gamma: float,
+    *,
+    owners: npt.ArrayLike | None = None,
+    chains: npt.ArrayLike | None = None,
+) -> np.ndarray:
+    """Noisy answers in lattice units: to_lattice(values) + n, n exact discrete Gaussian, int64
+    (K, M, w) (secure aggregation masks these integers, docs/design.md §2.6).
+
     values ``(K, M, w)``: owner k's exact answers for M chains, width w. sigma ``(K,)``: each
     owner's noise σ in answer units (the sampler uses lattice_scale(σ/γ) ≥ σ/γ). gamma: lattice
     step, a power of two. owners ``(K,)``: key indices into ``source`` (default 0..K−1); chains
-    ``(M,)`` (default 0..M−1); iteration: one for all M keys, or ``(M,)``, one per key. Every
-    entry returned is an exact multiple of γ.
+    ``(M,)`` (default 0..M−1); iteration: one for all M keys, or ``(M,)``, one per key.
     """
     values = np.asarray(values, dtype=float)
     if values.ndim != 3:
@@ -935,7 +958,7 @@ def noisy_lattice_answers(
         iteration=np.broadcast_to(np.asarray(iteration), (n_chains,))[None, :, None],
         component=np.arange(width)[None, None, :],
     )
-    return from_lattice(exact + noise, gamma)
+    return exact + noise
 
 
 # --------------------------------------------------------------------------- subsampling

@@ -3,9 +3,10 @@
     [model]    the scenario's [model] table (fedpenalty.models.build_model)
     [data]     path = "records.csv"            one CSV or NPZ file (fedpenalty.data.load_records)
     [privacy]  sigma, max_step, budget_epsilon, delta, neighbour, max_answers_per_request,
-               max_sampling_rate, max_clip (the owner's Policy; defaults are Policy's)
+               max_sampling_rate, max_clip, total_noise_sd, colluders, min_peers (the owner's
+               Policy; defaults are Policy's)
     [server]   name, listen, ledger, tls_cert, tls_key, tls_ca, allowed_clients,
-               synchronous, max_message_bytes
+               synchronous, max_message_bytes, peer_ca, allowed_peers
 
 Relative paths are read from the TOML file's folder; the ledger defaults to
 ``<name>-ledger.sqlite`` beside the file and ``name`` to the file's stem. Unknown sections or
@@ -28,6 +29,7 @@ from ..models import Model, build_model
 from ..schema import NonEmptyStr, PositiveInt, Section, one_of, refusal, validate_file
 from .ledger import Ledger
 from .node import OwnerNode
+from .peer_auth import PeerAuth
 
 #: Names a client certificate must carry (a SAN DNS name or the subject CN) to be let in.
 ClientNames = Annotated[
@@ -68,6 +70,16 @@ class ServerSection(Section):
     )
     max_message_bytes: PositiveInt = Field(
         default=4 * 1024 * 1024, description="largest gRPC message received or sent"
+    )
+    peer_ca: NonEmptyStr | None = Field(
+        default=None,
+        description="secure aggregation: PEM CA that signs the other owners' server certificates",
+    )
+    allowed_peers: ClientNames = Field(
+        default=[],
+        description="secure aggregation: the certificate names (SAN DNS name or subject CN) of "
+        "the owners accepted as peers; set, the owner signs its session keys with its TLS key "
+        "and refuses unsigned or unknown peers",
     )
 
 
@@ -110,6 +122,14 @@ class OwnerConfig:
     tls: TlsFiles | None
     allowed_clients: tuple[str, ...]
     max_message_bytes: int
+    peer_ca: Path | None = None
+    allowed_peers: tuple[str, ...] = ()
+
+    def peer_auth(self) -> PeerAuth | None:
+        """How this owner authenticates secure-aggregation peers (None: it does not)."""
+        if not self.allowed_peers or self.tls is None or self.peer_ca is None:
+            return None
+        return PeerAuth.load(self.tls.cert, self.tls.key, self.peer_ca, self.allowed_peers)
 
 
 def load_owner_config(
@@ -141,6 +161,11 @@ def load_owner_config(
         if cert is None or key is None
         else TlsFiles(base / cert, base / key, base / ca if ca else None)
     )
+    if bool(server.allowed_peers) != bool(server.peer_ca) or (server.peer_ca and tls is None):
+        raise ConfigError(
+            f"{path}: peer authentication needs server.allowed_peers, server.peer_ca and the "
+            "server's own server.tls_cert and server.tls_key (its session keys are signed with it)"
+        )
     return OwnerConfig(
         name=name,
         model=model,
@@ -152,6 +177,8 @@ def load_owner_config(
         tls=tls,
         allowed_clients=tuple(server.allowed_clients),
         max_message_bytes=server.max_message_bytes,
+        peer_ca=base / server.peer_ca if server.peer_ca else None,
+        allowed_peers=tuple(server.allowed_peers),
     )
 
 

@@ -12,6 +12,11 @@ client is refused with PERMISSION_DENIED before any work. A session belongs to t
 name that opened it: other clients are refused on it. Without mutual TLS the server listens
 on loopback only, unless ``insecure`` (``owner serve --insecure``); there clients have no
 identity and sessions are not bound.
+
+Secure aggregation (docs/design.md §2.6): with ``peers`` (OWNER.toml ``server.allowed_peers``)
+the server signs its owners' session keys with its TLS key and refuses (PERMISSION_DENIED) a
+secure session unless every other owner's key is signed under an allowed peer certificate
+(``peer_auth.PeerAuth``); without it, peer keys are taken as the coordinator relays them.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from ..proto import owner_pb2_grpc as pb_grpc
 from . import wire
 from .host import OwnerHost
 from .owner_config import TlsFiles
+from .peer_auth import PeerAuth
 
 log = logging.getLogger("fedpenalty.owner")
 SERVICE = pb.DESCRIPTOR.services_by_name["Owner"].full_name
@@ -55,9 +61,10 @@ class OwnerServicer(pb_grpc.OwnerServicer):
         host: OwnerHost,
         allowed_clients: Sequence[str] = (),
         health: HealthServicer | None = None,
+        peers: PeerAuth | None = None,
     ):
         self.host = host
-        self._noise_sd = np.array([d.policy.sigma for d in host.describe()])
+        self._peers = peers
         self._names = [d.name for d in host.describe()]
         self._allowed = tuple(allowed_clients)
         self._opened_by: dict[str, str] = {}  # session → the allowed name that opened it
@@ -147,11 +154,14 @@ class OwnerServicer(pb_grpc.OwnerServicer):
     def _open(self, request: pb.OpenSessionRequest, client: str | None) -> None:
         rate = request.sampling_rate if request.HasField("sampling_rate") else None
         step = request.max_step if request.HasField("max_step") else None
+        secure = wire.secure_open(request.secure) if request.HasField("secure") else None
         session = self._own(request.session, client)
+        if secure is not None and self._peers is not None:
+            self._peers.check(session, secure.peers, self._names)
         # the ledger binds the session to ``client`` too, so a restarted server still refuses
         # another client's re-open
         self.host.open_session(
-            session, request.algorithm, request.planned_answers, rate, client, step
+            session, request.algorithm, request.planned_answers, rate, client, step, secure
         )
         if client is not None:
             self._opened_by[session] = client
@@ -169,13 +179,13 @@ class OwnerServicer(pb_grpc.OwnerServicer):
             wire.rows(r.theta, len(chains), "theta"),
             wire.rows(r.theta_prop, len(chains), "theta_prop"),
         )
-        return wire.answers_message(values, self._noise_sd)
+        return wire.answers_message(self.host.reply(r.session, values))
 
     def _suff_stats(self, r: pb.SuffStatsRequest, client: str | None) -> pb.Answers:
         values = self.host.suff_stats(
             self._own(r.session, client), np.asarray(r.chains, dtype=np.int64), r.start, r.block
         )
-        return wire.answers_message(values, self._noise_sd)
+        return wire.answers_message(self.host.reply(r.session, values))
 
     def _gradient(self, r: pb.GradientRequest, client: str | None) -> pb.Answers:
         chains = np.asarray(r.chains, dtype=np.int64)
@@ -186,7 +196,13 @@ class OwnerServicer(pb_grpc.OwnerServicer):
             wire.rows(r.theta, len(chains), "theta"),
             r.clip,
         )
-        return wire.answers_message(values, self._noise_sd * r.clip)
+        return wire.answers_message(self.host.reply(r.session, values, r.clip))
+
+    def _session_keys(self, r: pb.SessionKeysRequest, client: str | None) -> pb.SessionKeysReply:
+        keys = self.host.session_keys(self._own(r.session, client))
+        if self._peers is not None:
+            keys = [self._peers.sign(r.session, k) for k in keys]
+        return pb.SessionKeysReply(keys=[wire.peer_key_message(k) for k in keys])
 
     # --- unary RPCs -----------------------------------------------------------------------
     async def Describe(self, request, context):
@@ -197,11 +213,14 @@ class OwnerServicer(pb_grpc.OwnerServicer):
         client = await self._client(context)
         await self._unary(context, lambda: self._open(request, client))
         log.info(
-            "session %s: %s%s, plan of %d answers per owner, %d owner(s) [%s], from %s%s",
+            "session %s: %s%s%s, plan of %d answers per owner, %d owner(s) [%s], from %s%s",
             request.session,
             request.algorithm,
             f" at sampling rate {request.sampling_rate:g}"
             if request.HasField("sampling_rate")
+            else "",
+            f" with secure aggregation over {len(request.secure.peers)} owners"
+            if request.HasField("secure")
             else "",
             request.planned_answers,
             len(self._names),
@@ -229,6 +248,10 @@ class OwnerServicer(pb_grpc.OwnerServicer):
     async def Gradient(self, request, context):
         client = await self._client(context)
         return await self._unary(context, lambda: self._gradient(request, client))
+
+    async def SessionKeys(self, request, context):
+        client = await self._client(context)
+        return await self._unary(context, lambda: self._session_keys(request, client))
 
     async def PrivacyReport(self, request, context):
         client = await self._client(context)
@@ -334,9 +357,11 @@ async def start(
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     allowed_clients: Sequence[str] = (),
     insecure: bool = False,
+    peers: PeerAuth | None = None,
 ) -> tuple[grpc.aio.Server, int, HealthServicer]:
     """Start serving ``host`` on ``listen`` (HOST:PORT; port 0 picks a free one) to the clients
-    ``check_exposure`` lets in. Returns the server, the bound port and the health servicer."""
+    ``check_exposure`` lets in. Returns the server, the bound port and the health servicer.
+    ``peers``: authenticate secure-aggregation peer keys (``peer_auth.PeerAuth``)."""
     check_exposure(listen, tls, allowed_clients, insecure)
     options = [
         ("grpc.max_receive_message_length", max_message_bytes),
@@ -345,7 +370,8 @@ async def start(
     ]
     server = grpc.aio.server(options=options)
     health = HealthServicer()
-    pb_grpc.add_OwnerServicer_to_server(OwnerServicer(host, allowed_clients, health), server)
+    servicer = OwnerServicer(host, allowed_clients, health, peers)
+    pb_grpc.add_OwnerServicer_to_server(servicer, server)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection(
         [
@@ -426,10 +452,11 @@ def serve(
     port_file: Path | None = None,
     allowed_clients: Sequence[str] = (),
     insecure: bool = False,
+    peers: PeerAuth | None = None,
 ) -> None:
     """Serve until SIGTERM or SIGINT, then stop cleanly. ``port_file``: written (atomically)
     with the bound port once serving — how a launcher learns a port picked with ``:0``;
-    ``allowed_clients`` and ``insecure``: see ``check_exposure``."""
+    ``allowed_clients`` and ``insecure``: see ``check_exposure``; ``peers``: see ``start``."""
 
     async def main() -> None:
         stopping = asyncio.Event()
@@ -437,7 +464,7 @@ def serve(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stopping.set)
         server, port, health = await start(
-            host, listen, tls, max_message_bytes, allowed_clients, insecure
+            host, listen, tls, max_message_bytes, allowed_clients, insecure, peers
         )
         if port_file is not None:
             tmp = port_file.with_suffix(".tmp")
@@ -461,6 +488,7 @@ class ServerThread:
         tls: TlsFiles | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         allowed_clients: Sequence[str] = (),
+        peers: PeerAuth | None = None,
     ):
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
@@ -469,7 +497,8 @@ class ServerThread:
         self._thread.start()
         try:
             self._server, self.port, self._health = asyncio.run_coroutine_threadsafe(
-                start(host, listen, tls, max_message_bytes, allowed_clients), self._loop
+                start(host, listen, tls, max_message_bytes, allowed_clients, peers=peers),
+                self._loop,
             ).result(timeout=30)
         except BaseException:
             self._stop_loop()

@@ -1,6 +1,7 @@
 """The owner protocol's messages ↔ fedpenalty's Python objects, for both ends of the wire.
 
-Arrays travel as packed row-major float64 with an explicit shape; owner refusals travel as a
+Arrays travel as packed row-major float64 with an explicit shape (a secure session's masked
+sums as packed uint64, docs/design.md §2.6); owner refusals travel as a
 gRPC status (unary calls) or an in-band ``Refusal`` (the Query stream) naming the error class,
 so the coordinator re-raises exactly the ``fedpenalty.errors`` class the owner raised.
 """
@@ -13,9 +14,10 @@ import math
 import numpy as np
 
 from .. import errors
-from ..common import OwnerDescription, Policy, PrivacyReport, SpendReport
+from ..common import OwnerDescription, OwnNoise, Policy, PrivacyReport, SecureTerms, SpendReport
 from ..models.base import check_neighbour
 from ..proto import owner_pb2 as pb
+from .aggregation import PeerKey, Reply, SecureOpen
 
 #: trailing-metadata keys of a refused unary call
 ERROR_KEY, OWNER_KEY, EPSILON_LEFT_KEY = (
@@ -34,6 +36,7 @@ _ERRORS: dict[str, type[errors.OwnerError]] = {
         errors.NotPermitted,
         errors.OwnerUnavailable,
         errors.StorageUnavailable,
+        errors.AggregationFailed,
     )
 }
 
@@ -52,25 +55,65 @@ def rows(values, count: int, what: str) -> np.ndarray:
     return arr.reshape(count, arr.size // count)
 
 
-def answers_message(values: np.ndarray, noise_sd: np.ndarray) -> pb.Answers:
-    """``values`` ``(K, ...)`` and ``noise_sd`` ``(K,)`` → ``Answers``."""
-    return pb.Answers(
-        values=np.ascontiguousarray(values, dtype=float).ravel(),
-        shape=values.shape,
-        noise_sd=np.asarray(noise_sd, dtype=float),
+def answers_message(reply: Reply) -> pb.Answers:
+    """A host's ``Reply`` → ``Answers`` (plain values, or a secure session's masked sum)."""
+    msg = pb.Answers(shape=reply.values.shape, noise_sd=np.asarray(reply.noise_sd, dtype=float))
+    if reply.lattice_step is None:
+        msg.values[:] = np.ascontiguousarray(reply.values, dtype=float).ravel()
+        return msg
+    assert reply.check is not None  # a secure reply carries its check words
+    msg.masked[:] = np.ascontiguousarray(reply.values, dtype=np.uint64).ravel()
+    msg.check[:] = np.ascontiguousarray(reply.check, dtype=np.uint64).ravel()
+    msg.lattice_step = reply.lattice_step
+    return msg
+
+
+def answers_reply(msg: pb.Answers) -> Reply:
+    """``Answers`` → the host's ``Reply``; ``OwnerError`` when the sizes do not fit the shape."""
+    shape = tuple(msg.shape)
+    noise_sd = np.asarray(msg.noise_sd, dtype=float)
+    if msg.lattice_step:
+        values = np.asarray(msg.masked, dtype=np.uint64)
+        check = np.asarray(msg.check, dtype=np.uint64)
+        if math.prod(shape) != values.size or not shape or shape[0] != 1 or not check.size:
+            raise errors.OwnerError(
+                f"malformed masked answers: {values.size} words for shape {shape}, "
+                f"{check.size} check words"
+            )
+        return Reply(values.reshape(shape), noise_sd, msg.lattice_step, check[None])
+    values = np.asarray(msg.values, dtype=float)
+    if math.prod(shape) != values.size or not shape or shape[0] != len(noise_sd):
+        raise errors.OwnerError(
+            f"malformed answers: {values.size} values for shape {shape} and "
+            f"{len(noise_sd)} noise sds"
+        )
+    return Reply(values.reshape(shape), noise_sd)
+
+
+# --- secure aggregation -------------------------------------------------------------------
+def peer_key_message(key: PeerKey) -> pb.PeerKey:
+    return pb.PeerKey(
+        owner=key.owner,
+        public_key=key.public_key,
+        signature=key.signature,
+        certificate=key.certificate,
     )
 
 
-def answers_arrays(msg: pb.Answers) -> tuple[np.ndarray, np.ndarray]:
-    """``Answers`` → (values with its shape, noise_sd ``(K,)``)."""
-    values = np.asarray(msg.values, dtype=float)
-    shape = tuple(msg.shape)
-    if math.prod(shape) != values.size or not shape or shape[0] != len(msg.noise_sd):
-        raise errors.OwnerError(
-            f"malformed answers: {values.size} values for shape {shape} and "
-            f"{len(msg.noise_sd)} noise sds"
-        )
-    return values.reshape(shape), np.asarray(msg.noise_sd, dtype=float)
+def peer_key(msg: pb.PeerKey) -> PeerKey:
+    return PeerKey(msg.owner, bytes(msg.public_key), bytes(msg.signature), bytes(msg.certificate))
+
+
+def secure_message(secure: SecureOpen) -> pb.SecureAggregation:
+    return pb.SecureAggregation(
+        peers=[peer_key_message(k) for k in secure.peers],
+        total_noise_sd=secure.total_noise_sd,
+        colluders=secure.colluders,
+    )
+
+
+def secure_open(msg: pb.SecureAggregation) -> SecureOpen:
+    return SecureOpen(tuple(peer_key(k) for k in msg.peers), msg.total_noise_sd, int(msg.colluders))
 
 
 # --- descriptions and reports -------------------------------------------------------------
@@ -94,6 +137,9 @@ def owner_info(d: OwnerDescription) -> pb.OwnerInfo:
             max_record_evaluations=p.max_record_evaluations,
             max_sampling_rate=p.max_sampling_rate,
             max_clip=p.max_clip,
+            total_noise_sd=p.total_noise_sd,
+            colluders=p.colluders,
+            min_peers=p.min_peers,
         ),
     )
 
@@ -112,6 +158,9 @@ def owner_description(msg: pb.OwnerInfo) -> OwnerDescription:
         min_step=p.min_step,
         min_clip=p.min_clip,
         max_record_evaluations=int(p.max_record_evaluations),
+        total_noise_sd=p.total_noise_sd if p.HasField("total_noise_sd") else None,
+        colluders=int(p.colluders),
+        min_peers=int(p.min_peers),
     )
     params = json.loads(msg.model_params_json)
     return OwnerDescription(msg.name, msg.model, params, msg.dim, _count(msg.n), policy)
@@ -142,11 +191,34 @@ def owner_privacy(r: PrivacyReport) -> pb.OwnerPrivacy:
     )
     if r.session is not None:
         msg.session.CopyFrom(_spend(r.session))
+    if r.own_noise is not None:
+        own = r.own_noise
+        msg.own_noise.total.CopyFrom(_spend(own.total))
+        if own.session is not None:
+            msg.own_noise.session.CopyFrom(_spend(own.session))
+        if own.terms is not None:
+            t = own.terms
+            msg.own_noise.terms.CopyFrom(
+                pb.SecureTerms(
+                    owners=t.owners, colluders=t.colluders, total_noise_sd=t.total_noise_sd
+                )
+            )
     return msg
 
 
 def privacy_report(msg: pb.OwnerPrivacy) -> PrivacyReport:
     session = _spend_report(msg.session) if msg.HasField("session") else None
+    own = None
+    if msg.HasField("own_noise"):
+        m = msg.own_noise
+        terms = m.terms
+        own = OwnNoise(
+            _spend_report(m.total),
+            _spend_report(m.session) if m.HasField("session") else None,
+            SecureTerms(int(terms.owners), int(terms.colluders), terms.total_noise_sd)
+            if m.HasField("terms")
+            else None,
+        )
     return PrivacyReport(
         msg.owner,
         _count(msg.n),
@@ -155,6 +227,7 @@ def privacy_report(msg: pb.OwnerPrivacy) -> PrivacyReport:
         check_neighbour(msg.neighbour),
         _spend_report(msg.total),
         session,
+        own,
     )
 
 

@@ -54,8 +54,19 @@ def main(argv: list[str] | None = None) -> int:
         "--out", type=Path, default=PACKAGE_DIR, help="directory to write (default: this package)"
     )
     args = parser.parse_args(argv)
+    try:
+        files = generated_files()
+    except ImportError as exc:
+        if not (exc.name or "").startswith("grpc_tools"):
+            raise
+        print(
+            "fedpenalty.proto.generate: error: regenerating the gRPC code needs grpcio-tools, "
+            "part of the test extra: pip install -e '.[test]'",
+            file=sys.stderr,
+        )
+        return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    for name, text in generated_files().items():
+    for name, text in files.items():
         (args.out / name).write_text(text)
         print(args.out / name)
     return 0

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Policy(_message.Message):
-    __slots__ = ("sigma", "max_step", "budget_epsilon", "delta", "neighbour", "max_answers_per_request", "max_sampling_rate", "max_clip", "min_step", "min_clip", "max_record_evaluations")
+    __slots__ = ("sigma", "max_step", "budget_epsilon", "delta", "neighbour", "max_answers_per_request", "max_sampling_rate", "max_clip", "min_step", "min_clip", "max_record_evaluations", "total_noise_sd", "colluders", "min_peers")
     SIGMA_FIELD_NUMBER: _ClassVar[int]
     MAX_STEP_FIELD_NUMBER: _ClassVar[int]
     BUDGET_EPSILON_FIELD_NUMBER: _ClassVar[int]
@@ -19,6 +19,9 @@ class Policy(_message.Message):
     MIN_STEP_FIELD_NUMBER: _ClassVar[int]
     MIN_CLIP_FIELD_NUMBER: _ClassVar[int]
     MAX_RECORD_EVALUATIONS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_NOISE_SD_FIELD_NUMBER: _ClassVar[int]
+    COLLUDERS_FIELD_NUMBER: _ClassVar[int]
+    MIN_PEERS_FIELD_NUMBER: _ClassVar[int]
     sigma: float
     max_step: float
     budget_epsilon: float
@@ -30,7 +33,10 @@ class Policy(_message.Message):
     min_step: float
     min_clip: float
     max_record_evaluations: int
-    def __init__(self, sigma: _Optional[float] = ..., max_step: _Optional[float] = ..., budget_epsilon: _Optional[float] = ..., delta: _Optional[float] = ..., neighbour: _Optional[str] = ..., max_answers_per_request: _Optional[int] = ..., max_sampling_rate: _Optional[float] = ..., max_clip: _Optional[float] = ..., min_step: _Optional[float] = ..., min_clip: _Optional[float] = ..., max_record_evaluations: _Optional[int] = ...) -> None: ...
+    total_noise_sd: float
+    colluders: int
+    min_peers: int
+    def __init__(self, sigma: _Optional[float] = ..., max_step: _Optional[float] = ..., budget_epsilon: _Optional[float] = ..., delta: _Optional[float] = ..., neighbour: _Optional[str] = ..., max_answers_per_request: _Optional[int] = ..., max_sampling_rate: _Optional[float] = ..., max_clip: _Optional[float] = ..., min_step: _Optional[float] = ..., min_clip: _Optional[float] = ..., max_record_evaluations: _Optional[int] = ..., total_noise_sd: _Optional[float] = ..., colluders: _Optional[int] = ..., min_peers: _Optional[int] = ...) -> None: ...
 
 class OwnerInfo(_message.Message):
     __slots__ = ("name", "model", "model_params_json", "dim", "n", "policy")
@@ -59,22 +65,58 @@ class DescribeReply(_message.Message):
     def __init__(self, owners: _Optional[_Iterable[_Union[OwnerInfo, _Mapping]]] = ...) -> None: ...
 
 class OpenSessionRequest(_message.Message):
-    __slots__ = ("session", "algorithm", "planned_answers", "sampling_rate", "max_step")
+    __slots__ = ("session", "algorithm", "planned_answers", "sampling_rate", "max_step", "secure")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     ALGORITHM_FIELD_NUMBER: _ClassVar[int]
     PLANNED_ANSWERS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_RATE_FIELD_NUMBER: _ClassVar[int]
     MAX_STEP_FIELD_NUMBER: _ClassVar[int]
+    SECURE_FIELD_NUMBER: _ClassVar[int]
     session: str
     algorithm: str
     planned_answers: int
     sampling_rate: float
     max_step: float
-    def __init__(self, session: _Optional[str] = ..., algorithm: _Optional[str] = ..., planned_answers: _Optional[int] = ..., sampling_rate: _Optional[float] = ..., max_step: _Optional[float] = ...) -> None: ...
+    secure: SecureAggregation
+    def __init__(self, session: _Optional[str] = ..., algorithm: _Optional[str] = ..., planned_answers: _Optional[int] = ..., sampling_rate: _Optional[float] = ..., max_step: _Optional[float] = ..., secure: _Optional[_Union[SecureAggregation, _Mapping]] = ...) -> None: ...
 
 class OpenSessionReply(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class PeerKey(_message.Message):
+    __slots__ = ("owner", "public_key", "signature", "certificate")
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
+    owner: str
+    public_key: bytes
+    signature: bytes
+    certificate: bytes
+    def __init__(self, owner: _Optional[str] = ..., public_key: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., certificate: _Optional[bytes] = ...) -> None: ...
+
+class SessionKeysRequest(_message.Message):
+    __slots__ = ("session",)
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    def __init__(self, session: _Optional[str] = ...) -> None: ...
+
+class SessionKeysReply(_message.Message):
+    __slots__ = ("keys",)
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedCompositeFieldContainer[PeerKey]
+    def __init__(self, keys: _Optional[_Iterable[_Union[PeerKey, _Mapping]]] = ...) -> None: ...
+
+class SecureAggregation(_message.Message):
+    __slots__ = ("peers", "total_noise_sd", "colluders")
+    PEERS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_NOISE_SD_FIELD_NUMBER: _ClassVar[int]
+    COLLUDERS_FIELD_NUMBER: _ClassVar[int]
+    peers: _containers.RepeatedCompositeFieldContainer[PeerKey]
+    total_noise_sd: float
+    colluders: int
+    def __init__(self, peers: _Optional[_Iterable[_Union[PeerKey, _Mapping]]] = ..., total_noise_sd: _Optional[float] = ..., colluders: _Optional[int] = ...) -> None: ...
 
 class CloseSessionRequest(_message.Message):
     __slots__ = ("session",)
@@ -127,14 +169,20 @@ class GradientRequest(_message.Message):
     def __init__(self, session: _Optional[str] = ..., iteration: _Optional[int] = ..., chains: _Optional[_Iterable[int]] = ..., theta: _Optional[_Iterable[float]] = ..., clip: _Optional[float] = ...) -> None: ...
 
 class Answers(_message.Message):
-    __slots__ = ("values", "shape", "noise_sd")
+    __slots__ = ("values", "shape", "noise_sd", "masked", "check", "lattice_step")
     VALUES_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     NOISE_SD_FIELD_NUMBER: _ClassVar[int]
+    MASKED_FIELD_NUMBER: _ClassVar[int]
+    CHECK_FIELD_NUMBER: _ClassVar[int]
+    LATTICE_STEP_FIELD_NUMBER: _ClassVar[int]
     values: _containers.RepeatedScalarFieldContainer[float]
     shape: _containers.RepeatedScalarFieldContainer[int]
     noise_sd: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, values: _Optional[_Iterable[float]] = ..., shape: _Optional[_Iterable[int]] = ..., noise_sd: _Optional[_Iterable[float]] = ...) -> None: ...
+    masked: _containers.RepeatedScalarFieldContainer[int]
+    check: _containers.RepeatedScalarFieldContainer[int]
+    lattice_step: float
+    def __init__(self, values: _Optional[_Iterable[float]] = ..., shape: _Optional[_Iterable[int]] = ..., noise_sd: _Optional[_Iterable[float]] = ..., masked: _Optional[_Iterable[int]] = ..., check: _Optional[_Iterable[int]] = ..., lattice_step: _Optional[float] = ...) -> None: ...
 
 class Refusal(_message.Message):
     __slots__ = ("code", "error", "message", "owner", "epsilon_left")
@@ -192,8 +240,28 @@ class Spend(_message.Message):
     accountant: str
     def __init__(self, answers: _Optional[int] = ..., mu: _Optional[float] = ..., epsilon: _Optional[float] = ..., epsilon_paper_bound: _Optional[float] = ..., accountant: _Optional[str] = ...) -> None: ...
 
+class SecureTerms(_message.Message):
+    __slots__ = ("owners", "colluders", "total_noise_sd")
+    OWNERS_FIELD_NUMBER: _ClassVar[int]
+    COLLUDERS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_NOISE_SD_FIELD_NUMBER: _ClassVar[int]
+    owners: int
+    colluders: int
+    total_noise_sd: float
+    def __init__(self, owners: _Optional[int] = ..., colluders: _Optional[int] = ..., total_noise_sd: _Optional[float] = ...) -> None: ...
+
+class OwnNoise(_message.Message):
+    __slots__ = ("total", "session", "terms")
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    TERMS_FIELD_NUMBER: _ClassVar[int]
+    total: Spend
+    session: Spend
+    terms: SecureTerms
+    def __init__(self, total: _Optional[_Union[Spend, _Mapping]] = ..., session: _Optional[_Union[Spend, _Mapping]] = ..., terms: _Optional[_Union[SecureTerms, _Mapping]] = ...) -> None: ...
+
 class OwnerPrivacy(_message.Message):
-    __slots__ = ("owner", "n", "delta", "budget_epsilon", "neighbour", "total", "session")
+    __slots__ = ("owner", "n", "delta", "budget_epsilon", "neighbour", "total", "session", "own_noise")
     OWNER_FIELD_NUMBER: _ClassVar[int]
     N_FIELD_NUMBER: _ClassVar[int]
     DELTA_FIELD_NUMBER: _ClassVar[int]
@@ -201,6 +269,7 @@ class OwnerPrivacy(_message.Message):
     NEIGHBOUR_FIELD_NUMBER: _ClassVar[int]
     TOTAL_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
+    OWN_NOISE_FIELD_NUMBER: _ClassVar[int]
     owner: str
     n: int
     delta: float
@@ -208,7 +277,8 @@ class OwnerPrivacy(_message.Message):
     neighbour: str
     total: Spend
     session: Spend
-    def __init__(self, owner: _Optional[str] = ..., n: _Optional[int] = ..., delta: _Optional[float] = ..., budget_epsilon: _Optional[float] = ..., neighbour: _Optional[str] = ..., total: _Optional[_Union[Spend, _Mapping]] = ..., session: _Optional[_Union[Spend, _Mapping]] = ...) -> None: ...
+    own_noise: OwnNoise
+    def __init__(self, owner: _Optional[str] = ..., n: _Optional[int] = ..., delta: _Optional[float] = ..., budget_epsilon: _Optional[float] = ..., neighbour: _Optional[str] = ..., total: _Optional[_Union[Spend, _Mapping]] = ..., session: _Optional[_Union[Spend, _Mapping]] = ..., own_noise: _Optional[_Union[OwnNoise, _Mapping]] = ...) -> None: ...
 
 class PrivacyReportReply(_message.Message):
     __slots__ = ("owners",)

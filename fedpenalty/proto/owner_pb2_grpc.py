@@ -74,6 +74,11 @@ class OwnerStub:
                 request_serializer=fedpenalty_dot_v1_dot_owner__pb2.QueryRequest.SerializeToString,
                 response_deserializer=fedpenalty_dot_v1_dot_owner__pb2.QueryReply.FromString,
                 _registered_method=True)
+        self.SessionKeys = channel.unary_unary(
+                '/fedpenalty.v1.Owner/SessionKeys',
+                request_serializer=fedpenalty_dot_v1_dot_owner__pb2.SessionKeysRequest.SerializeToString,
+                response_deserializer=fedpenalty_dot_v1_dot_owner__pb2.SessionKeysReply.FromString,
+                _registered_method=True)
 
 
 class OwnerServicer:
@@ -136,6 +141,13 @@ class OwnerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SessionKeys(self, request, context):
+        """Secure aggregation: each hosted owner's public X25519 key for a session (before it opens).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OwnerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -178,6 +190,11 @@ def add_OwnerServicer_to_server(servicer, server):
                     servicer.Query,
                     request_deserializer=fedpenalty_dot_v1_dot_owner__pb2.QueryRequest.FromString,
                     response_serializer=fedpenalty_dot_v1_dot_owner__pb2.QueryReply.SerializeToString,
+            ),
+            'SessionKeys': grpc.unary_unary_rpc_method_handler(
+                    servicer.SessionKeys,
+                    request_deserializer=fedpenalty_dot_v1_dot_owner__pb2.SessionKeysRequest.FromString,
+                    response_serializer=fedpenalty_dot_v1_dot_owner__pb2.SessionKeysReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -396,6 +413,33 @@ class Owner:
             '/fedpenalty.v1.Owner/Query',
             fedpenalty_dot_v1_dot_owner__pb2.QueryRequest.SerializeToString,
             fedpenalty_dot_v1_dot_owner__pb2.QueryReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SessionKeys(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedpenalty.v1.Owner/SessionKeys',
+            fedpenalty_dot_v1_dot_owner__pb2.SessionKeysRequest.SerializeToString,
+            fedpenalty_dot_v1_dot_owner__pb2.SessionKeysReply.FromString,
             options,
             channel_credentials,
             insecure,

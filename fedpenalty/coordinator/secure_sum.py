@@ -1,0 +1,145 @@
+"""The coordinator's side of secure aggregation (docs/design.md §2.6): relay the owners'
+session keys, and turn the owner hosts' replies into ``Answers`` — plain answers stacked, masked
+sums added mod 2⁶⁴ and decoded. Every transport calls these; none decodes on its own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..common import PrivacyReport
+from ..errors import AggregationFailed, OwnerError
+from ..owner.aggregation import PeerKey, Reply, SecureOpen
+from ..owner.noise import FLOAT_EXACT_LIMIT, from_lattice
+from .oracle import Answers, SecureAggregation
+
+
+def secure_open(keys: Sequence[PeerKey], secure: SecureAggregation) -> SecureOpen:
+    """The open request every owner receives: all owners' ``keys`` and the asked s and t."""
+    return SecureOpen(tuple(keys), float(secure.total_noise_sd), int(secure.colluders))
+
+
+def owner_noise_sd(secure: SecureAggregation | None, sigma: np.ndarray, owners: int) -> np.ndarray:
+    """The noise sd ``(K,)`` each of ``owners`` owners adds to an answer unit: its σ_k, or with
+    secure aggregation s/√(K − t) (what an owner that follows its policy declares)."""
+    if secure is None:
+        return np.asarray(sigma, dtype=float)
+    sd = secure.total_noise_sd / math.sqrt(owners - secure.colluders)
+    return np.full(owners, sd)
+
+
+def combine(replies: Sequence[Reply]) -> Answers:
+    """Every host's reply to one query as ``Answers``: plain answers stacked in host order;
+    masked sums added mod 2⁶⁴ and decoded (``decode``). ``OwnerError`` for a mix of both."""
+    kinds = {r.lattice_step is None for r in replies}
+    if len(kinds) != 1:
+        raise OwnerError("some owner hosts answered with secure aggregation and some without")
+    if kinds.pop():
+        return Answers(
+            np.concatenate([r.values for r in replies]),
+            np.concatenate([r.noise_sd for r in replies]),
+        )
+    return decode(replies)
+
+
+def decode(replies: Sequence[Reply]) -> Answers:
+    """Σ_k λ̂_k from the hosts' masked sums: added mod 2⁶⁴, the check words must sum to 0 (every
+    owner answered under one transcript), and the total, read as a signed integer below 2⁵³ in
+    size, times the lattice step. One row, with noise sd √(Σ_k sd_k²).
+    ``AggregationFailed`` — nothing decoded — otherwise."""
+    steps = {r.lattice_step for r in replies}
+    shapes = {(r.values.shape, None if r.check is None else r.check.shape) for r in replies}
+    if len(steps) != 1 or len(shapes) != 1:
+        raise AggregationFailed(
+            f"owner hosts answered on different lattices or shapes ({sorted(map(str, steps))}): "
+            "the owners disagree on the session's terms; nothing was decoded"
+        )
+    total = np.zeros(replies[0].values.shape, dtype=np.uint64)
+    check = np.zeros_like(replies[0].check, dtype=np.uint64)
+    for r in replies:
+        assert r.check is not None  # masked replies carry their check words
+        total += r.values
+        check += r.check
+    if np.any(check != 0):
+        raise AggregationFailed(
+            "the masked answers do not add up to a decodable sum (their check words do not "
+            "cancel): an owner did not answer, or the owners were shown different peers or "
+            "terms; nothing was decoded"
+        )
+    signed = total.view(np.int64)
+    if np.any((signed >= FLOAT_EXACT_LIMIT) | (signed <= -FLOAT_EXACT_LIMIT)):
+        raise AggregationFailed("the decoded sum lies past 2^53 lattice steps; nothing was decoded")
+    step = steps.pop()
+    assert step is not None  # masked replies carry their lattice step
+    sd = math.sqrt(sum(float(np.sum(r.noise_sd**2)) for r in replies))
+    return Answers(from_lattice(signed, step), np.array([sd]))
+
+
+# --------------------------------------------------------------------------- scenario and report
+
+
+def requested(privacy: Mapping[str, Any]) -> SecureAggregation | None:
+    """The secure aggregation a scenario's ``[privacy]`` asks for (None: ``aggregation`` none)."""
+    if privacy["aggregation"] != "secure":
+        return None
+    return SecureAggregation(float(privacy["total_noise_sd"]), int(privacy["colluders"]))
+
+
+#: privacy.json's ``noise`` line of a simulation with secure aggregation (docs/design.md §2.7).
+SIMULATED_SECURE_NOISE = (
+    "simulated owners with secure aggregation: exact discrete-Gaussian noise on the lattice from "
+    "a Philox stream keyed from run.seed, X25519 session keys derived from run.seed, and masks "
+    "from a SplitMix64 mixer keyed by the pairwise secrets (deployed owners: ChaCha20 under "
+    "keys from OS entropy); whoever knows the seed knows the noise and the masks"
+)
+
+
+def assumption(secure: SecureAggregation) -> str:
+    """privacy.json's ``assumption``: what ``epsilon`` of a secure run rests on, in words."""
+    s, t = secure.total_noise_sd, secure.colluders
+    return (
+        f"secure aggregation (docs/design.md §2.6): the coordinator sees only the sum of the "
+        f"owners' masked answers. Each of the K owners (K counted by each owner from the peer "
+        f"keys it received) adds noise of variance s²/(K − t) with s = {s:g}, t = {t}; the sum "
+        f"carries variance K·s²/(K − t), which the sampler accounts for. If at most t = {t} "
+        f"owners collude with the coordinator (revealing their noise and masks) and every other "
+        f"owner follows the protocol, the honest owners' noise (variance ≥ s²) protects each "
+        f"owner, so each answer is charged μ = (Δ + γ√w)/s: 'epsilon' holds under this "
+        f"assumption. 'epsilon_own_noise_only' is what an owner's own noise alone gives (every "
+        f"other owner colluding). Peer keys are relayed by the coordinator and not "
+        f"authenticated: an owner the coordinator invents counts as a colluder. An owner that "
+        f"drops out stops the run (the sum cannot be decoded); recovery by secret sharing is "
+        f"not implemented"
+    )
+
+
+def aggregation_fields(secure: SecureAggregation | None) -> dict[str, Any]:
+    """privacy.json's run-level fields: the aggregation and, when secure, s, t and the
+    assumption ``epsilon`` rests on."""
+    if secure is None:
+        return {"aggregation": "none"}
+    return {
+        "aggregation": "secure",
+        "total_noise_sd": secure.total_noise_sd,
+        "colluders": secure.colluders,
+        "assumption": assumption(secure),
+    }
+
+
+def owner_fields(report: PrivacyReport) -> dict[str, Any]:
+    """An owner's privacy.json fields of a secure session: the K it counted, t, s, its own
+    noise sd and ε from its own noise alone (empty when the session was not secure)."""
+    own = report.own_noise
+    if own is None or own.session is None or own.terms is None:
+        return {}
+    return {
+        "owners_counted": own.terms.owners,
+        "colluders": own.terms.colluders,
+        "total_noise_sd": own.terms.total_noise_sd,
+        "owner_noise_sd": own.terms.owner_noise_sd,
+        "epsilon_own_noise_only": own.session.epsilon,
+    }

@@ -1,0 +1,407 @@
+"""Secure aggregation, the owners' side (docs/design.md §2.6).
+
+In a secure session owner k releases its lattice answer — λ_k rounded to γℤ plus exact
+discrete-Gaussian noise of variance s²/(K − t) — plus pairwise masks, all mod 2⁶⁴ in lattice
+units. The masks cancel in the sum over the K owners, so the coordinator learns Σ_k λ̂_k only.
+
+* **Keys.** An owner's X25519 key for a session is derived (HKDF-SHA256) from its agreement
+  secret and the session id (``session_private_key``), so a restarted owner has the same key
+  and can continue the session. Public keys travel through the coordinator (``PeerKey``).
+* **Terms.** Every owner counts K from the distinct peer keys it received and takes s and t
+  from its own policy (``agree``), never from the coordinator's numbers. It binds the session,
+  the query kind, s, t, K and every (name, key) into a transcript hash (``transcript``). Owners
+  shown different peers or terms derive different pair secrets, so their masks do not cancel
+  and nothing decodes.
+* **Pair secrets.** For owners a < b (in name order): HKDF-SHA256 of X25519(sk_a, pk_b), salted
+  with the transcript, with both names as info (``pair_secrets``).
+* **Masks.** Owner a adds +m_ab and owner b adds −m_ab (mod 2⁶⁴). The words of m_ab for
+  (chain, iteration, component) are ChaCha20 keystream under the pair secret (``ChaChaMasks``,
+  ``noise.ChaChaSource`` with purpose "mask"), or — SIMULATION ONLY, where every owner lives in
+  one process anyway — a SplitMix64 mixer keyed by the pair secret (``MixMasks``; not a
+  cryptographic function, about 10× faster).
+* **Check word.** Every masked answer carries one more component: 0 plus its masks. The check
+  words of the K owners sum to 0 mod 2⁶⁴ exactly when all of them answered under one
+  transcript, so a missing owner or a disagreement is detected (it escapes with probability
+  2⁻⁶⁴) and never decoded.
+
+A host serving several owners replies with the sum mod 2⁶⁴ of its owners' masked answers
+(``Reply``): masks between two owners of one host cancel there. Each owner's own masked answer
+is what its ledger stores and replays.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from ..common import Policy, SecureTerms
+from ..errors import InvalidRequest
+from .noise import LATTICE_BITS, ChaChaSource, NoiseKey
+
+PROTOCOL = b"fedpenalty.secure-aggregation.v1"
+PUBLIC_KEY_BYTES = 32
+#: Words of one pair's masks computed at once (pairs × keys per chunk): bounds the memory.
+MASK_CHUNK = 1 << 22
+
+_U64 = np.uint64
+_GOLDEN = _U64(0x9E3779B97F4A7C15)
+_MIX1, _MIX2 = _U64(0xBF58476D1CE4E5B9), _U64(0x94D049BB133111EB)
+
+
+@dataclass(frozen=True)
+class PeerKey:
+    """One owner's public X25519 key (32 raw bytes) for a session, relayed by the coordinator;
+    from an owner server with peer authentication also its TLS ``certificate`` (PEM) and its
+    ``signature`` of the key (``peer_auth.PeerAuth``)."""
+
+    owner: str
+    public_key: bytes
+    signature: bytes = b""
+    certificate: bytes = b""
+
+
+@dataclass(frozen=True)
+class SecureOpen:
+    """A coordinator's request to open a session with secure aggregation: every participant's
+    key (``peers``, the asking owner included) and the s and t the coordinator asks for, which
+    each owner checks against its own policy."""
+
+    peers: tuple[PeerKey, ...]
+    total_noise_sd: float
+    colluders: int
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One host's answers to one query, as every transport carries them.
+
+    Plain sessions: ``values`` ``(K, ...)`` float64, each hosted owner's answers. Secure
+    sessions: ``values`` ``(1, ...)`` uint64, the sum mod 2⁶⁴ of the hosted owners' masked
+    answers in units of ``lattice_step``, and ``check`` ``(1, keys)`` uint64, the sum of their
+    check words. ``noise_sd`` ``(K,)``: the sd of the noise each hosted owner added.
+    """
+
+    values: np.ndarray
+    noise_sd: np.ndarray
+    lattice_step: float | None = None
+    check: np.ndarray | None = None
+
+
+# --------------------------------------------------------------------------- keys and terms
+
+
+def session_private_key(secret: bytes, session: str) -> X25519PrivateKey:
+    """An owner's X25519 key for ``session``: HKDF-SHA256 of its 32-byte agreement secret."""
+    hkdf = HKDF(
+        algorithm=hashes.SHA256(), length=32, salt=PROTOCOL, info=b"x25519\x00" + session.encode()
+    )
+    return X25519PrivateKey.from_private_bytes(hkdf.derive(secret))
+
+
+def public_bytes(key: X25519PrivateKey) -> bytes:
+    """The 32 raw bytes of ``key``'s public key."""
+    return key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+def agree(owner: str, policy: Policy, own_key: bytes, request: SecureOpen) -> SecureTerms:
+    """The terms ``owner`` accepts for a secure session, from its own policy and the peer keys
+    it received; ``InvalidRequest`` (naming what to change) unless its policy allows secure
+    sessions, the coordinator asks for the owner's own s and t, the keys are well formed and
+    distinct, the owner's own key is among them, and there are at least ``min_peers`` others
+    and more than t owners."""
+    s, t = policy.total_noise_sd, policy.colluders
+    if s is None:
+        raise InvalidRequest(
+            "this owner's policy sets no privacy.total_noise_sd: it answers no session with "
+            "secure aggregation",
+            owner,
+        )
+    if (request.total_noise_sd, request.colluders) != (s, t):
+        raise InvalidRequest(
+            f"the session asks for total_noise_sd {request.total_noise_sd:g} and colluders "
+            f"{request.colluders}; this owner's policy has privacy.total_noise_sd = {s:g} and "
+            f"privacy.colluders = {t}",
+            owner,
+        )
+    _check_keys(owner, request.peers)
+    mine = [p for p in request.peers if p.owner == owner]
+    if len(mine) != 1 or mine[0].public_key != own_key:
+        raise InvalidRequest("the peer keys lack this owner's own key for the session", owner)
+    others = len(request.peers) - 1
+    if others < policy.min_peers:
+        raise InvalidRequest(
+            f"the session has {others} other owners; this owner's privacy.min_peers is "
+            f"{policy.min_peers}",
+            owner,
+        )
+    if others + 1 <= t:
+        raise InvalidRequest(
+            f"with privacy.colluders = {t} a secure session needs more than {t} owners, got "
+            f"{others + 1}",
+            owner,
+        )
+    return SecureTerms(others + 1, t, s)
+
+
+def _check_keys(owner: str, peers: Sequence[PeerKey]) -> None:
+    """Names and keys must be distinct (a repeated key would inflate K) and keys 32 bytes."""
+    names = [p.owner for p in peers]
+    keys = [p.public_key for p in peers]
+    if len(set(names)) != len(names) or not all(names):
+        raise InvalidRequest("the peer keys name some owner twice (or none)", owner)
+    if len(set(keys)) != len(keys):
+        raise InvalidRequest("two peers present one public key; every owner has its own", owner)
+    if any(not isinstance(k, bytes) or len(k) != PUBLIC_KEY_BYTES for k in keys):
+        raise InvalidRequest(f"a peer's public key is not {PUBLIC_KEY_BYTES} bytes", owner)
+
+
+def fields(*parts: bytes) -> bytes:
+    """An unambiguous encoding of ``parts``: each length-prefixed (4 bytes, little-endian)."""
+    return b"".join(struct.pack("<I", len(p)) + p for p in parts)
+
+
+def transcript(session: str, algorithm: str, terms: SecureTerms, peers: Sequence[PeerKey]) -> bytes:
+    """SHA-256 of everything the owners must agree on: the protocol, session, query kind, s, t,
+    K and every (name, key) in name order (32 bytes)."""
+    ordered = sorted(peers, key=lambda p: p.owner)
+    parts = [
+        PROTOCOL,
+        session.encode(),
+        algorithm.encode(),
+        struct.pack("<dqq", terms.total_noise_sd, terms.colluders, terms.owners),
+    ]
+    for p in ordered:
+        parts += [p.owner.encode(), p.public_key]
+    return hashlib.sha256(fields(*parts)).digest()
+
+
+def lattice_step(terms: SecureTerms) -> float:
+    """The session's lattice step γ, shared by every owner: a power of two 2²⁰ to 2²¹ times
+    below each owner's noise sd s/√(K − t) (docs/design.md §2.7)."""
+    exponent = math.frexp(terms.owner_noise_sd)[1] - 1  # ⌊log₂ sd⌋
+    return 2.0 ** (exponent - LATTICE_BITS)
+
+
+# --------------------------------------------------------------------------- pair secrets
+
+
+def pair_secrets(
+    hosted: dict[int, X25519PrivateKey], peers: Sequence[PeerKey], digest: bytes
+) -> tuple[np.ndarray, np.ndarray, list[bytes]]:
+    """The pairs (low, high) ``(P,)`` of positions in ``peers`` (name order) with at least one
+    end hosted (``hosted``: position → its private key), and each pair's 32-byte secret
+    HKDF-SHA256(X25519, salt = ``digest``, info = both names). One exchange per pair, also
+    when both ends are hosted. ``InvalidRequest`` for a peer key X25519 refuses."""
+    count = len(peers)
+    low_parts, high_parts = [], []
+    for p in sorted(hosted):
+        others = np.delete(np.arange(count), p)
+        low_parts.append(np.minimum(others, p))
+        high_parts.append(np.maximum(others, p))
+    code = np.unique(np.concatenate(low_parts) * count + np.concatenate(high_parts))
+    low, high = code // count, code % count
+    publics = {}
+    secrets: list[bytes] = []
+    for a, b in zip(low.tolist(), high.tolist()):
+        mine, other = (a, b) if a in hosted else (b, a)
+        try:
+            if other not in publics:
+                publics[other] = X25519PublicKey.from_public_bytes(peers[other].public_key)
+            shared = hosted[mine].exchange(publics[other])
+        except ValueError as exc:
+            raise InvalidRequest(
+                f"the public key of peer {peers[other].owner!r} is unusable ({exc})",
+                peers[mine].owner,
+            ) from None
+        info = fields(peers[a].owner.encode(), peers[b].owner.encode())
+        hkdf = HKDF(algorithm=hashes.SHA256(), length=32, salt=digest, info=info)
+        secrets.append(hkdf.derive(shared))
+    return low, high, secrets
+
+
+# --------------------------------------------------------------------------- mask words
+
+
+class ChaChaMasks:
+    """Mask words of pairs from ChaCha20 keystream under each pair secret: words [0, count) of
+    the ("mask", session, kind, pair, chain, iteration) stream (``noise.ChaChaSource``)."""
+
+    def __init__(self, secrets: Sequence[bytes], session: str, kind: str):
+        # no pairs (a lone owner): no words are ever asked for
+        self._source = ChaChaSource([NoiseKey(s) for s in secrets]) if secrets else None
+        self._session, self._kind = session, kind
+
+    def words(
+        self, pairs: np.ndarray, chains: np.ndarray, iterations: np.ndarray, count: int
+    ) -> np.ndarray:
+        """``(P, M, count)`` uint64 words of each of ``pairs`` ``(P,)`` at each key
+        (chains[j], iterations[j]) ``(M,)``."""
+        assert self._source is not None  # there are pairs
+        words = self._source.stream_words(
+            "mask",
+            self._session,
+            self._kind,
+            np.repeat(pairs, chains.size),
+            np.tile(chains, pairs.size),
+            np.tile(iterations, pairs.size),
+            count,
+        )
+        return words.reshape(pairs.size, chains.size, count)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser (a bijection of uint64), elementwise, in place."""
+    x ^= x >> _U64(30)
+    x *= _MIX1
+    x ^= x >> _U64(27)
+    x *= _MIX2
+    x ^= x >> _U64(31)
+    return x
+
+
+class MixMasks:
+    """SIMULATION ONLY: mask words from a SplitMix64 mixer keyed by each pair secret's first 16
+    bytes — vectorised over pairs and keys, much faster than a ChaCha20 call per pair, and not
+    a cryptographic function. Only for simulated owners, who all live in one process."""
+
+    def __init__(self, secrets: Sequence[bytes]):
+        raw = b"".join(s[:16] for s in secrets)
+        self._keys = np.frombuffer(raw, dtype="<u8").reshape(-1, 2).astype(_U64)
+
+    def words(
+        self, pairs: np.ndarray, chains: np.ndarray, iterations: np.ndarray, count: int
+    ) -> np.ndarray:
+        """``(P, M, count)`` uint64 words of each of ``pairs`` ``(P,)`` at each key
+        (chains[j], iterations[j]) ``(M,)``: word i = mix(mix(k₀ ⊕ a) ⊕ k₁ + (i + 1)·φ) with
+        a = mix(mix(iteration) ⊕ chain) the key's address."""
+        keys = self._keys[pairs]
+        address = _mix(_mix(iterations.astype(_U64)) ^ chains.astype(_U64))
+        state = _mix(keys[:, 0, None] ^ address[None, :])
+        state ^= keys[:, 1, None]
+        steps = np.arange(1, count + 1, dtype=_U64) * _GOLDEN
+        return _mix(state[:, :, None] + steps)
+
+
+@dataclass(frozen=True)
+class _Sums:
+    """How to add pair words into owners' rows: sort the pairs by ``order`` (None: they are in
+    order already), reduce runs that start at ``starts``, each run belonging to row ``rows``."""
+
+    order: np.ndarray | None
+    starts: np.ndarray
+    rows: np.ndarray
+
+    @classmethod
+    def of(cls, rows: np.ndarray) -> _Sums:
+        """The plan for pair ends in ``rows`` ``(P,)`` (−1: not among the rows asked for)."""
+        order = np.argsort(rows, kind="stable")
+        order = order[rows[order] >= 0]
+        ordered = rows[order]
+        starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if order.size else order
+        in_place = order.size == rows.size and bool(np.all(order == np.arange(rows.size)))
+        return cls(None if in_place else order, starts, ordered[starts])
+
+    def apply(self, out: np.ndarray, words: np.ndarray, add: bool) -> None:
+        """``out[row] ±= Σ words`` of each row's pairs, mod 2⁶⁴."""
+        if self.rows.size == 0:
+            return
+        ordered = words if self.order is None else words[self.order]
+        sums = np.add.reduceat(ordered, self.starts, axis=0)
+        if add:
+            out[self.rows] += sums
+        else:
+            out[self.rows] -= sums
+
+
+# --------------------------------------------------------------------------- one session
+
+
+class SecureSession:
+    """One secure session at one host: its terms, lattice step, the hosted owners' pairs and
+    their mask words.
+
+    ``hosted``: (name, private key) of each hosted owner, in host order; ``peers``: every
+    participant's key; ``simulation``: SplitMix64 masks instead of ChaCha20 (``MixMasks``).
+    """
+
+    def __init__(
+        self,
+        session: str,
+        algorithm: str,
+        terms: SecureTerms,
+        peers: Sequence[PeerKey],
+        hosted: Sequence[tuple[str, X25519PrivateKey]],
+        simulation: bool = False,
+    ):
+        self.terms = terms
+        self.gamma = lattice_step(terms)
+        self.digest = transcript(session, algorithm, terms, peers)
+        ordered = sorted(peers, key=lambda p: p.owner)
+        position = {p.owner: i for i, p in enumerate(ordered)}
+        keys = {position[name]: key for name, key in hosted}
+        low, high, secrets = pair_secrets(keys, ordered, self.digest)
+        row = np.full(len(ordered), -1, dtype=np.int64)
+        row[[position[name] for name, _ in hosted]] = np.arange(len(hosted))
+        self._low, self._high = row[low], row[high]  # host index of each end (−1: elsewhere)
+        self._hosted = len(hosted)
+        self._masks = MixMasks(secrets) if simulation else ChaChaMasks(secrets, session, algorithm)
+        self._every = self._plan(np.arange(self._hosted))
+
+    def _plan(self, owners: np.ndarray) -> tuple[np.ndarray, _Sums, _Sums]:
+        """The pairs touching hosted ``owners`` ``(K',)`` and how their words add into the rows
+        of ``owners`` (+ as the pair's first end, − as its second)."""
+        row = np.full(self._hosted, -1, dtype=np.int64)
+        row[owners] = np.arange(owners.size)
+        low = np.where(self._low >= 0, row[self._low], -1)
+        high = np.where(self._high >= 0, row[self._high], -1)
+        pairs = np.flatnonzero((low >= 0) | (high >= 0))
+        return pairs, _Sums.of(low[pairs]), _Sums.of(high[pairs])
+
+    def mask(
+        self, multiples: np.ndarray, owners: np.ndarray, chains: np.ndarray, iterations: np.ndarray
+    ) -> np.ndarray:
+        """Masked answers ``(K', M, w + 1)`` uint64 of hosted ``owners`` ``(K',)`` from their
+        noisy lattice multiples ``(K', M, w)`` int64 at keys (chains[j], iterations[j]): each
+        value plus its masks mod 2⁶⁴, and last the check word (0 plus the masks)."""
+        n_owners, n_keys, width = multiples.shape
+        out = np.zeros((n_owners, n_keys, width + 1), dtype=_U64)
+        out[:, :, :width] = multiples.astype(np.int64).view(_U64)
+        every = n_owners == self._hosted and np.array_equal(owners, np.arange(n_owners))
+        pairs, low, high = self._every if every else self._plan(owners)
+        if pairs.size == 0:  # a lone owner: nothing to mask with
+            return out
+        step = max(1, MASK_CHUNK // (pairs.size * (width + 1)))
+        for first in range(0, n_keys, step):
+            keys = slice(first, min(first + step, n_keys))
+            words = self._masks.words(pairs, chains[keys], iterations[keys], width + 1)
+            block = out[:, keys]  # a view: the sums are written into ``out``
+            low.apply(block, words, add=True)
+            high.apply(block, words, add=False)
+        return out
+
+    def reply(self, masked: np.ndarray, shape: tuple[int, ...], scale: float = 1.0) -> Reply:
+        """The host's reply from every hosted owner's masked answers ``(K, M, w + 1)``: their
+        sum mod 2⁶⁴ with the answers reshaped to ``(1, *shape)``; ``scale``: the answer unit
+        (gradients: the clip), which scales the noise sd and the lattice step."""
+        total = masked.sum(axis=0, dtype=_U64)
+        return Reply(
+            total[:, :-1].reshape(1, *shape),
+            np.full(self._hosted, self.terms.owner_noise_sd * scale),
+            self.gamma * scaled_step(scale),
+            total[None, :, -1],
+        )
+
+
+def scaled_step(scale: float) -> float:
+    """The factor 2^⌊log₂ scale⌋ by which an answer unit ``scale`` (gradients: the clip)
+    multiplies a lattice step (docs/design.md §2.7)."""
+    return 2.0 ** (math.frexp(scale)[1] - 1)

@@ -1,0 +1,208 @@
+"""Every command and file the README shows runs as shown (docs/design.md §5). The README's code
+blocks are parsed, so this fails when they drift:
+
+* ```bash blocks: each `fedpenalty` command runs. Its plan is first opened, exactly as shown,
+  at real owners (the owner's own budget check at session open, which needs no sampling); then
+  the command runs with few iterations, few records and in-process owners (small settings,
+  so the suite stays fast; Ray commands run with in-process owners, which give the same
+  draws). Commands to fill in — `fedpenalty run` against owners at DNS names, a Ray cluster's
+  HEAD address, any `<…>` or SCENARIO.toml placeholder — are parsed by the CLI here; real
+  deployed and cluster runs are tests/test_grpc_deploy.py and the Ray tests. The install and
+  test commands are the CI's.
+* ```toml blocks: the scenario file runs, and the OWNER.toml policy (with the certificates of
+  the README's openssl commands) admits that scenario's plan.
+* ```python blocks: run against the scenario file's run directory.
+* ```text blocks are synopses (placeholders in brackets) and are not run.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from owners import save_csv
+
+from fedpenalty.cli import build_parser, main
+from fedpenalty.config import load_scenario
+from fedpenalty.coordinator.algorithms import ALGORITHMS
+from fedpenalty.coordinator.base import ChainAlgorithm
+from fedpenalty.coordinator.transport_base import OwnerSetup
+from fedpenalty.coordinator.transports import TRANSPORTS
+from fedpenalty.models import build_model
+from fedpenalty.owner import Ledger
+from fedpenalty.owner.owner_config import build_node, load_owner_config
+from fedpenalty.simulation import owner_policies
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+#: Small settings for running a command (after its own arguments, so these win); FEW_RECORDS
+#: goes before them, so a command's own data.n_per_owner wins.
+SMALL = [
+    *("--set", "sampler.iterations=40", "--set", "sampler.warmup=10"),
+    *("--set", "run.transport='inprocess'", "--set", "run.ray_address=''", "--no-progress"),
+]
+FEW_RECORDS = ["--set", "data.n_per_owner=2000"]
+#: A placeholder the reader fills in: <…>, or a word in capitals (HEAD:6379, SCENARIO.toml).
+PLACEHOLDER = re.compile(r"<[^>]*>|\b[A-Z]{3,}\b")
+
+
+def blocks(language: str) -> list[str]:
+    """The README's fenced code blocks in ``language`` (indented ones too), in order."""
+    fence = re.compile(r"^( *)```(\w*)\n(.*?)^\1```", re.MULTILINE | re.DOTALL)
+    found = []
+    for indent, lang, body in fence.findall(README):
+        if lang == language:
+            found.append("\n".join(line[len(indent) :] for line in body.splitlines()))
+    return found
+
+
+def commands(block: str) -> list[str]:
+    """The shell commands of a block: continuation lines joined, comment lines dropped."""
+    joined = re.sub(r"\\\n\s*", " ", block)
+    lines = [line.strip() for line in joined.splitlines()]
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def fedpenalty_commands() -> list[str]:
+    """Every `fedpenalty ...` command of the bash blocks (also after `&&`)."""
+    found = []
+    for block in blocks("bash"):
+        for command in commands(block):
+            for part in command.split("&&"):
+                part = part.strip()
+                if part.startswith("fedpenalty "):
+                    found.append(part)
+    return found
+
+
+def scenario_file(tmp_path: Path) -> Path:
+    """The README's scenario file (its first ```toml block) as my-scenario.toml."""
+    (text,) = [b for b in blocks("toml") if "[sampler]" in b]
+    path = tmp_path / "my-scenario.toml"
+    path.write_text(text)
+    return path
+
+
+def assert_owners_admit(scenario) -> None:
+    """Open the scenario's session at real in-process owners with its exact plan: the owners'
+    own budget check at session open (the run is not sampled)."""
+    algorithm = ALGORITHMS[scenario["sampler"]["algorithm"]]
+    assert isinstance(algorithm, ChainAlgorithm) and algorithm.query is not None
+    model = build_model(scenario["model"])
+    owners = scenario["data"]["owners"]
+    rng = np.random.default_rng(0)
+    records = [model.simulate_records(rng, np.zeros(model.dim), 10) for _ in range(owners)]
+    seeds = np.random.SeedSequence(0).spawn(owners)
+    names = [f"owner-{k}" for k in range(owners)]
+    policies = owner_policies(scenario, owners)
+    with tempfile.TemporaryDirectory() as folder:
+        setup = OwnerSetup(Path(folder), model, names, records, policies, seeds, scenario["run"])
+        launched = TRANSPORTS["inprocess"].launch(setup)
+        try:
+            sampler = scenario["sampler"]
+            rate = (
+                {"sampling_rate": sampler["sampling_rate"]}
+                if "sampling_rate" in algorithm.settings
+                else {}
+            )
+            launched.oracle.open_session(
+                algorithm.query, algorithm.planned_answers(sampler), **rate
+            )
+            launched.oracle.close()
+        finally:
+            launched.stop()
+
+
+def test_the_install_and_test_commands_are_the_ci_script():
+    first = blocks("bash")[0]
+    install, check = commands(first)
+    assert install.endswith("pip install -e . && fedpenalty simulate")
+    ci = (ROOT / ".ci" / "run").read_text()
+    test_command = check.split("&& pip install", 1)[1]
+    assert f"pip install{test_command}" in ci
+
+
+def runnable(command: str) -> bool:
+    """A command that runs as shown here: no placeholder, no deployed owners to reach."""
+    return not command.startswith("fedpenalty run ") and not PLACEHOLDER.search(command)
+
+
+@pytest.mark.parametrize("command", [c for c in fedpenalty_commands() if runnable(c)])
+def test_each_fedpenalty_command_runs(capsys, tmp_path, command):
+    args = shlex.split(command)[1:]
+    if args[0] != "simulate":
+        assert main(args) == 0, capsys.readouterr().err
+        return
+    overrides = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
+    assert_owners_admit(load_scenario(None, overrides))
+    code = main([args[0], *FEW_RECORDS, *args[1:], *SMALL, "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert (tmp_path / "run" / "posterior.nc").is_file()
+
+
+def test_the_scenario_file_runs_and_the_python_block_reads_it(capsys, tmp_path):
+    path = scenario_file(tmp_path)
+    assert_owners_admit(load_scenario(path))
+    out = tmp_path / "runs" / "my-run"  # the file's run.out
+    assert load_scenario(path)["run"]["out"] == "runs/my-run"
+    code = main(["simulate", str(path), *FEW_RECORDS, *SMALL, "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    for block in blocks("python"):
+        done = subprocess.run(
+            [sys.executable, "-c", block], cwd=tmp_path, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+        assert "theta[mu]" in done.stdout and "owner-3" in done.stdout
+
+
+@pytest.mark.skipif(
+    shutil.which("openssl") is None, reason="the README's certificates need openssl"
+)
+def test_the_owner_file_admits_the_scenario_and_the_run_command_parses(tmp_path):
+    (certificates,) = [b for b in blocks("bash") if "openssl req -x509" in b]
+    done = subprocess.run(
+        ["bash", "-e", "-c", certificates],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "a.example.org.crt: OK" in done.stdout
+    (owner_text,) = [b for b in blocks("toml") if "[server]" in b]
+    owner_file = tmp_path / "OWNER.toml"
+    owner_file.write_text(owner_text)
+    config = load_owner_config(owner_file)
+    scenario = load_scenario(scenario_file(tmp_path))
+    model = build_model(scenario["model"])
+    assert config.model == model  # "must match the coordinator's scenario exactly"
+    records = model.simulate_records(np.random.default_rng(0), np.zeros(1), 1000)
+    save_csv(tmp_path / "records.csv", records, model)
+    ledger = Ledger(config.ledger)
+    try:
+        node = build_node(config, ledger)  # a deployed owner: lattice answers, Rényi-DP budget
+        algorithm = ALGORITHMS[scenario["sampler"]["algorithm"]]
+        assert isinstance(algorithm, ChainAlgorithm) and algorithm.query is not None
+        node.open_session("s", algorithm.query, algorithm.planned_answers(scenario["sampler"]))
+    finally:
+        ledger.close()
+    (run,) = [c for c in fedpenalty_commands() if c.startswith("fedpenalty run ")]
+    args = build_parser().parse_args(shlex.split(run)[1:])
+    assert args.scenario == "my-scenario.toml" and len(args.owners.split(",")) == 3
+    for flag in ("tls_cert", "tls_key", "tls_ca"):
+        assert (tmp_path / getattr(args, flag)).is_file()  # the openssl commands made them
+
+
+@pytest.mark.parametrize("command", [c for c in fedpenalty_commands() if not runnable(c)])
+def test_commands_to_fill_in_parse(command):
+    """Commands with placeholders (or deployed owners) are at least valid command lines."""
+    filled = PLACEHOLDER.sub("x", command)
+    build_parser().parse_args(shlex.split(filled)[1:])
