@@ -19,9 +19,11 @@ own processes — raylet, GCS, agents — are printed separately on stderr, not 
 δ = 1e-5 for this run, from its own ledger) and ``error_in_sd`` (|posterior mean − exact| /
 exact sd, the largest over dimensions).
 
-Simulation choices, made from the known posterior so that the rows measure mixing rather than
-burn-in: the proposal radius (and the owners' ``max_step``) is 1.5 exact posterior sds, so
-without owner noise acceptance would stay level as K grows; chains start at draws from
+Every row opens the session ``scaling``: the simulated owners' noise is addressed by session,
+so the rows of one model and K are the same chain on every transport (same acceptance, ε and
+error). Simulation choices, made from the known posterior so that the rows measure mixing
+rather than burn-in: the proposal radius (and the owners' ``max_step``) is 1.5 exact posterior
+sds, so without owner noise acceptance would stay level as K grows; chains start at draws from
 N(exact mean, exact sd²). The owners' budget is 10⁶ so that no owner refuses.
 """
 
@@ -136,7 +138,7 @@ def measure(model_name: str, owners: int, transport: str, args: argparse.Namespa
         launched = TRANSPORTS[transport].launch(setup)
         try:
             oracle = launched.oracle
-            oracle.open_session(LOG_RATIO, algorithm.planned_answers(sampler))
+            oracle.open_session(LOG_RATIO, algorithm.planned_answers(sampler), session="scaling")
             startup = time.perf_counter() - started
             row = _sample(model, oracle, reference, n_total, sampler, seeds[2])
             epsilons = [r.session.epsilon for r in oracle.privacy_reports()]

@@ -32,7 +32,7 @@ from fedpenalty.data import FileRecords, OwnerRecords, synthetic_sources
 from fedpenalty.errors import ConfigError, DataError, OwnerUnavailable
 from fedpenalty.models import build_model
 from fedpenalty.owner import Ledger
-from fedpenalty.simulation import run_scenario
+from fedpenalty.simulation import resume_simulation, run_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = [
@@ -182,9 +182,12 @@ def test_a_restarted_transport_hosts_every_owner_on_its_ledger_and_replays(tmp_p
         second.stop()
 
 
-def test_a_killed_actor_stops_the_run_naming_its_owners_and_keeps_the_checkpoint(
+def test_a_killed_actor_stops_the_run_naming_its_owners_and_the_resumed_run_is_exact(
     tmp_path, ray_session, monkeypatch
 ):
+    """The run stops naming the owners actor 1 hosted and keeps its checkpoint; ``simulate
+    --resume`` restarts the actors on their ledgers (the recorded packing) and finishes with
+    the draws of an uninterrupted run, charging no answered key twice."""
     import ray
 
     calls = {"log_ratio": 0}
@@ -211,6 +214,15 @@ def test_a_killed_actor_stops_the_run_naming_its_owners_and_keeps_the_checkpoint
     # what the killed actor charged before it died is in its ledger: 4 chains × 119 iterations
     ledger = Ledger(result.out / "owners" / "ray-1.sqlite", read_only=True)
     assert [ledger.total(f"owner-{k}").answers for k in (3, 4)] == [476, 476]
+
+    monkeypatch.undo()
+    resumed = resume_simulation(result.out)
+    assert resumed.stopped is None and not (result.out / "checkpoint.npz").exists()
+    uninterrupted = simulate(tmp_path, "local", "run.transport='inprocess'")
+    for key, value in samples(uninterrupted.out).items():
+        np.testing.assert_array_equal(samples(result.out)[key], value)
+    assert resumed.privacy["owners"] == uninterrupted.privacy["owners"]  # nothing charged twice
+    assert ledger.total("owner-3").answers == 4 * 200
 
 
 def _free_port() -> int:
