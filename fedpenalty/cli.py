@@ -331,10 +331,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             scenario["run"]["progress"] = False
         result = run_deployed(scenario, owners, _tls(args), args.out)
     owners_n = len(result.privacy.get("owners", [])) or "the"
-    print_run(
-        f"fedpenalty run: {result.privacy.get('algorithm', '')} with {owners_n} deployed owners",
-        result,
-    )
+    algorithm = load_scenario(result.out / "config.toml")["sampler"]["algorithm"]
+    print_run(f"fedpenalty run: {algorithm} with {owners_n} deployed owners", result)
     return _exit_status(result, resumable=True)
 
 
