@@ -3,6 +3,7 @@ files every scenario writes."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -11,6 +12,7 @@ import pytest
 from scipy import stats
 
 from fedpenalty import __version__, reporting
+from fedpenalty.errors import InvalidRequest
 
 TINY = {
     "model": {"name": "gaussian_mean"},
@@ -29,12 +31,18 @@ def test_simulate_runs_the_library_simulation(tmp_path):
     assert (tmp_path / "run" / "attempt-0" / "privacy.json").is_file()
 
 
-def test_simulate_retries_a_stopped_run_and_gives_up_loudly(tmp_path):
-    """A radius of 2e-9 proposes steps below the owners' min_step (1e-9) half of the time:
-    the owners refuse, every attempt stops, and the error lists each seed and message."""
-    raw = {**TINY, "sampler": {**TINY["sampler"], "step": 2e-9}}
-    with pytest.raises(RuntimeError, match="min_step") as info:
-        reporting.simulate(raw, tmp_path / "run", retries=1)
+def test_simulate_retries_a_stopped_run_and_gives_up_loudly(tmp_path, monkeypatch):
+    """Every attempt that an owner stops (here: each run's result carries an owner's refusal)
+    is retried with the next seed; when all stop, the error lists each seed and message."""
+    real = reporting.run_scenario
+
+    def stopped_run(scenario, out):
+        result = real(scenario, out)
+        return dataclasses.replace(result, stopped=InvalidRequest("refused on purpose", "o-0"))
+
+    monkeypatch.setattr(reporting, "run_scenario", stopped_run)
+    with pytest.raises(RuntimeError, match="refused on purpose") as info:
+        reporting.simulate(TINY, tmp_path / "run", retries=1)
     assert "'seed': 3" in str(info.value)
     assert f"'seed': {3 + reporting.RETRY_SEED_STEP}" in str(info.value)
 

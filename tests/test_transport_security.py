@@ -109,6 +109,7 @@ def every_owner_rpc(stub) -> dict[str, Callable]:
             timeout=10,
         ),
         "PrivacyReport": lambda: stub.PrivacyReport(pb.PrivacyReportRequest(), timeout=10),
+        "SessionKeys": lambda: stub.SessionKeys(pb.SessionKeysRequest(session="s"), timeout=10),
         "Query": lambda: list(stub.Query(iter([query]), timeout=10)),
     }
 

@@ -124,6 +124,27 @@ class SamplingStopped(Exception):
         self.progress, self.cause = progress, cause
 
 
+def _iterate(
+    algorithm: SamplingAlgorithm,
+    rng: np.random.Generator,
+    run: Progress,
+    total: int,
+    checkpoint: Callable[[Progress], None] | None,
+    checkpoint_every: int,
+) -> Progress:
+    """One iteration of every chain after ``run``, checkpointed when due; an owner error
+    becomes ``SamplingStopped`` at ``run``."""
+    try:
+        state, record = algorithm.step(rng, run.state)
+    except OwnerError as exc:
+        raise SamplingStopped(run, exc) from exc
+    run = replace(run.advanced(state, record), rng_state=rng.bit_generator.state)
+    due = checkpoint_every and run.done % checkpoint_every == 0 and run.done < total
+    if checkpoint is not None and due:
+        checkpoint(run)
+    return run
+
+
 def start(
     algorithm: SamplingAlgorithm,
     rng: np.random.Generator,
@@ -191,19 +212,9 @@ def sample(
     ) as bar:
         while run.done < total:
             try:
-                state, record = algorithm.step(rng, run.state)
-            except OwnerError as exc:
-                raise SamplingStopped(run, exc) from exc
+                run = _iterate(algorithm, rng, run, total, checkpoint, checkpoint_every)
+                if run.done % 64 == 1 or run.done == total:
+                    bar.update(run.done - bar.n)
             except KeyboardInterrupt:  # the iteration is dropped; what owners answered replays
                 raise SamplingStopped(run, Interrupted("interrupted (Ctrl-C)")) from None
-            run = replace(run.advanced(state, record), rng_state=rng.bit_generator.state)
-            if (
-                checkpoint is not None
-                and checkpoint_every
-                and run.done % checkpoint_every == 0
-                and run.done < total
-            ):
-                checkpoint(run)
-            if run.done % 64 == 1 or run.done == total:
-                bar.update(run.done - bar.n)
     return run.result()

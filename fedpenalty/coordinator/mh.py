@@ -62,20 +62,30 @@ def init(theta: np.ndarray, model: Model) -> MHState:
     return MHState(theta, model.log_prior(theta), 0)
 
 
-def propose_in_ball(rng: np.random.Generator, theta: np.ndarray, radius: float) -> np.ndarray:
-    """θ' = θ + u with u uniform in the L2 ball of ``radius``: ``(C, d)`` → ``(C, d)``."""
+def propose_in_ball(
+    rng: np.random.Generator, theta: np.ndarray, radius: float, min_radius: float = 0.0
+) -> np.ndarray:
+    """θ' = θ + u with u uniform in the L2 ball of ``radius`` outside the ball of
+    ``min_radius`` (< radius): ``(C, d)`` → ``(C, d)``. Symmetric either way, so MH stays exact;
+    the hole keeps steps above what owners refuse as carrying no information (min_step)."""
     c, d = theta.shape
     direction = rng.standard_normal((c, d))
     direction /= np.linalg.norm(direction, axis=1, keepdims=True)
-    length = radius * rng.random(c) ** (1.0 / d)
+    hole = (min_radius / radius) ** d
+    length = radius * (hole + (1.0 - hole) * rng.random(c)) ** (1.0 / d)
     return theta + direction * length[:, None]
 
 
 def step(
-    rng: np.random.Generator, state: MHState, model: Model, radius: float, ratio: RatioFn
+    rng: np.random.Generator,
+    state: MHState,
+    model: Model,
+    radius: float,
+    ratio: RatioFn,
+    min_radius: float = 0.0,
 ) -> tuple[MHState, MHInfo]:
-    """One MH iteration for all chains."""
-    theta_prop = propose_in_ball(rng, state.theta, radius)
+    """One MH iteration for all chains (proposals in the shell [min_radius, radius])."""
+    theta_prop = propose_in_ball(rng, state.theta, radius, min_radius)
     log_u = np.log(rng.random(len(state.theta)))
     queried = model.in_theta_space(theta_prop)
     idx = np.flatnonzero(queried)
@@ -153,19 +163,26 @@ def record(info: MHInfo) -> StepRecord:
     return StepRecord(info.accepted, info.queried, info.noise_var, np.zeros(len(info.queried)))
 
 
-def kernel(model: Model, radius: float, ratio: RatioFn) -> SamplingAlgorithm:
-    """The MH kernel with proposal ``radius`` (units of θ) and ``ratio`` as a built algorithm."""
+def kernel(
+    model: Model, radius: float, ratio: RatioFn, min_radius: float = 0.0
+) -> SamplingAlgorithm:
+    """The MH kernel with proposal ``radius`` (units of θ; steps at least ``min_radius``) and
+    ``ratio`` as a built algorithm."""
 
     def advance(rng: np.random.Generator, state: MHState) -> tuple[MHState, StepRecord]:
-        new, info = step(rng, state, model, radius, ratio)
+        new, info = step(rng, state, model, radius, ratio, min_radius)
         return new, record(info)
 
     return SamplingAlgorithm(lambda rng, theta0: init(theta0, model), advance, accepts=True)
 
 
 def build(model: Model, data: ChainData, *, step: float) -> SamplingAlgorithm:
-    """Penalty MH through the owners behind ``data.oracle``; ``step`` is the ball radius."""
-    return kernel(model, step, oracle_ratio(data.require_oracle("penalty")))
+    """Penalty MH through the owners behind ``data.oracle``; ``step`` is the ball radius. Steps
+    stay above twice the largest ``min_step`` of the owners (they refuse shorter ones; twice,
+    so that rounding in θ′ − θ never takes a step below it)."""
+    oracle = data.require_oracle("penalty")
+    floor = 2.0 * max(d.policy.min_step for d in oracle.describe())
+    return kernel(model, step, oracle_ratio(oracle), min(floor, 0.5 * step))
 
 
 def check_step(sections: Sections, model: Model) -> None:
