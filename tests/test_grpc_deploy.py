@@ -143,6 +143,14 @@ class LedgerReplay:
             for name, o in owners.items()
         ]
         self.session = session
+        live = GrpcOracle(addresses(owners).split(","), MODEL)
+        try:  # the owners' policies (min_step), which the penalty kernel reads
+            self.descriptions = live.describe()
+        finally:
+            live.close()
+
+    def describe(self):
+        return self.descriptions
 
     def log_ratio(self, iteration, chains, theta, theta_prop) -> Answers:
         values = []

@@ -60,7 +60,6 @@ class OwnerServicer(pb_grpc.OwnerServicer):
         self,
         host: OwnerHost,
         allowed_clients: Sequence[str] = (),
-        health: HealthServicer | None = None,
         peers: PeerAuth | None = None,
     ):
         self.host = host
@@ -68,7 +67,7 @@ class OwnerServicer(pb_grpc.OwnerServicer):
         self._names = [d.name for d in host.describe()]
         self._allowed = tuple(allowed_clients)
         self._opened_by: dict[str, str] = {}  # session → the allowed name that opened it
-        self._health = health
+        self.health = HealthServicer()  # standard gRPC health, served next to this
         # the host's work (validation, accounting, answers, charges) runs on this one thread:
         # never on the event loop, which stays free for health checks and other calls, and
         # never two at once, so the host is not re-entered (docs/design.md §3, invariant 9)
@@ -76,6 +75,8 @@ class OwnerServicer(pb_grpc.OwnerServicer):
         self._ledgers = list({id(node.ledger): node.ledger for node in host.nodes}.values())
         self._serving = True
         self._recovery: asyncio.Task | None = None
+        self._closing = False
+        self._waiting_streams: set[asyncio.Task] = set()  # Query streams awaiting a request
         #: seconds between probe writes while a ledger is unwritable
         self.probe_seconds = 2.0
 
@@ -86,7 +87,7 @@ class OwnerServicer(pb_grpc.OwnerServicer):
         while not serving, by a probe write every ``probe_seconds`` (``_recover``), so health
         recovers without waiting for a request that a health-checking client would not send."""
         serving = all(ledger.writable for ledger in self._ledgers)
-        if self._health is None or serving == self._serving:
+        if serving == self._serving:
             return
         self._serving = serving
         status = health_pb2.HealthCheckResponse.SERVING if serving else _NOT_SERVING
@@ -94,7 +95,7 @@ class OwnerServicer(pb_grpc.OwnerServicer):
             "ledger %s", "writable again: serving" if serving else "unwritable: not serving"
         )
         for name in ("", SERVICE):
-            await self._health.set(name, status)
+            await self.health.set(name, status)
         if not serving and (self._recovery is None or self._recovery.done()):
             self._recovery = asyncio.get_running_loop().create_task(self._recover())
 
@@ -262,17 +263,35 @@ class OwnerServicer(pb_grpc.OwnerServicer):
     async def Query(self, request_iterator, context):
         client = await self._client(context)
         loop = asyncio.get_running_loop()
+        stream = asyncio.current_task()
+        assert stream is not None
         try:
-            while (request := await context.read()) is not grpc.aio.EOF:
+            while not self._closing:
+                self._waiting_streams.add(stream)
+                try:
+                    request = await context.read()
+                finally:
+                    self._waiting_streams.discard(stream)
+                if request is grpc.aio.EOF:
+                    return
                 await context.write(
                     await loop.run_in_executor(self._work, self._answer, request, client)
                 )
                 await self._report_storage()
         except asyncio.CancelledError:
-            # the server is stopping: end the stream quietly (the coordinator sees it end
-            # without a reply and retries elsewhere or reports the owner unreachable); an
-            # answer being computed is still charged and stored, and replayed on a retry
-            log.info("query stream from %s closed: the server is stopping", context.peer())
+            pass
+        # the server is stopping (``end_streams``): end the stream quietly (the coordinator sees
+        # it end without a reply and retries elsewhere or reports the owner unreachable); an
+        # answer being computed was finished, charged and sent first
+        log.info("query stream from %s closed: the server is stopping", context.peer())
+
+    def end_streams(self) -> None:
+        """Stopping: end the Query streams that wait for a request now, and the others once
+        their answer is sent — before gRPC's grace period ends, after which it would cancel
+        them itself and log a CancelledError traceback per stream."""
+        self._closing = True
+        for stream in self._waiting_streams:
+            stream.cancel()
 
     def _answer(self, request: pb.QueryRequest, client: str | None) -> pb.QueryReply:
         kind = request.WhichOneof("query")
@@ -358,9 +377,9 @@ async def start(
     allowed_clients: Sequence[str] = (),
     insecure: bool = False,
     peers: PeerAuth | None = None,
-) -> tuple[grpc.aio.Server, int, HealthServicer]:
+) -> tuple[grpc.aio.Server, int, OwnerServicer]:
     """Start serving ``host`` on ``listen`` (HOST:PORT; port 0 picks a free one) to the clients
-    ``check_exposure`` lets in. Returns the server, the bound port and the health servicer.
+    ``check_exposure`` lets in. Returns the server, the bound port and the owner servicer.
     ``peers``: authenticate secure-aggregation peer keys (``peer_auth.PeerAuth``)."""
     check_exposure(listen, tls, allowed_clients, insecure)
     options = [
@@ -369,10 +388,9 @@ async def start(
         ("grpc.so_reuseport", 0),
     ]
     server = grpc.aio.server(options=options)
-    health = HealthServicer()
-    servicer = OwnerServicer(host, allowed_clients, health, peers)
+    servicer = OwnerServicer(host, allowed_clients, peers)
     pb_grpc.add_OwnerServicer_to_server(servicer, server)
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    health_pb2_grpc.add_HealthServicer_to_server(servicer.health, server)
     reflection.enable_server_reflection(
         [
             SERVICE,
@@ -391,9 +409,9 @@ async def start(
         raise ConfigError(_bind_failure(listen, exc)) from exc
     await server.start()
     for name in ("", SERVICE):
-        await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await servicer.health.set(name, health_pb2.HealthCheckResponse.SERVING)
     _log_serving(len(host.describe()), _bound(listen, port), tls, allowed_clients)
-    return server, port, health
+    return server, port, servicer
 
 
 def _bind_failure(listen: str, exc: RuntimeError) -> str:
@@ -434,9 +452,11 @@ def _log_serving(
         )
 
 
-async def stop(server: grpc.aio.Server, health: HealthServicer, grace: float = 2.0) -> None:
-    """Report NOT_SERVING, let in-flight calls finish for up to ``grace`` seconds, stop."""
-    await health.enter_graceful_shutdown()
+async def stop(server: grpc.aio.Server, servicer: OwnerServicer, grace: float = 2.0) -> None:
+    """Report NOT_SERVING, end the query streams, let in-flight calls finish for up to
+    ``grace`` seconds, stop."""
+    await servicer.health.enter_graceful_shutdown()
+    servicer.end_streams()
     await server.stop(grace)
 
 
@@ -463,7 +483,7 @@ def serve(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stopping.set)
-        server, port, health = await start(
+        server, port, servicer = await start(
             host, listen, tls, max_message_bytes, allowed_clients, insecure, peers
         )
         if port_file is not None:
@@ -472,7 +492,7 @@ def serve(
             tmp.replace(port_file)
         await stopping.wait()
         log.info("stopping (signal received)")
-        await stop(server, health)
+        await stop(server, servicer)
 
     asyncio.run(main())
 
@@ -496,7 +516,7 @@ class ServerThread:
         )
         self._thread.start()
         try:
-            self._server, self.port, self._health = asyncio.run_coroutine_threadsafe(
+            self._server, self.port, self._servicer = asyncio.run_coroutine_threadsafe(
                 start(host, listen, tls, max_message_bytes, allowed_clients, peers=peers),
                 self._loop,
             ).result(timeout=30)
@@ -507,7 +527,7 @@ class ServerThread:
 
     def close(self) -> None:
         asyncio.run_coroutine_threadsafe(
-            stop(self._server, self._health, grace=0.5), self._loop
+            stop(self._server, self._servicer, grace=0.5), self._loop
         ).result(timeout=30)
         self._stop_loop()
 
