@@ -142,7 +142,7 @@ def masking_cost(owners: int, seconds: float, rounds: int, folder: Path) -> dict
     node = OwnerNode("owner-0", MODEL, records, policy, ledger, noise_key=NoiseKey.from_os())
     host = OwnerHost([node])
     peers = [node.session_key("secure")] + [
-        PeerKey(f"peer-{k}", public_bytes(session_private_key(bytes([k % 251 + 1]) * 32, "secure")))
+        PeerKey(f"peer-{k}", public_bytes(session_private_key(k.to_bytes(32, "little"), "secure")))
         for k in range(1, owners)
     ]
     host.open_session("plain", "penalty", 10**7)

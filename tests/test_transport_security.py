@@ -172,7 +172,7 @@ def test_a_second_allowed_client_cannot_use_or_close_the_first_clients_session(m
     stubs, files, address = mtls
     first, second = stubs["coordinator-a"], stubs["coordinator-b"]
     calls = every_owner_rpc(second)
-    for name in ("CloseSession", "LogRatio", "SuffStats", "Gradient"):
+    for name in ("CloseSession", "LogRatio", "SuffStats", "Gradient", "SessionKeys"):
         with pytest.raises(grpc.RpcError) as refused:
             calls[name]()
         assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED, name

@@ -15,8 +15,8 @@ units. The masks cancel in the sum over the K owners, so the coordinator learns 
 * **Pair secrets.** For owners a < b (in name order): HKDF-SHA256 of X25519(sk_a, pk_b), salted
   with the transcript, with both names as info (``pair_secrets``).
 * **Masks.** Owner a adds +m_ab and owner b adds −m_ab (mod 2⁶⁴). The words of m_ab for
-  (chain, iteration, component) are ChaCha20 keystream under the pair secret (``ChaChaMasks``,
-  ``noise.ChaChaSource`` with purpose "mask"), or — SIMULATION ONLY, where every owner lives in
+  (chain, iteration, component) are ChaCha20 keystream under the pair secret (``ChaChaMasks``),
+  or — SIMULATION ONLY, where every owner lives in
   one process anyway — a SplitMix64 mixer keyed by the pair secret (``MixMasks``; not a
   cryptographic function, about 10× faster).
 * **Check word.** Every masked answer carries one more component: 0 plus its masks. The check
@@ -32,6 +32,7 @@ is what its ledger stores and replays.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import math
 import struct
 from collections.abc import Sequence
@@ -40,12 +41,13 @@ from dataclasses import dataclass
 import numpy as np
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from ..common import Policy, SecureTerms
 from ..errors import InvalidRequest
-from .noise import LATTICE_BITS, ChaChaSource, NoiseKey
+from .noise import LATTICE_BITS
 
 PROTOCOL = b"fedpenalty.secure-aggregation.v1"
 PUBLIC_KEY_BYTES = 32
@@ -232,30 +234,55 @@ def pair_secrets(
 
 
 class ChaChaMasks:
-    """Mask words of pairs from ChaCha20 keystream under each pair secret: words [0, count) of
-    the ("mask", session, kind, pair, chain, iteration) stream (``noise.ChaChaSource``)."""
+    """Mask words of pairs from ChaCha20 keystream under each pair's subkey, HMAC-SHA256 of the
+    pair secret over (protocol, "mask", session, query kind).
+
+    Layout: the 12-byte nonce is iteration (8 bytes) ‖ chain // 2¹⁶ (4 bytes); the 32-bit block
+    counter is (chain mod 2¹⁶)·B + block, B = ⌈count/8⌉ blocks of 8 words a key. So one cipher
+    call per (pair, iteration, run of nearby chains) yields every chain's words, and every
+    (pair, session, kind, chain, iteration, word) has its own keystream position (no reuse).
+    """
+
+    #: chains that share a nonce; a run of chains further apart than ``GAP`` gets its own call
+    SPAN, GAP = 1 << 16, 8
 
     def __init__(self, secrets: Sequence[bytes], session: str, kind: str):
-        # no pairs (a lone owner): no words are ever asked for
-        self._source = ChaChaSource([NoiseKey(s) for s in secrets]) if secrets else None
-        self._session, self._kind = session, kind
+        label = fields(PROTOCOL, b"mask", session.encode(), kind.encode())
+        self._subkeys = [hmac.digest(secret, label, "sha256") for secret in secrets]
 
     def words(
         self, pairs: np.ndarray, chains: np.ndarray, iterations: np.ndarray, count: int
     ) -> np.ndarray:
         """``(P, M, count)`` uint64 words of each of ``pairs`` ``(P,)`` at each key
         (chains[j], iterations[j]) ``(M,)``."""
-        assert self._source is not None  # there are pairs
-        words = self._source.stream_words(
-            "mask",
-            self._session,
-            self._kind,
-            np.repeat(pairs, chains.size),
-            np.tile(chains, pairs.size),
-            np.tile(iterations, pairs.size),
-            count,
-        )
-        return words.reshape(pairs.size, chains.size, count)
+        blocks = -(-count // 8)
+        if blocks * self.SPAN > 2**32:
+            raise ValueError(f"masks of {count} words a key exceed ChaCha20's block counter")
+        out = np.empty((pairs.size, chains.size, count), dtype=_U64)
+        subkeys = [self._subkeys[p] for p in pairs.tolist()]
+        for keys, nonce, first, span in self._runs(chains, iterations):
+            start = struct.pack("<I", first * blocks) + nonce
+            zeros = bytes(64 * blocks * span)
+            streams = b"".join(
+                Cipher(algorithms.ChaCha20(k, start), None).encryptor().update(zeros)
+                for k in subkeys
+            )
+            words = np.frombuffer(streams, dtype="<u8").reshape(pairs.size, span, 8 * blocks)
+            out[:, keys] = words[:, chains[keys] % self.SPAN - first, :count]
+        return out
+
+    def _runs(self, chains: np.ndarray, iterations: np.ndarray):
+        """(key indices, nonce, first chain mod 2¹⁶, chains spanned) of each run of keys that
+        share an iteration and a nonce and lie at most ``GAP`` chains apart."""
+        order = np.lexsort((chains, iterations))
+        it, ch = iterations[order], chains[order]
+        high = ch // self.SPAN
+        cut = np.r_[True, (it[1:] != it[:-1]) | (high[1:] != high[:-1]) | (np.diff(ch) > self.GAP)]
+        bounds = np.r_[np.flatnonzero(cut), order.size]
+        for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+            nonce = struct.pack("<QI", int(it[lo]), int(high[lo]))
+            first = int(ch[lo] % self.SPAN)
+            yield order[lo:hi], nonce, first, int(ch[hi - 1] % self.SPAN) - first + 1
 
 
 def _mix(x: np.ndarray) -> np.ndarray:

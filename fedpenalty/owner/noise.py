@@ -63,7 +63,7 @@ _U64 = np.uint64
 _MAX64 = _U64(2**64 - 1)
 _SCALE_BITS = 41  # the sampler's σ/γ is a / 2^k with a ∈ [2^40, 2^41]
 _CHACHA_BLOCK_WORDS = 8  # a ChaCha20 block is 64 bytes
-_PURPOSES = ("gauss", "bernoulli", "uniform", "mask")
+_PURPOSES = ("gauss", "bernoulli", "uniform")
 
 
 # --------------------------------------------------------------------------- keys and sources
