@@ -47,7 +47,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from ..common import Policy, SecureTerms
 from ..errors import InvalidRequest
-from .noise import LATTICE_BITS
+from .noise import LATTICE_BITS, keyed_words
 
 PROTOCOL = b"fedpenalty.secure-aggregation.v1"
 PUBLIC_KEY_BYTES = 32
@@ -55,8 +55,6 @@ PUBLIC_KEY_BYTES = 32
 MASK_CHUNK = 1 << 22
 
 _U64 = np.uint64
-_GOLDEN = _U64(0x9E3779B97F4A7C15)
-_MIX1, _MIX2 = _U64(0xBF58476D1CE4E5B9), _U64(0x94D049BB133111EB)
 
 
 @dataclass(frozen=True)
@@ -285,16 +283,6 @@ class ChaChaMasks:
             yield order[lo:hi], nonce, first, int(ch[hi - 1] % self.SPAN) - first + 1
 
 
-def _mix(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser (a bijection of uint64), elementwise, in place."""
-    x ^= x >> _U64(30)
-    x *= _MIX1
-    x ^= x >> _U64(27)
-    x *= _MIX2
-    x ^= x >> _U64(31)
-    return x
-
-
 class MixMasks:
     """SIMULATION ONLY: mask words from a SplitMix64 mixer keyed by each pair secret's first 16
     bytes — vectorised over pairs and keys, much faster than a ChaCha20 call per pair, and not
@@ -308,14 +296,8 @@ class MixMasks:
         self, pairs: np.ndarray, chains: np.ndarray, iterations: np.ndarray, count: int
     ) -> np.ndarray:
         """``(P, M, count)`` uint64 words of each of ``pairs`` ``(P,)`` at each key
-        (chains[j], iterations[j]) ``(M,)``: word i = mix(mix(k₀ ⊕ a) ⊕ k₁ + (i + 1)·φ) with
-        a = mix(mix(iteration) ⊕ chain) the key's address."""
-        keys = self._keys[pairs]
-        address = _mix(_mix(iterations.astype(_U64)) ^ chains.astype(_U64))
-        state = _mix(keys[:, 0, None] ^ address[None, :])
-        state ^= keys[:, 1, None]
-        steps = np.arange(1, count + 1, dtype=_U64) * _GOLDEN
-        return _mix(state[:, :, None] + steps)
+        (chains[j], iterations[j]) ``(M,)`` (``keyed_words``)."""
+        return keyed_words(self._keys[pairs], chains, iterations, count)
 
 
 @dataclass(frozen=True)
