@@ -557,13 +557,19 @@ class OwnerHost:
         theta: np.ndarray,
         clip: float,
     ) -> np.ndarray:
-        """A simulated owner k's gradient answers ``(M, d)``: Poisson sample and float noise of
-        sd σ_k·clip, both addressed by (session, owner, chain, iteration) (``SeededNormals``)."""
+        """A simulated owner k's gradient answers ``(M, d)``: Poisson sample (O(q·n) work,
+        ``SeededNormals.sample``) and float noise of sd σ_k·clip, both addressed by (session,
+        owner, chain, iteration)."""
         records = self.nodes[k].records
-        uniforms = self._seeded.generator(session, SGMCMC, k, iteration).random(
-            (int(chains.max()) + 1, len(records))
-        )
-        sums = clipped_gradient_sum(self.model, records, theta, uniforms[chains] < q, clip)
+        samples = [
+            self._seeded.sample(session, SGMCMC, k, c, iteration, len(records), q)
+            for c in chains.tolist()
+        ]
+        used = np.unique(np.concatenate(samples))
+        mask = np.zeros((len(chains), len(used)), dtype=bool)
+        for row, sample in enumerate(samples):
+            mask[row, np.searchsorted(used, sample)] = True
+        sums = clipped_gradient_sum(self.model, records[used], theta, mask, clip)
         iterations = np.full(len(chains), iteration)
         normals = self._seeded.normals(
             session, SGMCMC, np.array([k]), chains, iterations, self.model.dim

@@ -1062,6 +1062,8 @@ class SeededNormals:
     def __init__(self, seeds: Sequence[bytes]):
         self._seeds = list(seeds)
         self._keys: dict[tuple[str, str], np.ndarray] = {}
+        self._sample_keys: dict[tuple[str, str], list[np.ndarray]] = {}
+        self._sampler = np.random.Generator(np.random.Philox(key=np.zeros(2, np.uint64)))
 
     def normals(
         self,
@@ -1083,13 +1085,32 @@ class SeededNormals:
         words = keyed_words(self._keys[(session, kind)][owners], chains, iterations, width)
         return special.ndtri(((words >> _U64(11)).astype(float) + 0.5) * 2.0**-53)
 
-    def generator(self, session: str, kind: str, owner: int, iteration: int) -> np.random.Generator:
-        """Owner ``owner``'s generator for one iteration of ``kind`` (Poisson samples of
-        gradients): Philox under its (seed, session, kind + "sample") key, counter
-        (0, iteration, 0, 0). Draw chain-major so that each chain's values keep their place."""
-        key = _philox_key(self._seeds[owner], session, kind + "-sample")
-        counter = np.array([0, iteration, 0, 0], dtype=np.uint64)  # draws advance word 0 only
-        return np.random.Generator(np.random.Philox(key=key, counter=counter))
+    def sample(
+        self, session: str, kind: str, owner: int, chain: int, iteration: int, n: int, q: float
+    ) -> np.ndarray:
+        """Owner ``owner``'s Poisson sample at rate ``q`` of its ``n`` records for one key:
+        sorted distinct indices — a Binomial(n, q) count, then that many records uniformly
+        without replacement, the law of n independent Bernoulli(q) coins in O(q·n) work.
+        Drawn from Philox under its (seed, session, kind + "-sample") key at counter
+        (0, iteration, chain, 0), so a key's sample never depends on other keys."""
+        label = (session, kind + "-sample")
+        if label not in self._sample_keys:
+            if len(self._sample_keys) >= 64:
+                self._sample_keys.clear()
+            self._sample_keys[label] = [_philox_key(seed, *label) for seed in self._seeds]
+        self._sampler.bit_generator.state = {
+            "bit_generator": "Philox",
+            "state": {
+                "counter": np.array([0, iteration, chain, 0], dtype=np.uint64),
+                "key": self._sample_keys[label][owner],
+            },
+            "buffer": np.zeros(4, dtype=np.uint64),
+            "buffer_pos": 4,
+            "has_uint32": 0,
+            "uinteger": 0,
+        }
+        count = int(self._sampler.binomial(n, q))
+        return np.sort(self._sampler.choice(n, count, replace=False, shuffle=False))
 
 
 def seed_material(rng: np.random.Generator) -> bytes:
