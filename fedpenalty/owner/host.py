@@ -565,7 +565,8 @@ class OwnerHost:
             self._seeded.sample(session, SGMCMC, k, c, iteration, len(records), q)
             for c in chains.tolist()
         ]
-        used = np.unique(np.concatenate(samples))
+        every = np.sort(np.concatenate(samples))
+        used = every[np.r_[True, every[1:] != every[:-1]]] if every.size else every
         mask = np.zeros((len(chains), len(used)), dtype=bool)
         for row, sample in enumerate(samples):
             mask[row, np.searchsorted(used, sample)] = True
