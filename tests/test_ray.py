@@ -191,18 +191,18 @@ def test_a_killed_actor_stops_the_run_naming_its_owners_and_the_resumed_run_is_e
     import ray
 
     calls = {"log_ratio": 0}
-    call = RayHosts.call
+    answer = RayHosts.answer
 
-    def killing(self, method, *args, **kwargs):
+    def killing(self, method, args, scale):
         if method == "log_ratio":
             calls["log_ratio"] += 1
             if calls["log_ratio"] == 120:  # iteration 119 (0-based) finds actor 1 dead
                 ray.kill(self.actors[1])
                 with pytest.raises(ray.exceptions.RayActorError):  # dead before the call
                     ray.get(self.actors[1].process.remote())
-        return call(self, method, *args, **kwargs)
+        return answer(self, method, args, scale)
 
-    monkeypatch.setattr(RayHosts, "call", killing)
+    monkeypatch.setattr(RayHosts, "answer", killing)
     result = simulate(tmp_path, "run", "run.transport='ray'", "run.checkpoint_every=50")
     assert isinstance(result.stopped, OwnerUnavailable)
     message = str(result.stopped)
