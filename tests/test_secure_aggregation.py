@@ -591,13 +591,17 @@ def test_scenario_checks_secure_aggregation_keys(privacy, sampler, message):
         resolve({"data": {"owners": 4}, "privacy": privacy, "sampler": sampler})
 
 
-def test_a_simulated_secure_run_writes_what_it_assumed(tmp_path):
-    """``simulate`` with secure aggregation in process: privacy.json states the aggregation,
-    s, t, the assumption, the simulated noise and masks, and per owner the K it counted and ε
-    from its own noise alone (larger than under the assumption)."""
+@pytest.mark.parametrize("transport", ["inprocess", pytest.param("ray", marks=pytest.mark.slow)])
+def test_a_simulated_secure_run_writes_what_it_assumed(tmp_path, request, transport):
+    """``simulate`` with secure aggregation (in process; Ray: owners in two actors):
+    privacy.json states the aggregation, s, t, the assumption, the simulated noise and masks,
+    and per owner the K it counted and ε from its own noise alone (larger than under the
+    assumption)."""
+    if transport == "ray":
+        request.getfixturevalue("ray_session")  # the session's local Ray, started once
     scenario = load_scenario(None, [
         "privacy.aggregation='secure'", "privacy.total_noise_sd=1.0", "privacy.colluders=1",
-        "run.transport='inprocess'", "run.progress=false", "data.owners=3",
+        f"run.transport='{transport}'", "run.progress=false", "data.owners=3",
         "data.n_per_owner=2000", "sampler.iterations=150", "sampler.warmup=50",
         "sampler.chains=2", "sampler.step=0.02", "privacy.budget_epsilon=100.0",
     ])  # fmt: skip
