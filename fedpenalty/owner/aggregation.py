@@ -16,9 +16,9 @@ units. The masks cancel in the sum over the K owners, so the coordinator learns 
   with the transcript, with both names as info (``pair_secrets``).
 * **Masks.** Owner a adds +m_ab and owner b adds −m_ab (mod 2⁶⁴). The words of m_ab for
   (chain, iteration, component) are ChaCha20 keystream under the pair secret (``ChaChaMasks``),
-  or — SIMULATION ONLY, where every owner lives in
-  one process anyway — a SplitMix64 mixer keyed by the pair secret (``MixMasks``; not a
-  cryptographic function, about 10× faster).
+  or — SIMULATION ONLY, where one user runs every owner (in one process, packed host
+  processes or Ray actors) from the run's seed anyway — a SplitMix64 mixer keyed by the pair
+  secret (``MixMasks``; not a cryptographic function, about 10× faster).
 * **Check word.** Every masked answer carries one more component: 0 plus its masks. The check
   words of the K owners sum to 0 mod 2⁶⁴ exactly when all of them answered under one
   transcript, so a missing owner or a disagreement is detected (it escapes with probability
@@ -286,7 +286,7 @@ class ChaChaMasks:
 class MixMasks:
     """SIMULATION ONLY: mask words from a SplitMix64 mixer keyed by each pair secret's first 16
     bytes — vectorised over pairs and keys, much faster than a ChaCha20 call per pair, and not
-    a cryptographic function. Only for simulated owners, who all live in one process."""
+    a cryptographic function. Only for simulated owners, whose seeds one user holds anyway."""
 
     def __init__(self, secrets: Sequence[bytes]):
         raw = b"".join(s[:16] for s in secrets)
