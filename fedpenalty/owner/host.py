@@ -775,7 +775,8 @@ class OwnerHost:
         arr = np.asarray(chains)
         if arr.ndim != 1 or arr.size == 0 or not np.issubdtype(arr.dtype, np.integer):
             raise InvalidRequest("chains must be a non-empty 1-D array of integers", self.label)
-        if np.any(arr < 0) or len(np.unique(arr)) != len(arr):
+        ordered = np.sort(arr)  # (np.unique hashes: ~10x slower for a few chains)
+        if ordered[0] < 0 or bool((ordered[1:] == ordered[:-1]).any()):
             raise InvalidRequest("chains must be distinct non-negative integers", self.label)
         if arr.size * per_chain > self._max_answers:
             raise InvalidRequest(
