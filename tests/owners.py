@@ -3,6 +3,7 @@ without a ledger, CSV writing, and kernels built by name from the algorithm regi
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from fedpenalty.coordinator.base import ChainData, SamplingAlgorithm
 from fedpenalty.coordinator.sgmcmc import GradFn
 from fedpenalty.models import Model
 from fedpenalty.owner import OwnerHost, OwnerNode
-from fedpenalty.owner.gradient import owner_gradient
+from fedpenalty.owner.gradient import clipped_gradient_sum
 
 #: The ``[sampler]`` defaults of the kernels' settings (as in fedpenalty/config.py).
 SAMPLER_DEFAULTS: dict[str, Any] = {
@@ -111,3 +112,30 @@ def simulated_gradient(
         return total, np.full(len(chains), s2)
 
     return grad
+
+
+def owner_gradient(
+    model: Model,
+    records: np.ndarray,
+    theta: np.ndarray,
+    rng: np.random.Generator,
+    q: float,
+    clip: float,
+    sigma: float,
+) -> np.ndarray:
+    """TEST ONLY: a simulated owner's noisy gradient answer for each chain: ``(C, d)``.
+
+    For each row of ``theta`` ``(C, d)`` independently, include each record with probability
+    ``q`` (Poisson sampling), clip and sum (``clipped_gradient_sum``), and add float
+    N(0, (sigma·clip)² I). The only randomness is ``rng``. The caller divides by q. (A lattice
+    owner samples and noises from its keyed stream instead, ``OwnerHost.gradient``.)
+    """
+    theta = np.array(theta, dtype=float, ndmin=2)
+    if not 0.0 < q <= 1.0:
+        raise ValueError(f"q must be in (0, 1], got {q!r}")
+    if not (math.isfinite(sigma) and sigma >= 0):
+        raise ValueError(f"sigma must be finite and >= 0, got {sigma!r}")
+    c, d = theta.shape
+    mask = rng.random((c, len(records))) < q
+    total = clipped_gradient_sum(model, records, theta, mask, clip)
+    return total + sigma * clip * rng.standard_normal((c, d))

@@ -8,14 +8,13 @@ import math
 
 import numpy as np
 import pytest
-from owners import SimulatedOwner, owner_noise_variance, simulated_gradient
+from owners import SimulatedOwner, owner_gradient, owner_noise_variance, simulated_gradient
 from scipy import stats
 
 from fedpenalty.coordinator import sghmc, sgld, sgnht
 from fedpenalty.coordinator import sgmcmc as sg
 from fedpenalty.coordinator.reference import exact_mh_draws
 from fedpenalty.models import Reference, build_model
-from fedpenalty.owner.gradient import owner_gradient
 
 # ------------------------------------------------------------------ noise bookkeeping
 #

@@ -27,30 +27,3 @@ def clipped_gradient_sum(
     norms = np.linalg.norm(grads, axis=2)
     scale = np.minimum(1.0, clip / np.maximum(norms, np.finfo(float).tiny))
     return np.einsum("cm,cmd->cd", mask[:, used] * scale, grads)
-
-
-def owner_gradient(
-    model: Model,
-    records: np.ndarray,
-    theta: np.ndarray,
-    rng: np.random.Generator,
-    q: float,
-    clip: float,
-    sigma: float,
-) -> np.ndarray:
-    """A simulated owner's noisy gradient answer for each chain: ``(C, d)``.
-
-    For each row of ``theta`` ``(C, d)`` independently, include each record with probability
-    ``q`` (Poisson sampling), clip and sum (``clipped_gradient_sum``), and add float
-    N(0, (sigma·clip)² I). The only randomness is ``rng``. The caller divides by q. (A lattice
-    owner samples and noises from its keyed stream instead, ``OwnerHost.gradient``.)
-    """
-    theta = np.array(theta, dtype=float, ndmin=2)
-    if not 0.0 < q <= 1.0:
-        raise ValueError(f"q must be in (0, 1], got {q!r}")
-    if not (math.isfinite(sigma) and sigma >= 0):
-        raise ValueError(f"sigma must be finite and >= 0, got {sigma!r}")
-    c, d = theta.shape
-    mask = rng.random((c, len(records))) < q
-    total = clipped_gradient_sum(model, records, theta, mask, clip)
-    return total + sigma * clip * rng.standard_normal((c, d))
