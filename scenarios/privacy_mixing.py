@@ -6,7 +6,7 @@ of owners grows, with and without secure aggregation.
                                        [--owners equal,unequal] [--no-progress]
                                        [--sweeps epsilon,owners] [--owner-counts 1,10,100,1000]
                                        [--owner-methods penalty,penalty_expfam]
-                                       [--ray-from 100] [--secure-over-ray]
+                                       [--ray-from 100] [--secure-in-process]
 
 **ε sweep** (``--sweeps epsilon``). Data: the mean of Gaussian records (``gaussian_mean``,
 σ₀ = 1, records clipped to |x| ≤ 2, Θ = [−1, 1], true θ = 0.2), n records split over K = 4
@@ -56,11 +56,11 @@ calibration on the statistic's sensitivity) joins with ``--owner-methods``.
 
 Transport: owners run in process below K = ``--ray-from`` (100) and as Ray actors from there
 (``run.transport = 'ray'``, ``run.ray_actors`` = one per CPU; one local Ray for the whole
-sweep), except that secure aggregation runs in process at every K: secure aggregation over Ray
-is being built, and ``--secure-over-ray`` switches it on once it is in the library. In process,
-one host computes every owner's noise and all K(K − 1)/2 pair masks per iteration, so secure
-runs at K = 1,000 are slow (about 0.3 s of CPU per iteration of 4 chains, and a minute to
-agree the pair keys).
+sweep), in every mode; ``--secure-in-process`` keeps the secure runs in process at every K
+(as in the measured figures of scenarios/README.md, taken before secure aggregation ran over
+Ray). In process, one host computes every owner's noise and all K(K − 1)/2 pair masks per
+iteration, so secure runs at K = 1,000 are slow (about 0.3 s of CPU per iteration of 4
+chains, and a minute to agree the pair keys).
 
 Writes ``privacy_mixing.json`` (every run's figures and resolved scenario; the owner-count
 sweep under ``results.owner_count``) and ``privacy_mixing.png`` (the ε sweep: error and ESS/s
@@ -429,12 +429,11 @@ FULL_OWNERS = OwnerSweep(100_000, (1, 10, 100, 1000), 4.0, 4, 200, 600, 1, ("pen
 QUICK_OWNERS = OwnerSweep(10_000, (1, 16), 8.0, 4, 100, 300, 1, ("penalty",), 0)
 
 
-def transport(owners: int, secure: bool, sweep: OwnerSweep, secure_over_ray: bool) -> str:
-    """``run.transport`` of one run: ``ray`` from K = ``ray_from`` on, except for secure
-    aggregation unless ``secure_over_ray`` (secure aggregation over Ray is not in the library
-    yet; in process it runs up to K = 1,000), else ``inprocess``."""
+def transport(owners: int, secure: bool, sweep: OwnerSweep, secure_in_process: bool) -> str:
+    """``run.transport`` of one run: ``ray`` from K = ``ray_from`` on (secure aggregation too,
+    unless ``secure_in_process``), else ``inprocess``."""
     large = sweep.ray_from > 0 and owners >= sweep.ray_from
-    return "ray" if large and (secure_over_ray or not secure) else "inprocess"
+    return "ray" if large and not (secure and secure_in_process) else "inprocess"
 
 
 def owner_noise(sweep: OwnerSweep, method: str, secure: bool) -> tuple[float, float]:
@@ -495,11 +494,17 @@ def sum_noise_var(raw: dict) -> float:
 
 
 def owner_count_run(
-    sweep: OwnerSweep, method: str, owners: int, mode: str, seed: int, folder: Path, ray: bool
+    sweep: OwnerSweep,
+    method: str,
+    owners: int,
+    mode: str,
+    seed: int,
+    folder: Path,
+    secure_in_process: bool,
 ) -> dict:
-    """One run of the sweep and its figures (``ray``: secure aggregation may run on Ray)."""
+    """One run of the sweep and its figures (``secure_in_process``: never on Ray when secure)."""
     t = MODES[mode](owners)
-    where = transport(owners, t is not None, sweep, ray)
+    where = transport(owners, t is not None, sweep, secure_in_process)
     raw = owners_scenario(sweep, method, owners, mode, seed, where)
     tag = f"{method}-{owners}-{mode}".replace(" ", "_").replace("/", "")
     sim = reporting.simulate(raw, folder / tag)
@@ -520,7 +525,9 @@ def owner_count_run(
     }
 
 
-def owner_count_runs(sweep: OwnerSweep, seed: int, folder: Path, bar, ray: bool) -> list[dict]:
+def owner_count_runs(
+    sweep: OwnerSweep, seed: int, folder: Path, bar, secure_in_process: bool
+) -> list[dict]:
     """Every method and mode at every K (K = 1's ``secure t=K/2`` is its ``secure t=0`` run:
     t = 0 there), and exact MH once per repeat: the error floor and the speed baseline."""
     rows = []
@@ -539,7 +546,9 @@ def owner_count_runs(sweep: OwnerSweep, seed: int, folder: Path, bar, ray: bool)
                     if t in done:
                         rows.append({**done[t], "mode": mode, "same_run_as": done[t]["mode"]})
                         continue
-                    row = owner_count_run(sweep, method, owners, mode, seed + repeat, at, ray)
+                    row = owner_count_run(
+                        sweep, method, owners, mode, seed + repeat, at, secure_in_process
+                    )
                     bar.update()
                     speed = row["ess_per_second"] / base["ess_per_second"]
                     done[t] = {**row, "repeat": repeat, "ess_per_second_vs_exact": speed}
@@ -646,10 +655,10 @@ def main(argv: list[str] | None = None) -> int:
         help="owner-count sweep: smallest K run on Ray actors (0: none; default 100, quick 0)",
     )
     parser.add_argument(
-        "--secure-over-ray",
+        "--secure-in-process",
         action="store_true",
-        help="owner-count sweep: run secure aggregation on Ray too from --ray-from on (needs "
-        "secure aggregation over Ray in the library; default: in process)",
+        help="owner-count sweep: run secure aggregation in process at every K (default: on Ray "
+        "from --ray-from on, like the runs without it)",
     )
     args = parser.parse_args(argv)
     setup = QUICK if args.quick else FULL
@@ -702,7 +711,7 @@ def main(argv: list[str] | None = None) -> int:
                 for repeat in range(setup.repeats):
                     rows += run_config(setup, config, repeat, args.seed + repeat, Path(tmp), bar)
         if "owners" in sweeps:
-            owner_rows = owner_count_runs(sweep, args.seed, Path(tmp), bar, args.secure_over_ray)
+            owner_rows = owner_count_runs(sweep, args.seed, Path(tmp), bar, args.secure_in_process)
     settings = {
         "sweeps": sweeps,
         "setup": setup.__dict__,
@@ -719,7 +728,7 @@ def main(argv: list[str] | None = None) -> int:
         "sghmc_h_in_sd": SGHMC_H_SD,
         "sghmc_friction_times_sd": SGHMC_FRICTION_SD,
         "ops_draws": OPS_CHAINS * OPS_DRAWS,
-        "owner_count": {**sweep.__dict__, "secure_over_ray": args.secure_over_ray},
+        "owner_count": {**sweep.__dict__, "secure_in_process": args.secure_in_process},
         "seeds": [args.seed + r for r in range(max(setup.repeats, sweep.repeats))],
     }
     notes = [
@@ -732,12 +741,10 @@ def main(argv: list[str] | None = None) -> int:
         "if at most t owners collude with the coordinator, 'epsilon_own_noise_only' if all do",
         "owner-count sweep: "
         + (f"Ray owners from K = {sweep.ray_from} on" if sweep.ray_from else "no Ray owners")
-        + "; secure "
         + (
-            "aggregation on Ray too"
-            if args.secure_over_ray
-            else "aggregation in process at every K (secure aggregation over Ray is being "
-            "built; --secure-over-ray switches it on)"
+            "; secure aggregation in process at every K (--secure-in-process)"
+            if args.secure_in_process
+            else ", secure aggregation included"
         )
         + "; ESS/s of a Ray run includes starting its actors",
     ]

@@ -1,6 +1,7 @@
 """Secure aggregation against the number of owners (issue 12, docs/design.md §2.6).
 
-    python scenarios/secure_aggregation.py [--owners 1,10,100,1000] [--out DIR] [--quick]
+    python scenarios/secure_aggregation.py [--owners 1,10,100,1000] [--ray-from 1000] [--out DIR]
+        [--quick]
 
 Penalty MH on one Gaussian mean (d = 1, Θ = [−1, 1]), n = 1,000,000 records split evenly among
 K owners, K = 1, 10, 100, 1,000, 4 chains started from draws of the exact posterior, in three
@@ -15,11 +16,16 @@ modes at the same per-owner privacy:
 Every owner is a simulated lattice owner (seeded exact discrete-Gaussian noise; with secure
 aggregation also X25519 session keys and SplitMix64 masks), so every mode is accounted the
 same way (Rényi DP) and each answer costs the owner the same μ = (Δ + γ√w)/σ: the per-owner ε
-is equal across modes up to the lattice term γ/σ ≈ 2⁻²⁰. Transport: in-process for every K —
-one host computes every owner's masked answer, K(K − 1)/2 pair masks per key (the Ray transport
-for large K is built separately and not used here). Larger K run fewer iterations (the table
-says how many); ESS/s divides the kept draws' bulk ESS by the wall time of warmup and kept
-draws; the session's open (X25519 agreement of every pair) is timed apart.
+is equal across modes up to the lattice term γ/σ ≈ 2⁻²⁰. Transport: in-process below
+``--ray-from`` owners (default 1,000) — one host computes every owner's masked answer, all
+K(K − 1)/2 pair masks per key — and the Ray transport from there on: the owners packed into
+one actor per CPU (``run.ray_actors = 0``) of a local Ray started once for the whole script,
+each actor computing its owners' masked sum (the masks of every pair with an end among its
+owners) in parallel, the coordinator adding the actors' sums and decoding. The transport
+changes no number but the timings: the owners' seeded noise and keys are the same. ``--quick``
+runs in-process only, for K = 1, 10, 100 by default (under a minute). Larger K run fewer
+iterations (the table says how many); ESS/s divides the kept draws' bulk ESS by the wall time
+of warmup and kept draws; the session's open (X25519 agreement of every pair) is timed apart.
 
 Also measured: the per-request cost of masking for one deployed owner (ChaCha20 noise and
 masks, its own ledger file) in a session of K owners: requests of 4 chains, secure against
@@ -43,12 +49,15 @@ from typing import Any
 import numpy as np
 
 from fedpenalty.cli import table
+from fedpenalty.cluster.ray_hosts import connect_ray
 from fedpenalty.common import Policy
+from fedpenalty.config import resolve
 from fedpenalty.coordinator.algorithms import ALGORITHMS
 from fedpenalty.coordinator.base import ChainData
 from fedpenalty.coordinator.driver import sample
-from fedpenalty.coordinator.inprocess import InProcessOracle
 from fedpenalty.coordinator.oracle import SecureAggregation
+from fedpenalty.coordinator.transport_base import OwnerSetup
+from fedpenalty.coordinator.transports import TRANSPORTS
 from fedpenalty.diagnostics import summarize
 from fedpenalty.models import build_model
 from fedpenalty.owner import Ledger, OwnerHost, OwnerNode
@@ -79,39 +88,51 @@ def owner_records(owners: int) -> list[np.ndarray]:
     return [MODEL.simulate_records(rng, np.array([TRUE_THETA]), n) for n in sizes]
 
 
-def run_mode(mode: str, records: list[np.ndarray], folder: Path, quick: bool) -> dict[str, Any]:
-    """One chain run: acceptance, ESS/s, error vs exact, per-owner ε (median over owners)."""
+def run_mode(
+    mode: str, records: list[np.ndarray], folder: Path, quick: bool, transport: str
+) -> dict[str, Any]:
+    """One chain run through ``transport``: acceptance, ESS/s, error vs exact, per-owner ε
+    (median over owners)."""
     owners = len(records)
     t = colluders(mode, owners)
     policy = Policy(sigma=SIGMA, max_step=STEP, budget_epsilon=1e6, total_noise_sd=SIGMA,
                     colluders=t or 0)  # fmt: skip
-    ledger = Ledger(folder / f"{owners}-{mode.replace(' ', '_').replace('/', '')}.sqlite",
-                    synchronous="NORMAL")  # fmt: skip
-    seeds = np.random.SeedSequence(11).spawn(owners)
-    nodes = [OwnerNode.simulated(f"owner-{k}", MODEL, r, policy, ledger, seed)
-             for k, (r, seed) in enumerate(zip(records, seeds))]  # fmt: skip
-    oracle = InProcessOracle(nodes)
-    warmup, kept = iterations_for(owners, quick)
-    secure = None if t is None else SecureAggregation(SIGMA, t)
-    start = time.perf_counter()
-    oracle.open_session("penalty", CHAINS * (warmup + kept), max_step=STEP, secure=secure)
-    opened = time.perf_counter() - start
-    reference = MODEL.reference_posterior(np.concatenate(records))
-    rng = np.random.default_rng(3)
-    theta0 = reference.mean + reference.sd * rng.standard_normal((CHAINS, 1))
-    algorithm = ALGORITHMS["penalty"].kernel(MODEL, ChainData(oracle=oracle), {"step": STEP})
-    start = time.perf_counter()
-    result = sample(algorithm, rng, theta0, iterations=kept, warmup=warmup, progress=False)
-    seconds = time.perf_counter() - start
-    diagnostics = summarize(result.theta, result.accepted, reference)
-    reports = oracle.privacy_reports()
-    oracle.close()
-    ledger.close()
+    setup = OwnerSetup(
+        folder / f"{owners}-{mode.replace(' ', '_').replace('/', '')}",
+        MODEL,
+        [f"owner-{k}" for k in range(owners)],
+        records,
+        [policy] * owners,
+        np.random.SeedSequence(11).spawn(owners),
+        resolve({"run": {"transport": transport}})["run"],
+    )
+    setup.folder.mkdir(parents=True)
+    launched = TRANSPORTS[transport].launch(setup)
+    try:
+        oracle = launched.oracle
+        warmup, kept = iterations_for(owners, quick)
+        secure = None if t is None else SecureAggregation(SIGMA, t)
+        start = time.perf_counter()
+        oracle.open_session("penalty", CHAINS * (warmup + kept), max_step=STEP, secure=secure)
+        opened = time.perf_counter() - start
+        reference = MODEL.reference_posterior(np.concatenate(records))
+        rng = np.random.default_rng(3)
+        theta0 = reference.mean + reference.sd * rng.standard_normal((CHAINS, 1))
+        algorithm = ALGORITHMS["penalty"].kernel(MODEL, ChainData(oracle=oracle), {"step": STEP})
+        start = time.perf_counter()
+        result = sample(algorithm, rng, theta0, iterations=kept, warmup=warmup, progress=False)
+        seconds = time.perf_counter() - start
+        diagnostics = summarize(result.theta, result.accepted, reference)
+        reports = oracle.privacy_reports()
+        oracle.close()
+    finally:
+        launched.stop()
     own = [r.own_noise.session.epsilon for r in reports if r.own_noise and r.own_noise.session]
     sum_sd = SIGMA * (np.sqrt(owners) if t is None else np.sqrt(owners / (owners - t)))
     return {
         "owners": owners,
         "mode": mode,
+        "transport": transport,
         "colluders": t,
         "sum_noise_sd": float(sum_sd),
         "warmup": warmup,
@@ -207,25 +228,45 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--owners", default="1,10,100,1000")
-    parser.add_argument("--cost-owners", default="2,10,100,1000")
+    parser.add_argument("--owners", help="default 1,10,100,1000 (--quick: 1,10,100)")
+    parser.add_argument("--cost-owners", help="default 2,10,100,1000 (--quick: 2,10)")
+    parser.add_argument(
+        "--ray-from",
+        type=int,
+        default=1000,
+        help="K from which owners run on Ray actors (0: never)",
+    )
     parser.add_argument("--out", default="runs/secure_aggregation")
     parser.add_argument("--seconds", type=float, default=6.0, help="masking cost: per method")
     parser.add_argument("--quick", action="store_true", help="short chains (a smoke run)")
     args = parser.parse_args(argv)
+    full = {"owners": "1,10,100,1000", "cost_owners": "2,10,100,1000"}
+    quick = {"owners": "1,10,100", "cost_owners": "2,10"}
+    default = quick if args.quick else full
+    owner_counts = [int(k) for k in (args.owners or default["owners"]).split(",")]
+    cost_counts = [int(k) for k in (args.cost_owners or default["cost_owners"]).split(",")]
+    ray_from = 0 if args.quick else args.ray_from  # --quick: in-process only
+    seconds = min(args.seconds, 1.0) if args.quick else args.seconds
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    uses_ray = [0 < ray_from <= k for k in owner_counts]
+    runtime = connect_ray("") if any(uses_ray) else None  # one local Ray for every Ray run
     rows, costs = [], []
-    with tempfile.TemporaryDirectory() as tmp:
-        for owners in (int(k) for k in args.owners.split(",")):
-            records = owner_records(owners)
-            for mode in MODES:
-                rows.append(run_mode(mode, records, Path(tmp), args.quick))
-                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-        for owners in (int(k) for k in args.cost_owners.split(",")):
-            costs.append(masking_cost(owners, args.seconds, 5, Path(tmp)))
-            print(json.dumps(costs[-1]), file=sys.stderr, flush=True)
-    result = {"chains": rows, "masking_cost": costs, "goal": goal(rows)}
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for owners, ray in zip(owner_counts, uses_ray):
+                records = owner_records(owners)
+                transport = "ray" if ray else "inprocess"
+                for mode in MODES:
+                    rows.append(run_mode(mode, records, Path(tmp), args.quick, transport))
+                    print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+            for owners in cost_counts:
+                costs.append(masking_cost(owners, seconds, 5, Path(tmp)))
+                print(json.dumps(costs[-1]), file=sys.stderr, flush=True)
+    finally:
+        if runtime is not None:
+            runtime.stop()
+    result = {"chains": rows, "masking_cost": costs, "ray_from": ray_from, "goal": goal(rows)}
     (out / "secure_aggregation.json").write_text(json.dumps(result, indent=2))
     plot(rows, out / "secure_aggregation.png")
     print(show(rows, COLUMNS))
@@ -234,8 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-COLUMNS = ["owners", "mode", "sum_noise_sd", "kept", "acceptance", "ess_per_second", "rhat",
-           "mean_error_in_sd", "sd_ratio", "epsilon_per_owner", "epsilon_own_noise_only",
+COLUMNS = ["owners", "mode", "transport", "sum_noise_sd", "kept", "acceptance", "ess_per_second",
+           "rhat", "mean_error_in_sd", "sd_ratio", "epsilon_per_owner", "epsilon_own_noise_only",
            "open_seconds"]  # fmt: skip
 
 

@@ -15,11 +15,12 @@ def ray_oracle_of(
     actors: RayHosts, nodes: Sequence[OwnerNode]
 ) -> tuple[RayOracle, SimpleNamespace]:
     """A ``RayOracle`` over ``actors`` serving ``nodes``: one actor per ledger file
-    (contiguous owners sharing a ledger), each with the node's records, policy and noise
-    generator (a copy at its current state). The test's ledgers are closed and each node's
-    ``ledger`` is replaced by a read-only view of the file its actor writes, so the test reads
-    what the actors charged. Returns the oracle and a handle whose ``close()`` releases the
-    owners (the actors stay for the next test: starting one takes seconds)."""
+    (contiguous owners sharing a ledger), each with the node's records, policy, noise key and
+    seeded noise generator (a copy at its current state; none for a deployed-style node, which
+    then reads its agreement secret from the same ledger file). The test's ledgers are closed
+    and each node's ``ledger`` is replaced by a read-only view of the file its actor writes, so
+    the test reads what the actors charged. Returns the oracle and a handle whose ``close()``
+    releases the owners (the actors stay for the next test: starting one takes seconds)."""
     groups: list[list[OwnerNode]] = []
     for node in nodes:
         if groups and groups[-1][0].ledger is node.ledger:
@@ -35,7 +36,15 @@ def ray_oracle_of(
             node.ledger = view
         model = group[0].model
         owners = [
-            OwnerSpec(n.name, n.policy, n.rng, n.records, simulation=n.diagnostics is not None)
+            OwnerSpec(
+                n.name,
+                n.policy,
+                n.rng if n.seeded else None,
+                n.records,
+                simulation=n.diagnostics is not None,
+                noise_key=n.noise_key,
+                seeded_streams=n.seeded_streams,
+            )
             for n in group
         ]
         specs.append(HostSpec({"name": model.name, **model.params()}, ledger.path, owners))

@@ -485,3 +485,31 @@ def test_seeded_normals_are_addressed_by_key_and_independent_across_windows():
     assert abs(x.mean()) < 5 / np.sqrt(x.size) and abs(x.var() - 1) < 0.05
     lags = [abs(np.corrcoef(x[:-lag], x[lag:])[0, 1]) for lag in range(1, 129)]
     assert max(lags) < 5 / np.sqrt(x.size)  # 128 lags at 5 sd: a false alarm ≈ 1 in 10⁴
+
+
+def test_seeded_poisson_samples_have_the_bernoulli_law_and_are_addressed_by_key():
+    """Simulated gradient samples (Binomial count, then a uniform subset): each record in with
+    probability q, independently — checked by the per-record frequency (5 sd over 4,000 keys)
+    and by pairs of records (their joint frequency q², which a sample of fixed size m = qn
+    would miss: it gives q·(m − 1)/(n − 1)); a key's sample does not depend on other keys."""
+    from fedpenalty.owner.noise import SeededNormals
+
+    seeds = [bytes([k]) * 32 for k in range(2)]
+    n, q, keys = 40, 0.25, 4000
+    draws = SeededNormals(seeds)
+    hits = np.zeros((keys, n), dtype=bool)
+    for it in range(keys):
+        hits[it, draws.sample("s", "sgld", 0, 3, it, n, q)] = True
+    sd = np.sqrt(q * (1 - q) / keys)
+    assert np.abs(hits.mean(axis=0) - q).max() < 5 * sd
+    counts = hits.sum(axis=1)
+    assert abs(counts.var() - n * q * (1 - q)) < 0.1 * n * q * (1 - q)  # Binomial, not fixed m
+    pair = (hits[:, 0] & hits[:, 1]).mean()
+    assert abs(pair - q * q) < 5 * np.sqrt(q * q / keys)
+    again = SeededNormals(seeds)
+    again.sample("s", "sgld", 1, 0, 7, n, q)  # another owner and key first
+    np.testing.assert_array_equal(
+        again.sample("s", "sgld", 0, 3, 11, n, q), np.flatnonzero(hits[11])
+    )
+    other_chain = draws.sample("s", "sgld", 0, 4, 11, n, q)
+    assert not np.array_equal(other_chain, np.flatnonzero(hits[11]))

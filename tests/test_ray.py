@@ -53,11 +53,35 @@ def samples(out: Path) -> dict[str, np.ndarray]:
         return {k: data[k] for k in data.files}
 
 
+#: Secure aggregation (docs/design.md §2.6) with s = ``privacy.sigma`` of each kernel's settings
+#: and t = 1 colluder.
+SECURE = ["privacy.aggregation='secure'", "privacy.colluders=1"]
+
+
+def secure(settings: list[str]) -> list[str]:
+    """``settings`` with secure aggregation at s = their ``privacy.sigma`` (default 1)."""
+    sigma = next((s.split("=")[1] for s in settings if s.startswith("privacy.sigma=")), "1.0")
+    return [*settings, *SECURE, f"privacy.total_noise_sd={sigma}"]
+
+
 @pytest.mark.parametrize(
-    "algorithm", ["penalty", "penalty_expfam", "sgld"], ids=["penalty", "expfam", "sgld"]
+    "algorithm, aggregation",
+    [
+        ("penalty", "none"),
+        ("penalty_expfam", "none"),
+        ("sgld", "none"),
+        pytest.param("penalty", "secure", marks=pytest.mark.slow),
+        pytest.param("penalty_expfam", "secure", marks=pytest.mark.slow),
+        pytest.param("sgld", "secure", marks=pytest.mark.slow),
+    ],
+    ids=["penalty", "expfam", "sgld", "penalty-secure", "expfam-secure", "sgld-secure"],
 )
-def test_a_ray_run_equals_the_in_process_run_of_the_same_seed(tmp_path, ray_session, algorithm):
-    """5 owners in 2 actors (3 + 2): the same records, noise, answers, draws and ledgers."""
+def test_a_ray_run_equals_the_in_process_run_of_the_same_seed(
+    tmp_path, ray_session, algorithm, aggregation
+):
+    """5 owners in 2 actors (3 + 2): the same records, noise, answers, draws and ledgers. With
+    secure aggregation too: the owners' seeded lattice noise and keys are the same, the actors'
+    masked sums add up mod 2⁶⁴ to the in-process host's, and the decoded sums are identical."""
     settings = {
         "penalty": [],
         "penalty_expfam": [
@@ -73,6 +97,8 @@ def test_a_ray_run_equals_the_in_process_run_of_the_same_seed(tmp_path, ray_sess
             "privacy.sigma=2.0",
         ],
     }[algorithm]
+    if aggregation == "secure":
+        settings = secure(settings)
     ray = simulate(tmp_path, "ray", "run.transport='ray'", *settings)
     local = simulate(tmp_path, "local", "run.transport='inprocess'", *settings)
     assert ray.stopped is None and local.stopped is None
@@ -84,6 +110,9 @@ def test_a_ray_run_equals_the_in_process_run_of_the_same_seed(tmp_path, ray_sess
         "ray-0.sqlite",
         "ray-1.sqlite",
     ]
+    assert ray.privacy["aggregation"] == aggregation
+    if aggregation == "secure":
+        assert all(o["owners_counted"] == 5 for o in ray.privacy["owners"])
 
 
 def test_file_owners_are_read_by_the_actors(tmp_path, ray_session):
@@ -182,28 +211,50 @@ def test_a_restarted_transport_hosts_every_owner_on_its_ledger_and_replays(tmp_p
         second.stop()
 
 
+def wait_until_dead(actor, seconds: float = 60.0) -> None:
+    """Block until ``actor`` no longer answers: ``ray.kill`` is asynchronous, and a call sent
+    right after it was answered now and then under load (the test then saw no failure)."""
+    import ray
+
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            ray.get(actor.process.remote(), timeout=10)
+        except ray.exceptions.RayActorError:
+            return
+        except ray.exceptions.GetTimeoutError:
+            pass
+        assert time.monotonic() < deadline, f"the actor still answers {seconds:g} s after ray.kill"
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("aggregation", ["none", pytest.param("secure", marks=pytest.mark.slow)])
 def test_a_killed_actor_stops_the_run_naming_its_owners_and_the_resumed_run_is_exact(
-    tmp_path, ray_session, monkeypatch
+    tmp_path, ray_session, monkeypatch, aggregation
 ):
     """The run stops naming the owners actor 1 hosted and keeps its checkpoint; ``simulate
     --resume`` restarts the actors on their ledgers (the recorded packing) and finishes with
-    the draws of an uninterrupted run, charging no answered key twice."""
+    the draws of an uninterrupted run, charging no answered key twice. With secure
+    aggregation the other actor's masked sum of that iteration is never decoded; the resumed
+    run re-opens the session with the same keys, that actor replays its stored masked words
+    and the restarted one answers afresh, and the sums decode to the uninterrupted run's."""
     import ray
 
-    calls = {"log_ratio": 0}
-    call = RayHosts.call
+    settings = secure([]) if aggregation == "secure" else []
 
-    def killing(self, method, *args, **kwargs):
+    calls = {"log_ratio": 0}
+    answer = RayHosts.answer
+
+    def killing(self, method, args, scale):
         if method == "log_ratio":
             calls["log_ratio"] += 1
             if calls["log_ratio"] == 120:  # iteration 119 (0-based) finds actor 1 dead
                 ray.kill(self.actors[1])
-                with pytest.raises(ray.exceptions.RayActorError):  # dead before the call
-                    ray.get(self.actors[1].process.remote())
-        return call(self, method, *args, **kwargs)
+                wait_until_dead(self.actors[1])
+        return answer(self, method, args, scale)
 
-    monkeypatch.setattr(RayHosts, "call", killing)
-    result = simulate(tmp_path, "run", "run.transport='ray'", "run.checkpoint_every=50")
+    monkeypatch.setattr(RayHosts, "answer", killing)
+    result = simulate(tmp_path, "run", "run.transport='ray'", "run.checkpoint_every=50", *settings)
     assert isinstance(result.stopped, OwnerUnavailable)
     message = str(result.stopped)
     assert "Ray actor 1 (owners owner-3, owner-4; 2 owners) stopped" in message
@@ -218,7 +269,7 @@ def test_a_killed_actor_stops_the_run_naming_its_owners_and_the_resumed_run_is_e
     monkeypatch.undo()
     resumed = resume_simulation(result.out)
     assert resumed.stopped is None and not (result.out / "checkpoint.npz").exists()
-    uninterrupted = simulate(tmp_path, "local", "run.transport='inprocess'")
+    uninterrupted = simulate(tmp_path, "local", "run.transport='inprocess'", *settings)
     for key, value in samples(uninterrupted.out).items():
         np.testing.assert_array_equal(samples(result.out)[key], value)
     assert resumed.privacy["owners"] == uninterrupted.privacy["owners"]  # nothing charged twice

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from grpc_processes import run_cli
 from owners import kernel
+from ray_support import ray_oracle_of
 from scipy import stats
 from test_samplers import Z, z_scores
 
@@ -342,14 +343,68 @@ def test_a_dropout_stops_with_a_clear_error_and_the_session_resumes(tmp_path):
         hosts[0].open_session("s", "penalty", 10**6, secure=SecureOpen(tuple(other), 1.0, 0))
 
 
+# --------------------------------------------------------------------------- every transport
+
+
+def by_ledger(nodes: list[OwnerNode]) -> list[list[OwnerNode]]:
+    """Contiguous owners sharing a ledger: one owner host each."""
+    groups: list[list[OwnerNode]] = []
+    for node in nodes:
+        if groups and groups[-1][0].ledger is node.ledger:
+            groups[-1].append(node)
+        else:
+            groups.append([node])
+    return groups
+
+
+def two_hosts(folder, count: int, tag: str = "n", **kwargs) -> list[OwnerNode]:
+    """``make_nodes`` on two ledger files — the first ⌈count/2⌉ owners, then the rest — so
+    that every transport serves them as two hosts and sums masked answers across them."""
+    ledgers = [Ledger(folder / f"{tag}-{h}.sqlite") for h in range(2)]
+    half = (count + 1) // 2
+    first = make_nodes(count, ledger=ledgers[0], tag=tag, **kwargs)[:half]
+    return first + make_nodes(count, ledger=ledgers[1], tag=tag, **kwargs)[half:]
+
+
+@pytest.fixture(params=["inprocess", "grpc", pytest.param("ray", marks=pytest.mark.slow)])
+def connect(request):
+    """connect(nodes) → an oracle over those owners through the transport under test: one
+    in-process host; one gRPC owner server per ledger; one Ray actor per ledger (on the
+    session's local Ray; the nodes then read their ledger files through read-only views; a
+    new Ray oracle closes the previous one, whose actors it takes over)."""
+    opened = []
+
+    def make(nodes: list[OwnerNode]):
+        if request.param == "inprocess":
+            oracle = InProcessOracle(nodes)
+        elif request.param == "ray":
+            while opened:  # the session's two actors serve one oracle at a time
+                opened.pop().close()
+            oracle, actors = ray_oracle_of(request.getfixturevalue("ray_actors"), nodes)
+            opened.append(actors)
+        else:
+            servers = [ServerThread(OwnerHost(group)) for group in by_ledger(nodes)]
+            opened.extend(servers)
+            addresses = [x.address for x in servers]
+            oracle = GrpcOracle(addresses, model=nodes[0].model, deadline=10, retry_seconds=2)
+        opened.append(oracle)
+        return oracle
+
+    yield make
+    for thing in reversed(opened):
+        thing.close()
+
+
 # --------------------------------------------------------------------------- accounting
 
 
-def test_each_answer_is_charged_delta_plus_gamma_over_s_and_the_report_shows_own_noise():
+def test_each_answer_is_charged_delta_plus_gamma_over_s_and_the_report_shows_own_noise(
+    tmp_path, connect
+):
     """μ = (2 L step + γ)/s per answer, ε the RDP ε of the total μ (dp-accounting); the report
     adds what the owner's own noise s/√(K − t) alone would give: μ·√(K − t)."""
-    nodes = make_nodes(4, s=1.5, t=1)
-    oracle = InProcessOracle(nodes)
+    nodes = two_hosts(tmp_path, 4, s=1.5, t=1)
+    oracle = connect(nodes)
     oracle.open_session("penalty", 100, secure=SecureAggregation(1.5, 1))
     theta = np.zeros((10, 1))
     oracle.log_ratio(0, np.arange(10), theta, theta + 0.02)
@@ -366,7 +421,7 @@ def test_each_answer_is_charged_delta_plus_gamma_over_s_and_the_report_shows_own
     assert own.session.epsilon > 1.5 * report.session.epsilon
 
 
-def test_the_plan_is_checked_at_s_and_gradient_answers_are_accounted_at_s(tmp_path):
+def test_the_plan_is_checked_at_s_and_gradient_answers_are_accounted_at_s(tmp_path, connect):
     """A budget that fits 20 log-ratio answers at s (μ = 0.14 each) but not at σ = s/10: the
     secure plan opens, the plain one is refused; gradient answers are charged at multiplier s
     (less what lattice rounding can add)."""
@@ -375,17 +430,18 @@ def test_the_plan_is_checked_at_s_and_gradient_answers_are_accounted_at_s(tmp_pa
     open_hosts([host], "secure", 1.0, 0, plan=20)
     with pytest.raises(BudgetExhausted, match="refusing a plan of 20"):
         host.open_session("plain", "penalty", 20)
-    oracle = InProcessOracle(make_nodes(2, s=2.0, t=1, max_sampling_rate=0.5, max_clip=1.0))
+    nodes = two_hosts(tmp_path, 2, s=2.0, t=1, max_sampling_rate=0.5, max_clip=1.0)
+    oracle = connect(nodes)
     oracle.open_session("sgmcmc", 10, sampling_rate=0.5, secure=SecureAggregation(2.0, 1))
     oracle.gradient(0, np.arange(2), np.zeros((2, 1)), 1.0)
-    events = oracle.host.nodes[0].ledger.sampled("o0")
+    events = nodes[0].ledger.sampled("o0")
     assert events == [SubsampledGaussian(0.5, lattice_gradient_multiplier(2.0, 1), 2)]
 
 
 # --------------------------------------------------------------------------- every query kind
 
 
-def test_secure_gradients_and_statistics_decode_with_the_sum_variance():
+def test_secure_gradients_and_statistics_decode_with_the_sum_variance(tmp_path, connect):
     """Gradient sums (q = 1: the whole data, no subsampling noise) and statistic copies come
     back as one decoded row with noise sd s·scale·√(K/(K − t)); over 3,000 chains the sd is
     within 6% of it and the mean within 5 standard errors of the exact sum."""
@@ -394,10 +450,15 @@ def test_secure_gradients_and_statistics_decode_with_the_sum_variance():
                for k in range(4)]  # fmt: skip
     policy = Policy(sigma=1.0, total_noise_sd=2.0, colluders=1, budget_epsilon=1e9,
                     max_sampling_rate=1.0, max_clip=1.0)  # fmt: skip
-    nodes = [OwnerNode(f"o{k}", bern, r, policy, Ledger(":memory:"),
-                       noise_key=NoiseKey.derive(b"g", f"o{k}"))
-             for k, r in enumerate(records)]  # fmt: skip
-    oracle = InProcessOracle(nodes)
+
+    def owners(tag: str) -> list[OwnerNode]:
+        ledgers = [Ledger(tmp_path / f"{tag}-{h}.sqlite") for h in range(2)]
+        return [OwnerNode(f"o{k}", bern, r, policy, ledgers[k // 2],
+                          noise_key=NoiseKey.derive(b"g", f"o{k}"))
+                for k, r in enumerate(records)]  # fmt: skip
+
+    nodes = owners("gradient")
+    oracle = connect(nodes)
     sd = 2.0 * np.sqrt(4 / 3)
     oracle.open_session("sgmcmc", 3000, sampling_rate=1.0, secure=SecureAggregation(2.0, 1))
     grads = oracle.gradient(0, np.arange(3000), np.full((3000, 1), 0.3), 0.5)
@@ -409,8 +470,7 @@ def test_secure_gradients_and_statistics_decode_with_the_sum_variance():
     )
     assert abs(grads.values.mean() - exact) < 5 * 0.5 * sd / np.sqrt(3000)
     assert abs(grads.values.std(ddof=1) / (0.5 * sd) - 1) < 0.06
-    stats_oracle = InProcessOracle([OwnerNode(n.name, bern, n.records, policy, Ledger(":memory:"),
-                                              noise_key=n.noise_key) for n in nodes])  # fmt: skip
+    stats_oracle = connect(owners("stats"))
     stats_oracle.open_session("penalty_expfam", 3000, secure=SecureAggregation(2.0, 1))
     copies = stats_oracle.suff_stats(np.arange(1000), 0, 3)
     assert copies.values.shape == (1, 1000, 3, 1)
@@ -419,36 +479,43 @@ def test_secure_gradients_and_statistics_decode_with_the_sum_variance():
     assert abs(copies.values.std(ddof=1) / sd - 1) < 0.06
 
 
-def test_grpc_transport_decodes_what_the_in_process_one_does(tmp_path):
-    """Hosts of 2 + 1 owners behind gRPC: the same owners give the same decoded sums (their
-    noise keys are the same; the masks differ but cancel), noise sd and own-noise reports."""
+def test_every_transport_decodes_what_the_in_process_one_does(tmp_path, connect):
+    """Hosts of 2 + 1 owners (gRPC: two owner servers; Ray: two actors) against one in-process
+    host: the same owners give the same decoded sums (their noise keys are the same; their
+    agreement secrets and so the masks differ, but cancel) with the same noise sd and own-noise
+    reports, for log-likelihood ratios, statistic copies and gradient sums."""
     s, t = 1.2, 1
+    policy = {"max_sampling_rate": 1.0, "max_clip": 1.0}
 
     def owners(tag):
-        nodes = make_nodes(3, s=s, t=t, tag="same")
+        nodes = make_nodes(3, s=s, t=t, tag="same", **policy)
         ledgers = [Ledger(tmp_path / f"{tag}{h}.sqlite") for h in range(2)]
         for n, ledger in zip(nodes, (ledgers[0], ledgers[0], ledgers[1])):
             n.ledger = ledger
         return nodes
 
-    theta = np.zeros((5, 1))
-    local = InProcessOracle(owners("local"))
-    local.open_session("penalty", 100, session="s", secure=SecureAggregation(s, t))
-    nodes = owners("grpc")
-    servers = [ServerThread(OwnerHost(nodes[:2])), ServerThread(OwnerHost(nodes[2:]))]
-    remote = GrpcOracle([x.address for x in servers], model=MODEL, deadline=10, retry_seconds=2)
-    try:
-        remote.open_session("penalty", 100, session="s", secure=SecureAggregation(s, t))
-        a = local.log_ratio(3, np.arange(5), theta, theta + 0.01)
-        b = remote.log_ratio(3, np.arange(5), theta, theta + 0.01)
+    secure = SecureAggregation(s, t)
+    chains, theta = np.arange(5), np.zeros((5, 1))
+    oracles = [InProcessOracle(owners("local")), connect(owners("other"))]
+    answers: list[list[Answers]] = []
+    for oracle in oracles:
+        opened = [oracle.open_session("penalty", 100, session="p", secure=secure)]
+        mine = [oracle.log_ratio(3, chains, theta, theta + 0.01)]
+        opened.append(oracle.open_session("penalty_expfam", 100, session="e", secure=secure))
+        mine.append(oracle.suff_stats(chains, 0, 2))
+        # an sgmcmc session at q = 1: no subsampling draws
+        opened.append(oracle.open_session("sgmcmc", 100, session="g", sampling_rate=1.0,
+                                          secure=secure))  # fmt: skip
+        mine.append(oracle.gradient(2, chains, theta + 0.1, 0.5))
+        assert opened == ["p", "e", "g"]
+        answers.append(mine)
+    for a, b in zip(*answers):
+        assert a.values.shape[0] == 1
         np.testing.assert_array_equal(a.values, b.values)
         np.testing.assert_array_equal(a.noise_sd, b.noise_sd)
-        assert remote.privacy_reports() == local.privacy_reports()
-        assert remote.privacy_reports()[2].own_noise is not None
-    finally:
-        remote.close()
-        for x in servers:
-            x.close()
+    assert oracles[1].privacy_reports() == oracles[0].privacy_reports()
+    assert oracles[1].privacy_reports()[2].own_noise is not None
+    oracles[0].close()
 
 
 # --------------------------------------------------------------------------- exactness
@@ -524,13 +591,17 @@ def test_scenario_checks_secure_aggregation_keys(privacy, sampler, message):
         resolve({"data": {"owners": 4}, "privacy": privacy, "sampler": sampler})
 
 
-def test_a_simulated_secure_run_writes_what_it_assumed(tmp_path):
-    """``simulate`` with secure aggregation in process: privacy.json states the aggregation,
-    s, t, the assumption, the simulated noise and masks, and per owner the K it counted and ε
-    from its own noise alone (larger than under the assumption)."""
+@pytest.mark.parametrize("transport", ["inprocess", pytest.param("ray", marks=pytest.mark.slow)])
+def test_a_simulated_secure_run_writes_what_it_assumed(tmp_path, request, transport):
+    """``simulate`` with secure aggregation (in process; Ray: owners in two actors):
+    privacy.json states the aggregation, s, t, the assumption, the simulated noise and masks,
+    and per owner the K it counted and ε from its own noise alone (larger than under the
+    assumption)."""
+    if transport == "ray":
+        request.getfixturevalue("ray_session")  # the session's local Ray, started once
     scenario = load_scenario(None, [
         "privacy.aggregation='secure'", "privacy.total_noise_sd=1.0", "privacy.colluders=1",
-        "run.transport='inprocess'", "run.progress=false", "data.owners=3",
+        f"run.transport='{transport}'", "run.progress=false", "data.owners=3",
         "data.n_per_owner=2000", "sampler.iterations=150", "sampler.warmup=50",
         "sampler.chains=2", "sampler.step=0.02", "privacy.budget_epsilon=100.0",
     ])  # fmt: skip

@@ -31,8 +31,10 @@ from .. import errors
 from ..common import OwnerDescription, Policy
 from ..data import RecordSource
 from ..errors import ConfigError, FedPenaltyError, OwnerError, OwnerUnavailable
-from ..models import build_model
+from ..models import Model, build_model
 from ..owner import Ledger, OwnerHost, OwnerNode, wire
+from ..owner.aggregation import Reply
+from ..owner.noise import NoiseKey
 
 #: Object store of a local Ray. Per-iteration replies travel inline (below), so the store holds
 #: only the actors' start-up specs (about 1 kB per owner) and larger one-off replies.
@@ -45,6 +47,7 @@ INLINE_REPLY_BYTES = 16 * 2**20
 HOST_METHODS = frozenset(
     {
         "describe",
+        "session_keys",
         "open_session",
         "close_session",
         "log_ratio",
@@ -53,19 +56,46 @@ HOST_METHODS = frozenset(
         "privacy_reports",
     }
 )
+#: The queries among them: answered as the host's ``Reply`` (``OwnerHostActor.answer``).
+QUERY_METHODS = frozenset({"log_ratio", "suff_stats", "gradient"})
 
 
 @dataclass(frozen=True)
 class OwnerSpec:
     """One owner as an actor builds it: ``records`` (an array, or the source it makes them
-    from), ``policy``, ``rng`` its seeded noise generator; ``simulation`` keeps the
+    from) and ``policy``; its noise either from ``seed`` — a simulated owner made exactly as
+    ``OwnerNode.simulated`` makes it in process (seeded float noise, or with a secure-aggregation
+    policy seeded lattice noise and keys) — or else from ``rng`` (None: a deployed-style owner),
+    ``noise_key`` and ``seeded_streams`` as ``OwnerNode`` takes them. ``simulation`` keeps the
     simulation-only counters."""
 
     name: str
     policy: Policy
-    rng: np.random.Generator
+    rng: np.random.Generator | None
     records: np.ndarray | RecordSource
     simulation: bool = True
+    noise_key: NoiseKey | None = None
+    seeded_streams: bool = False
+    seed: np.random.SeedSequence | None = None
+
+    def node(self, model: Model, ledger: Ledger) -> OwnerNode:
+        """The owner, its records made or read here."""
+        records = self.records if isinstance(self.records, np.ndarray) else self.records.make(model)
+        if self.seed is not None:
+            return OwnerNode.simulated(
+                self.name, model, records, self.policy, ledger, self.seed, self.simulation
+            )
+        return OwnerNode(
+            self.name,
+            model,
+            records,
+            self.policy,
+            ledger,
+            self.rng,
+            simulation=self.simulation,
+            noise_key=self.noise_key,
+            seeded_streams=self.seeded_streams,
+        )
 
 
 @dataclass(frozen=True)
@@ -111,19 +141,7 @@ def _build(spec: HostSpec) -> OwnerHost:
     ledger = Ledger(spec.ledger, synchronous=spec.synchronous)
     try:
         model = build_model(spec.model)
-        nodes = [
-            OwnerNode(
-                o.name,
-                model,
-                o.records if isinstance(o.records, np.ndarray) else o.records.make(model),
-                o.policy,
-                ledger,
-                o.rng,
-                simulation=o.simulation,
-            )
-            for o in spec.owners
-        ]
-        return OwnerHost(nodes)
+        return OwnerHost([o.node(model, ledger) for o in spec.owners])
     except BaseException:
         ledger.close()
         raise
@@ -159,6 +177,18 @@ class OwnerHostActor:
             return getattr(self.host, method)(*args, **kwargs)
         except FedPenaltyError as exc:
             return Failure.of(exc)
+
+    def answer(self, method: str, args: tuple, scale: float) -> Reply | Failure:
+        """A query's answers as the host's ``Reply`` (``OwnerHost.reply``: plain answers with
+        each owner's noise sd × ``scale``, or a secure session's masked sum); ``args[0]`` is
+        the session."""
+        if method not in QUERY_METHODS:
+            raise ValueError(f"not an owner-host query: {method!r}")
+        values = self.call(method, args, {})
+        if isinstance(values, Failure):
+            return values
+        assert self.host is not None  # ``call`` answered
+        return self.host.reply(args[0], values, scale)
 
     def simulation_counters(self) -> list[tuple[bool, int, int]] | None:
         """Per owner (answers from sufficient statistics, clip binds, log-ratio terms), or None
@@ -317,6 +347,11 @@ class RayHosts:
         every reply awaited. Replies are values or ``Failure``; a dead actor raises
         ``OwnerUnavailable``."""
         return self.gather([a.call.remote(method, args, kwargs) for a in self.actors])
+
+    def answer(self, method: str, args: tuple, scale: float) -> list[Any]:
+        """A query on every actor (``OwnerHostActor.answer``), issued and awaited as ``call``
+        does: each actor's ``Reply`` or ``Failure``."""
+        return self.gather([a.answer.remote(method, args, scale) for a in self.actors])
 
     def gather(self, refs: list[Any]) -> list[Any]:
         """The replies to ``refs`` (one per actor, in actor order)."""

@@ -1,6 +1,6 @@
 """The oracle: how the coordinator asks all owners for noisy answers, whatever the transport.
 
-Every transport (``transports.py``: in-process, gRPC) implements ``Oracle`` and passes the same
+Every transport (``transports.py``: in-process, gRPC, Ray) implements ``Oracle`` and passes the same
 contract tests (tests/test_oracle_contract.py). Answers come back per owner together with the
 noise sd each owner declared, so the samplers can subtract the exact noise variance. With
 secure aggregation (docs/design.md §2.6) they come back as one row: the decoded sum over all

@@ -3,10 +3,13 @@
 Owners are split into contiguous blocks, one per actor; each actor is an ``OwnerHost`` with its
 own ledger file that makes or reads its owners' records itself (``cluster/ray_hosts.py``). An
 iteration is one call per actor — all issued, then all awaited — so it costs one round trip to
-the slowest actor, never one per owner. The answers come back in ``describe`` order (actor
-order, then each actor's owners), with each owner's declared noise sd; owner refusals are
-raised again with the owner's own error class, and an actor that dies stops the run with
-``OwnerUnavailable`` naming the owners it hosted.
+the slowest actor, never one per owner. Each actor answers with its host's ``Reply`` and the
+oracle combines them (``secure_sum.combine``) only once every actor has answered: plain answers
+come back in ``describe`` order (actor order, then each actor's owners) with each owner's noise
+sd; with secure aggregation (docs/design.md §2.6) ``open_session`` first gathers every actor's
+session keys and sends all of them to every actor, and each query's masked sums are added and
+decoded. Owner refusals are raised again with the owner's own error class, and an actor that
+dies stops the run with ``OwnerUnavailable`` naming the owners it hosted (nothing decoded).
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ import numpy as np
 from ..cluster.ray_hosts import HostSpec, OwnerSpec, RayHosts, RayRuntime, connect_ray
 from ..common import OwnerDescription, PrivacyReport
 from ..data import OwnerRecords
-from ..errors import ConfigError, OwnerUnavailable
+from ..errors import ConfigError, OwnerError, OwnerUnavailable
+from ..owner.aggregation import PeerKey
 from .oracle import Answers, SecureAggregation
+from .secure_sum import combine, secure_open
 from .transport_base import Launched, OwnerSetup, Transport
 
 #: The ``note`` of ``simulation_diagnostics`` (the same counters as in-process owners keep).
@@ -38,7 +43,6 @@ class RayOracle:
     def __init__(self, hosts: RayHosts, owners: list[OwnerDescription]):
         self.hosts = hosts
         self._owners = owners
-        self._sigma = np.array([d.policy.sigma for d in owners])
         self.session: str | None = None
 
     # --- the Oracle interface ---------------------------------------------------------------
@@ -54,12 +58,10 @@ class RayOracle:
         max_step: float | None = None,
         secure: SecureAggregation | None = None,
     ) -> str:
-        if secure is not None:
-            raise ConfigError(
-                "privacy.aggregation = 'secure' is not implemented for run.transport = 'ray' "
-                "yet; use run.transport = 'inprocess' or 'grpc'"
-            )
         session = session or uuid.uuid4().hex
+        request = None
+        if secure is not None:
+            request = secure_open(self._session_keys(session), secure)
         self._each(
             "open_session",
             session,
@@ -67,27 +69,32 @@ class RayOracle:
             planned_answers,
             sampling_rate,
             max_step=max_step,
+            secure=request,
         )
         self.session = session
         return session
 
+    def _session_keys(self, session: str) -> list[PeerKey]:
+        """Every owner's public key for ``session``, in owner order (secure aggregation)."""
+        keys = [k for block in self._each("session_keys", session) for k in block]
+        if [k.owner for k in keys] != [o.name for o in self._owners]:
+            raise OwnerError("the Ray actors sent session keys of other owners than they describe")
+        return keys
+
     def log_ratio(
         self, iteration: int, chains: np.ndarray, theta: np.ndarray, theta_prop: np.ndarray
     ) -> Answers:
-        values = self._stacked(
-            "log_ratio", self._require_session(), iteration, chains, theta, theta_prop
-        )
-        return Answers(values, self._sigma)
+        session = self._require_session()
+        return self._query("log_ratio", 1.0, session, iteration, chains, theta, theta_prop)
 
     def suff_stats(self, chains: np.ndarray, start: int, block: int) -> Answers:
-        values = self._stacked("suff_stats", self._require_session(), chains, start, block)
-        return Answers(values, self._sigma)
+        return self._query("suff_stats", 1.0, self._require_session(), chains, start, block)
 
     def gradient(
         self, iteration: int, chains: np.ndarray, theta: np.ndarray, clip: float
     ) -> Answers:
-        values = self._stacked("gradient", self._require_session(), iteration, chains, theta, clip)
-        return Answers(values, self._sigma * clip)
+        session = self._require_session()
+        return self._query("gradient", clip, session, iteration, chains, theta, clip)
 
     def privacy_reports(self) -> list[PrivacyReport]:
         return [r for block in self._each("privacy_reports", self.session) for r in block]
@@ -129,9 +136,11 @@ class RayOracle:
         """``OwnerHost.method(*args, **kwargs)`` on every actor; the first refusal is raised."""
         return self.hosts.raise_failures(self.hosts.call(method, *args, **kwargs))
 
-    def _stacked(self, method: str, *args: Any) -> np.ndarray:
-        """Every actor's answers ``(K_h, …)`` stacked in owner order ``(K, …)``."""
-        return np.concatenate(self._each(method, *args))
+    def _query(self, method: str, scale: float, *args: Any) -> Answers:
+        """One query on every actor, combined (``secure_sum.combine``) once all have answered:
+        plain answers stacked in owner order ``(K, …)``, a secure session's masked sums decoded
+        into one row. ``scale``: the answer unit (gradients: the clip)."""
+        return combine(self.hosts.raise_failures(self.hosts.answer(method, args, scale)))
 
 
 #: In ``<run>/owners``: how many owners each actor hosts, so that the transport started again
@@ -151,12 +160,7 @@ def host_specs(setup: OwnerSetup, blocks: list[np.ndarray]) -> list[HostSpec]:
             model,
             str(folder / f"ray-{h}.sqlite"),
             [
-                OwnerSpec(
-                    setup.names[k],
-                    setup.policies[k],
-                    np.random.default_rng(setup.seeds[k]),
-                    sources[k],
-                )
+                OwnerSpec(setup.names[k], setup.policies[k], None, sources[k], seed=setup.seeds[k])
                 for k in block
             ],
         )

@@ -75,7 +75,8 @@ def decode(replies: Sequence[Reply]) -> Answers:
         raise AggregationFailed("the decoded sum lies past 2^53 lattice steps; nothing was decoded")
     step = steps.pop()
     assert step is not None  # masked replies carry their lattice step
-    sd = math.sqrt(sum(float(np.sum(r.noise_sd**2)) for r in replies))
+    # one sum over every owner's sd, in owner order: the same float however owners are hosted
+    sd = math.sqrt(float(np.sum(np.concatenate([r.noise_sd for r in replies]) ** 2)))
     return Answers(from_lattice(signed, step), np.array([sd]))
 
 

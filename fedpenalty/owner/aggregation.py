@@ -16,9 +16,9 @@ units. The masks cancel in the sum over the K owners, so the coordinator learns 
   with the transcript, with both names as info (``pair_secrets``).
 * **Masks.** Owner a adds +m_ab and owner b adds −m_ab (mod 2⁶⁴). The words of m_ab for
   (chain, iteration, component) are ChaCha20 keystream under the pair secret (``ChaChaMasks``),
-  or — SIMULATION ONLY, where every owner lives in
-  one process anyway — a SplitMix64 mixer keyed by the pair secret (``MixMasks``; not a
-  cryptographic function, about 10× faster).
+  or — SIMULATION ONLY, where one user runs every owner (in one process, packed host
+  processes or Ray actors) from the run's seed anyway — a SplitMix64 mixer keyed by the pair
+  secret (``MixMasks``; not a cryptographic function, about 10× faster).
 * **Check word.** Every masked answer carries one more component: 0 plus its masks. The check
   words of the K owners sum to 0 mod 2⁶⁴ exactly when all of them answered under one
   transcript, so a missing owner or a disagreement is detected (it escapes with probability
@@ -47,7 +47,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from ..common import Policy, SecureTerms
 from ..errors import InvalidRequest
-from .noise import LATTICE_BITS
+from .noise import LATTICE_BITS, keyed_words
 
 PROTOCOL = b"fedpenalty.secure-aggregation.v1"
 PUBLIC_KEY_BYTES = 32
@@ -55,8 +55,6 @@ PUBLIC_KEY_BYTES = 32
 MASK_CHUNK = 1 << 22
 
 _U64 = np.uint64
-_GOLDEN = _U64(0x9E3779B97F4A7C15)
-_MIX1, _MIX2 = _U64(0xBF58476D1CE4E5B9), _U64(0x94D049BB133111EB)
 
 
 @dataclass(frozen=True)
@@ -285,20 +283,10 @@ class ChaChaMasks:
             yield order[lo:hi], nonce, first, int(ch[hi - 1] % self.SPAN) - first + 1
 
 
-def _mix(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser (a bijection of uint64), elementwise, in place."""
-    x ^= x >> _U64(30)
-    x *= _MIX1
-    x ^= x >> _U64(27)
-    x *= _MIX2
-    x ^= x >> _U64(31)
-    return x
-
-
 class MixMasks:
     """SIMULATION ONLY: mask words from a SplitMix64 mixer keyed by each pair secret's first 16
     bytes — vectorised over pairs and keys, much faster than a ChaCha20 call per pair, and not
-    a cryptographic function. Only for simulated owners, who all live in one process."""
+    a cryptographic function. Only for simulated owners, whose seeds one user holds anyway."""
 
     def __init__(self, secrets: Sequence[bytes]):
         raw = b"".join(s[:16] for s in secrets)
@@ -308,14 +296,8 @@ class MixMasks:
         self, pairs: np.ndarray, chains: np.ndarray, iterations: np.ndarray, count: int
     ) -> np.ndarray:
         """``(P, M, count)`` uint64 words of each of ``pairs`` ``(P,)`` at each key
-        (chains[j], iterations[j]) ``(M,)``: word i = mix(mix(k₀ ⊕ a) ⊕ k₁ + (i + 1)·φ) with
-        a = mix(mix(iteration) ⊕ chain) the key's address."""
-        keys = self._keys[pairs]
-        address = _mix(_mix(iterations.astype(_U64)) ^ chains.astype(_U64))
-        state = _mix(keys[:, 0, None] ^ address[None, :])
-        state ^= keys[:, 1, None]
-        steps = np.arange(1, count + 1, dtype=_U64) * _GOLDEN
-        return _mix(state[:, :, None] + steps)
+        (chains[j], iterations[j]) ``(M,)`` (``keyed_words``)."""
+        return keyed_words(self._keys[pairs], chains, iterations, count)
 
 
 @dataclass(frozen=True)

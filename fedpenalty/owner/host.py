@@ -557,13 +557,20 @@ class OwnerHost:
         theta: np.ndarray,
         clip: float,
     ) -> np.ndarray:
-        """A simulated owner k's gradient answers ``(M, d)``: Poisson sample and float noise of
-        sd σ_k·clip, both addressed by (session, owner, chain, iteration) (``SeededNormals``)."""
+        """A simulated owner k's gradient answers ``(M, d)``: Poisson sample (O(q·n) work,
+        ``SeededNormals.sample``) and float noise of sd σ_k·clip, both addressed by (session,
+        owner, chain, iteration)."""
         records = self.nodes[k].records
-        uniforms = self._seeded.generator(session, SGMCMC, k, iteration).random(
-            (int(chains.max()) + 1, len(records))
-        )
-        sums = clipped_gradient_sum(self.model, records, theta, uniforms[chains] < q, clip)
+        samples = [
+            self._seeded.sample(session, SGMCMC, k, c, iteration, len(records), q)
+            for c in chains.tolist()
+        ]
+        every = np.sort(np.concatenate(samples))
+        used = every[np.r_[True, every[1:] != every[:-1]]] if every.size else every
+        mask = np.zeros((len(chains), len(used)), dtype=bool)
+        for row, sample in enumerate(samples):
+            mask[row, np.searchsorted(used, sample)] = True
+        sums = clipped_gradient_sum(self.model, records[used], theta, mask, clip)
         iterations = np.full(len(chains), iteration)
         normals = self._seeded.normals(
             session, SGMCMC, np.array([k]), chains, iterations, self.model.dim
@@ -768,7 +775,8 @@ class OwnerHost:
         arr = np.asarray(chains)
         if arr.ndim != 1 or arr.size == 0 or not np.issubdtype(arr.dtype, np.integer):
             raise InvalidRequest("chains must be a non-empty 1-D array of integers", self.label)
-        if np.any(arr < 0) or len(np.unique(arr)) != len(arr):
+        ordered = np.sort(arr)  # (np.unique hashes: ~10x slower for a few chains)
+        if ordered[0] < 0 or bool((ordered[1:] == ordered[:-1]).any()):
             raise InvalidRequest("chains must be distinct non-negative integers", self.label)
         if arr.size * per_chain > self._max_answers:
             raise InvalidRequest(

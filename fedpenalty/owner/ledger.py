@@ -969,15 +969,27 @@ class Ledger:
         self, c: Charge, owner_ids: np.ndarray, session_id: int, full_group: int
     ) -> None:
         """One row per answered key: the owners that answered it (a group) and their answers."""
-        rows = []
-        for j in np.flatnonzero(c.new.any(axis=0)).tolist():
-            members = c.new[:, j]
-            gid = full_group if members.all() else self._group(owner_ids[members])
-            values = c.payloads[members, j]
-            payload = np.ascontiguousarray(values, dtype=values.dtype.newbyteorder("<")).tobytes()
-            rows.append(
-                (session_id, int(c.iterations[j]), int(c.chains[j]), gid, c.digests[j], payload)
+        rows: list[tuple] = []
+        if c.new.all():  # the usual charge: every owner answered every key, one group, one copy
+            block = np.ascontiguousarray(
+                np.swapaxes(c.payloads, 0, 1), dtype=c.payloads.dtype.newbyteorder("<")
             )
+            raw, size = block.tobytes(), block[0].nbytes
+            keys = zip(c.iterations.tolist(), c.chains.tolist(), c.digests)
+            rows = [
+                (session_id, it, chain, full_group, digest, raw[j * size : (j + 1) * size])
+                for j, (it, chain, digest) in enumerate(keys)
+            ]
+        else:
+            for j in np.flatnonzero(c.new.any(axis=0)).tolist():
+                members = c.new[:, j]
+                gid = full_group if members.all() else self._group(owner_ids[members])
+                values = c.payloads[members, j]
+                little = values.dtype.newbyteorder("<")
+                payload = np.ascontiguousarray(values, dtype=little).tobytes()
+                rows.append(
+                    (session_id, int(c.iterations[j]), int(c.chains[j]), gid, c.digests[j], payload)
+                )
         self._db.executemany(
             "INSERT INTO answers(session_id, iteration, chain, group_id, digest, payload) "
             "VALUES (?,?,?,?,?,?)",

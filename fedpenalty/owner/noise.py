@@ -37,6 +37,7 @@ import numpy.typing as npt
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from scipy import special
 
 KEY_BYTES = 32
 #: Words one sample may consume before the sampler gives up (RuntimeError). A discrete
@@ -1017,26 +1018,52 @@ def _philox_key(seed: bytes, *labels: str) -> np.ndarray:
     return np.frombuffer(digest.digest()[:16], dtype="<u8").astype(np.uint64)
 
 
+_MIX1, _MIX2 = _U64(0xBF58476D1CE4E5B9), _U64(0x94D049BB133111EB)
+_GOLDEN = _U64(0x9E3779B97F4A7C15)
+
+
+def splitmix(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser (a bijection of uint64), elementwise, in place."""
+    x ^= x >> _U64(30)
+    x *= _MIX1
+    x ^= x >> _U64(27)
+    x *= _MIX2
+    x ^= x >> _U64(31)
+    return x
+
+
+def keyed_words(
+    keys: np.ndarray, chains: np.ndarray, iterations: np.ndarray, count: int
+) -> np.ndarray:
+    """SIMULATION ONLY (not a cryptographic function): ``(P, M, count)`` uint64 words of each
+    128-bit key ``keys`` ``(P, 2)`` at each address (chains[j], iterations[j]) ``(M,)``: word i
+    = mix(mix(k₀ ⊕ a) ⊕ k₁ + (i + 1)·φ) with a = mix(mix(iteration) ⊕ chain) and mix SplitMix64's
+    finaliser — a counter-based stream, vectorised over keys and addresses: a word does not
+    depend on which others are asked for."""
+    address = splitmix(splitmix(iterations.astype(_U64)) ^ chains.astype(_U64))
+    state = splitmix(keys[:, 0, None] ^ address[None, :])
+    state ^= keys[:, 1, None]
+    steps = np.arange(1, count + 1, dtype=_U64) * _GOLDEN
+    return splitmix(state[:, :, None] + steps)
+
+
 class SeededNormals:
     """SIMULATION ONLY: each owner's float standard normals addressed by (session, kind, owner,
     chain, iteration, component), so that a value never depends on what was drawn before it —
     a resumed simulation draws exactly what an uninterrupted one does (docs/design.md §2.7).
 
-    Owner k's values for the iterations of one window of ``WINDOW`` come from numpy's
-    Philox-4x64 under a key hashed from (its seed, session, kind), counter (0, window, 0, 0)
-    (the draws advance the lowest word only, so windows never overlap),
-    drawn chain-major as ``(chains, WINDOW, width)``: asking for more chains later extends the
-    draw without changing the first ones. One generator state is set per owner and window, so
-    the cost per iteration does not grow with the number of windows asked.
+    The value is Φ⁻¹(U) for U = (w >> 11 + ½)·2⁻⁵³ ∈ (0, 1) from the ``keyed_words`` word w of
+    the owner's key (hashed from its seed, session and kind) at (chain, iteration), word index
+    = component: computed for the asked keys only, for all owners at once — the cost per
+    iteration is a few array operations whatever the number of owners, and nothing is cached
+    but the keys.
     """
-
-    WINDOW = 64
 
     def __init__(self, seeds: Sequence[bytes]):
         self._seeds = list(seeds)
-        self._generator = np.random.Generator(np.random.Philox(key=np.zeros(2, np.uint64)))
-        self._keys: dict[tuple[str, str], list[np.ndarray]] = {}
-        self._windows: dict[tuple[str, str, int, int], np.ndarray] = {}
+        self._keys: dict[tuple[str, str], np.ndarray] = {}
+        self._sample_keys: dict[tuple[str, str], list[np.ndarray]] = {}
+        self._sampler = np.random.Generator(np.random.Philox(key=np.zeros(2, np.uint64)))
 
     def normals(
         self,
@@ -1049,52 +1076,41 @@ class SeededNormals:
     ) -> np.ndarray:
         """Standard normals ``(K', M, width)`` of ``owners`` ``(K',)`` for keys
         (chains[j], iterations[j]) ``(M,)``."""
-        first, last = int(iterations.min()) // self.WINDOW, int(iterations.max()) // self.WINDOW
-        if first == last:  # the usual request: one iteration, or a block inside one window
-            block = self._window(session, kind, first, width, int(chains.max()) + 1)
-            return block[owners[:, None], chains[None, :], (iterations % self.WINDOW)[None, :]]
-        out = np.empty((len(owners), len(chains), width))
-        windows = iterations // self.WINDOW
-        for window in np.unique(windows).tolist():
-            at = windows == window
-            block = self._window(session, kind, window, width, int(chains[at].max()) + 1)
-            rows = owners[:, None], chains[at][None, :], (iterations[at] % self.WINDOW)[None, :]
-            out[:, at] = block[rows]
-        return out
-
-    def _window(self, session: str, kind: str, window: int, width: int, chains: int) -> np.ndarray:
-        """Every owner's normals of one window ``(K, ≥ chains, WINDOW, width)`` (cached)."""
-        label = (session, kind, window, width)
-        block = self._windows.get(label)
-        if block is not None and block.shape[1] >= chains:
-            return block
-        if len(self._windows) >= 8:
-            self._windows.clear()
         if (session, kind) not in self._keys:
-            self._keys[(session, kind)] = [_philox_key(seed, session, kind) for seed in self._seeds]
-        bits = self._generator.bit_generator
-        counter = np.array([0, window, 0, 0], dtype=np.uint64)  # draws advance word 0 only
-        block = np.empty((len(self._seeds), chains, self.WINDOW, width))
-        for k, key in enumerate(self._keys[(session, kind)]):
-            bits.state = {
-                "bit_generator": "Philox",
-                "state": {"counter": counter, "key": key},
-                "buffer": np.zeros(4, dtype=np.uint64),
-                "buffer_pos": 4,
-                "has_uint32": 0,
-                "uinteger": 0,
-            }
-            block[k] = self._generator.standard_normal((chains, self.WINDOW, width))
-        self._windows[label] = block
-        return block
+            if len(self._keys) >= 64:
+                self._keys.clear()
+            self._keys[(session, kind)] = np.stack(
+                [_philox_key(seed, session, kind) for seed in self._seeds]
+            )
+        words = keyed_words(self._keys[(session, kind)][owners], chains, iterations, width)
+        return special.ndtri(((words >> _U64(11)).astype(float) + 0.5) * 2.0**-53)
 
-    def generator(self, session: str, kind: str, owner: int, iteration: int) -> np.random.Generator:
-        """Owner ``owner``'s generator for one iteration of ``kind`` (Poisson samples of
-        gradients): Philox under its (seed, session, kind + "sample") key, counter
-        (0, iteration, 0, 0). Draw chain-major so that each chain's values keep their place."""
-        key = _philox_key(self._seeds[owner], session, kind + "-sample")
-        counter = np.array([0, iteration, 0, 0], dtype=np.uint64)  # draws advance word 0 only
-        return np.random.Generator(np.random.Philox(key=key, counter=counter))
+    def sample(
+        self, session: str, kind: str, owner: int, chain: int, iteration: int, n: int, q: float
+    ) -> np.ndarray:
+        """Owner ``owner``'s Poisson sample at rate ``q`` of its ``n`` records for one key:
+        sorted distinct indices — a Binomial(n, q) count, then that many records uniformly
+        without replacement, the law of n independent Bernoulli(q) coins in O(q·n) work.
+        Drawn from Philox under its (seed, session, kind + "-sample") key at counter
+        (0, iteration, chain, 0), so a key's sample never depends on other keys."""
+        label = (session, kind + "-sample")
+        if label not in self._sample_keys:
+            if len(self._sample_keys) >= 64:
+                self._sample_keys.clear()
+            self._sample_keys[label] = [_philox_key(seed, *label) for seed in self._seeds]
+        self._sampler.bit_generator.state = {
+            "bit_generator": "Philox",
+            "state": {
+                "counter": np.array([0, iteration, chain, 0], dtype=np.uint64),
+                "key": self._sample_keys[label][owner],
+            },
+            "buffer": np.zeros(4, dtype=np.uint64),
+            "buffer_pos": 4,
+            "has_uint32": 0,
+            "uinteger": 0,
+        }
+        count = int(self._sampler.binomial(n, q))
+        return np.sort(self._sampler.choice(n, count, replace=False, shuffle=False))
 
 
 def seed_material(rng: np.random.Generator) -> bytes:
