@@ -23,9 +23,9 @@ L = 3 nats per unit θ), true θ = 0, replace-one neighbours. Every chain runs t
 3. **Algorithm 2's cost of more owners**: n = 10⁵ records split equally over K = 1 … 64
    owners, each with σ = 0.5 (so each owner's ε does not depend on K), radius one posterior
    sd: the total noise s² = Σσ_k² = K σ² grows with K and acceptance falls as Proposition 1
-   predicts. With secure aggregation the total would stay at σ² (docs/design.md §2.6): not
-   yet measured: needs the Ray transport / secure aggregation, which the library does not
-   have yet.
+   predicts. This is the paper's Algorithm 2, without secure aggregation; the same cost with
+   and without it (total noise independent of K, docs/design.md §2.6), at one per-owner ε
+   and K up to 1,000 with Ray owners, is ``privacy_mixing.py``'s owner-count sweep.
 
 Writes ``penalty_paper.json`` and ``penalty_paper.png`` (three panels, error bars ± one sd
 over repeats).
@@ -327,8 +327,8 @@ def main(argv: list[str] | None = None) -> int:
         "radius (the theorem's count); the chains measure acceptance, ESS and R-hat over warmup "
         "⌈2√n⌉ + a fixed number of kept draws, and their owners' ledgers report what those runs "
         "spent (ledger_epsilon_per_owner, at δ = 1e-5)",
-        "secure aggregation (total noise independent of K) and Ray owners for large K: not yet: "
-        "needs the Ray transport / secure aggregation",
+        "more owners: the paper's Algorithm 2 (no secure aggregation); with and without secure "
+        "aggregation, K up to 1,000 with Ray owners: privacy_mixing.py's owner-count sweep",
         "error bars: ± one sd over repeats (new data, noise and chains per repeat)",
     ]
     results = {"proposition_1": prop, "theorem_1": thm, "more_owners": owners}

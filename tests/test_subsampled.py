@@ -11,6 +11,7 @@ from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 from scipy.special import logsumexp
 from scipy.stats import norm
 
+from fedpenalty.privacy import subsampled
 from fedpenalty.privacy.subsampled import (
     SubsampledGaussian,
     accountant_noise_multiplier,
@@ -215,6 +216,31 @@ def test_calibrate_replace_one_needs_more_noise():
     add = calibrate_noise_multiplier(0.5, DELTA, 0.02, 100, neighbour="add_remove")
     rep = calibrate_noise_multiplier(0.5, DELTA, 0.02, 100, neighbour="replace_one")
     assert add < rep < 2 * add + 1e-6
+
+
+def test_calibration_is_memoised_and_equals_the_uncached_search():
+    """The cache returns exactly what the search computes, looks equal arguments of other
+    numeric types up as one entry, and never lets a bad argument past the checks (True == 1
+    would otherwise hit the cached steps = 1 entry)."""
+    cached = subsampled._calibrate_noise_multiplier
+    cached.cache_clear()
+    args = (2.0, DELTA, 0.05, 1, "replace_one", "pld")
+    uncached = cached.__wrapped__(*args)
+    first = calibrate_noise_multiplier(2.0, DELTA, 0.05, 1, neighbour="replace_one")
+    assert first == uncached
+    assert cached.cache_info().misses == 1 and cached.cache_info().hits == 0
+    again = calibrate_noise_multiplier(
+        np.float64(2.0), DELTA, np.float64(0.05), np.int64(1), neighbour="replace_one"
+    )
+    assert again == uncached and cached.cache_info().hits == 1
+    other = calibrate_noise_multiplier(2.0, DELTA, 0.05, 2, neighbour="replace_one")
+    assert other > first and cached.cache_info().misses == 2  # more answers, more noise
+    for bad, message in ((dict(steps=True), "steps"), (dict(sampling_rate=[0.05]), "sampling")):
+        call = dict(target_epsilon=2.0, delta=DELTA, sampling_rate=0.05, steps=1) | bad
+        with pytest.raises(ValueError, match=message):
+            calibrate_noise_multiplier(**call, neighbour="replace_one")
+    with pytest.raises(ValueError, match="accountant"):
+        calibrate_noise_multiplier(2.0, DELTA, 0.05, 1, neighbour="replace_one", accountant="x")
 
 
 def test_max_steps():

@@ -219,12 +219,34 @@ def calibrate_noise_multiplier(
     meets the target; it exceeds the root by at most a relative 1e-6, or by more only where
     the accountant's ε(σ) is not monotone at that scale. ValueError when no σ in
     [2^-31, 2^63] meets the target.
+
+    Memoised (a search costs seconds of PLD work, and scenarios ask the same question many
+    times): the arguments are checked first, then looked up as plain (float, float, float,
+    int, str, str), so a bad argument still raises its ValueError and never reaches the cache.
     """
     target = check_epsilon(target_epsilon, "target_epsilon")
     if target == 0.0:
         raise ValueError("target_epsilon must be > 0 (ε = 0 needs infinite noise)")
     delta = check_delta(delta)
     steps = check_count("steps", steps)
+    rate = SubsampledGaussian(sampling_rate, 1.0, steps).sampling_rate  # checks q ∈ (0, 1]
+    check_neighbour(neighbour)
+    check_choice("accountant", accountant, ACCOUNTANTS)
+    return _calibrate_noise_multiplier(
+        float(target), float(delta), float(rate), int(steps), str(neighbour), str(accountant)
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _calibrate_noise_multiplier(
+    target: float,
+    delta: float,
+    sampling_rate: float,
+    steps: int,
+    neighbour: Neighbour,
+    accountant: Accountant,
+) -> float:
+    """``calibrate_noise_multiplier`` on checked, hashable arguments (the cached search)."""
     failed = (
         f"no noise multiplier in [2^-31, 2^63] gives ε = {target!r} at δ = {delta!r} for "
         f"{steps} steps at sampling rate {sampling_rate!r}"
