@@ -138,6 +138,23 @@ def privacy_overview(privacy: dict[str, Any]) -> str:
     return "\n".join([*lines, "(every owner's row is in privacy.json)"])
 
 
+def unreported_lines(unreported: list[dict[str, Any]]) -> str:
+    """The console lines naming the owners that could not report (privacy.json
+    ``unreported``): status and the answers this coordinator received from each."""
+    lines = [
+        f"\nNo privacy report from {len(unreported)} owner{'s' if len(unreported) > 1 else ''} "
+        "(privacy.json: unreported; no ε is shown for them: their own ledgers hold their spend, "
+        "`fedpenalty owner report OWNER.toml` reads a deployed owner's):"
+    ]
+    for u in unreported[:MAX_OWNER_ROWS]:
+        received = u.get("answers_received")
+        answers = "" if received is None else f"; {received} answers received before"
+        lines.append(f"  {u['owner']}: {u['status']}{answers}")
+    if len(unreported) > MAX_OWNER_ROWS:
+        lines.append(f"  and {len(unreported) - MAX_OWNER_ROWS} more (privacy.json)")
+    return "\n".join(lines)
+
+
 def mixing_table(diag: dict[str, Any]) -> str:
     names = diag.get("param_names")
     d = len(diag["posterior_mean"])
@@ -180,7 +197,9 @@ def print_run(title: str, result) -> None:
         print(privacy_overview(privacy))
         if privacy.get("trusted_curator"):
             print("trusted curator: this baseline pools every owner's records centrally")
-    elif privacy.get("trusted_curator"):
+    if privacy.get("unreported"):
+        print(unreported_lines(privacy["unreported"]))
+    if privacy.get("trusted_curator") and not privacy.get("owners"):
         print(
             f"\n{privacy['algorithm']} is a non-private trusted-curator baseline: no owner privacy."
         )
@@ -330,7 +349,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.no_progress:
             scenario["run"]["progress"] = False
         result = run_deployed(scenario, owners, _tls(args), args.out)
-    owners_n = len(result.privacy.get("owners", [])) or "the"
+    owners_n = (
+        len(result.privacy.get("owners", [])) + len(result.privacy.get("unreported", [])) or "the"
+    )
     algorithm = load_scenario(result.out / "config.toml")["sampler"]["algorithm"]
     print_run(f"fedpenalty run: {algorithm} with {owners_n} deployed owners", result)
     return _exit_status(result, resumable=True)
