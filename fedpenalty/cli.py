@@ -82,14 +82,39 @@ _PRIVACY_COLUMNS = {
 }
 
 
-def privacy_table(privacy: dict[str, Any]) -> str:
-    """The per-owner rows of a run's privacy.json, with the columns its algorithm has."""
+#: Secure aggregation: the owner's own σ does not protect it, the honest owners' sum does —
+#: s (its noise sd), t (colluders assumed), and what each owner added, s/√(K − t); then ε from
+#: its own noise alone next to ε (docs/design.md §2.6).
+_SECURE_NOISE_COLUMNS = [
+    ("total_noise_sd", "s"),
+    ("colluders", "t"),
+    ("owners_counted", "K"),
+    ("owner_noise_sd", "own sd"),
+]
+_PER_OWNER_NOISE = ("sigma", "noise_multiplier")
+
+
+def privacy_columns(privacy: dict[str, Any]) -> list[tuple[str, str]]:
+    """privacy.json owner keys the console shows for this run, (key, header) in order."""
     from .coordinator.algorithms import ALGORITHMS
 
     algorithm = ALGORITHMS[privacy["algorithm"]]
     columns = _PRIVACY_COLUMNS.get(algorithm.name) or _PRIVACY_COLUMNS.get(
         algorithm.query or "", _PENALTY_COLUMNS
     )
+    if privacy.get("aggregation") != "secure":
+        return columns
+    at = next(i for i, (key, _) in enumerate(columns) if key in _PER_OWNER_NOISE)
+    shown = [c for c in columns if c[0] not in _PER_OWNER_NOISE]
+    shown[at:at] = _SECURE_NOISE_COLUMNS
+    eps = next(i for i, (key, _) in enumerate(shown) if key == "epsilon")
+    shown.insert(eps + 1, ("epsilon_own_noise_only", "eps own noise"))
+    return shown
+
+
+def privacy_table(privacy: dict[str, Any]) -> str:
+    """The per-owner rows of a run's privacy.json, with the columns its run has."""
+    columns = privacy_columns(privacy)
     eps = "eps@δ" if privacy["delta"] is None else f"eps@{privacy['delta']:g}"
 
     def cell(value: Any) -> str:
@@ -194,6 +219,13 @@ def print_run(title: str, result) -> None:
             f"\nPer-owner privacy ({neighbour}: {privacy.get('neighbour_meaning', '')}; {delta}; "
             f"{privacy['release']}):"
         )
+        if privacy.get("aggregation") == "secure":
+            print(
+                f"secure aggregation: the coordinator saw only the owners' masked sum, whose "
+                f"noise sd s = {_fmt(privacy['total_noise_sd'])} protects each owner while at "
+                f"most t = {privacy['colluders']} owners collude with it (eps; 'eps own noise': "
+                "its own noise alone, if all others colluded; privacy.json: assumption)"
+            )
         print(privacy_overview(privacy))
         if privacy.get("trusted_curator"):
             print("trusted curator: this baseline pools every owner's records centrally")
