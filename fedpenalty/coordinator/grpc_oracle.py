@@ -14,7 +14,7 @@ a query already gave up on it) loses only its owners' reports.
 Ctrl-C (SIGINT) while a call runs cancels it at its next await and raises ``KeyboardInterrupt``
 once the event loop is idle (``_run``): an interrupt raised inside the loop would leave
 half-run tasks and a pending stop of the loop behind, which broke the next call (the run then
-exited with a traceback or 130 instead of stopping resumably; docs/design.md §5).
+exited with a traceback or 130 instead of stopping resumably; docs/design.md §4).
 
 Secure aggregation (docs/design.md §2.6): ``open_session`` first collects every owner's session
 key (``SessionKeys``) and relays all of them in ``OpenSession``; each host then replies with its
