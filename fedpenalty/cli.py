@@ -358,6 +358,9 @@ def _tls(args: argparse.Namespace):
         return None
     if not all(given):
         raise FedPenaltyError("mutual TLS needs all of --tls-cert, --tls-key and --tls-ca")
+    for flag, file in zip(("--tls-cert", "--tls-key", "--tls-ca"), given):
+        if not Path(file).is_file():
+            raise FedPenaltyError(f"{flag} {file}: no such file")
     return TlsFiles(Path(args.tls_cert), Path(args.tls_key), Path(args.tls_ca))
 
 
@@ -366,6 +369,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .simulation import resume_run, run_deployed
 
     owners = [a.strip() for a in args.owners.split(",") if a.strip()] if args.owners else None
+    for address in owners or []:
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise FedPenaltyError(
+                f"--owners: {address!r} is not HOST:PORT (the address and port an owner's "
+                "server.listen serves on, e.g. a.example.org:50051)"
+            )
     if args.resume:
         if args.scenario or args.set or args.out:
             raise FedPenaltyError(
@@ -398,6 +408,8 @@ def cmd_owner_serve(args: argparse.Namespace) -> int:
     from .owner.server import check_exposure, serve
 
     configs = [load_owner_config(path, args.listen, args.ledger) for path in args.owner_files]
+    for config in configs:
+        config.check_servable()
     first = configs[0]
     for c in configs[1:]:
         shared = (

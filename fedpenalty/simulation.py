@@ -289,6 +289,11 @@ def resume_simulation(out: str | Path) -> RunResult:
 
 def _run_info(out: Path) -> dict[str, Any]:
     """The ``run.json`` of the run directory ``out``, or a ``ConfigError`` saying why not."""
+    if not out.is_dir():
+        raise ConfigError(
+            f"{out} is not a run directory: --resume takes the directory of a stopped run (the "
+            "`--resume DIR` its stop message printed)"
+        )
     try:
         return json.loads((out / RUN_INFO).read_text())
     except (OSError, ValueError) as exc:

@@ -92,6 +92,8 @@ def _past_warmup(path) -> bool:
 
 def test_resume_refuses_what_it_cannot_continue(tmp_path):
     done = run_cli("simulate", "--resume", str(tmp_path / "nothing"), cwd=tmp_path)
-    assert done.returncode == 2 and "not a resumable run directory" in done.stderr
+    assert done.returncode == 2 and "is not a run directory: --resume takes" in done.stderr
+    done = run_cli("simulate", "--resume", str(tmp_path), cwd=tmp_path)
+    assert done.returncode == 2 and "not a resumable run directory (no readable" in done.stderr
     done = run_cli("simulate", "--resume", str(tmp_path), "--set", "a.b=1", cwd=tmp_path)
     assert done.returncode == 2 and "give no scenario, --set or --out" in done.stderr
