@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
@@ -452,27 +453,28 @@ class _Dropped(Exception):
 
 @contextmanager
 def _sigint_cancels(loop: asyncio.AbstractEventLoop, task: asyncio.Task) -> Iterator[list[bool]]:
-    """While inside, SIGINT cancels ``task`` instead of raising ``KeyboardInterrupt`` inside
-    ``loop``; the yielded list is non-empty once it did. Only where Python's default SIGINT
-    handler is in place (the main thread; an ignored or custom handler is left alone)."""
+    """While inside, SIGINT cancels ``task`` (through ``loop``'s thread-safe queue, which also
+    wakes it) instead of raising ``KeyboardInterrupt`` inside ``loop``; the yielded list is
+    non-empty once it did. Only where Python's default SIGINT handler is in place, in the main
+    thread (an ignored or custom handler is left alone). ``signal.signal`` rather than
+    ``loop.add_signal_handler``, which took about 0.8 ms a call (it lists the valid signals)."""
     interrupted: list[bool] = []
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
         yield interrupted
         return
 
-    def cancel() -> None:
+    def cancel(signum: int, frame: Any) -> None:
         interrupted.append(True)
-        task.cancel()
+        loop.call_soon_threadsafe(task.cancel)
 
-    try:
-        loop.add_signal_handler(signal.SIGINT, cancel)
-    except (RuntimeError, ValueError):  # not the main thread: SIGINT stays as it is
-        yield interrupted
-        return
+    signal.signal(signal.SIGINT, cancel)
     try:
         yield interrupted
     finally:
-        loop.remove_signal_handler(signal.SIGINT)  # restores the default handler
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _owner_error(exc: grpc.aio.AioRpcError, host: _Host) -> OwnerError:
