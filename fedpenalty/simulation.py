@@ -820,51 +820,10 @@ def privacy_summary(
     scenario: Scenario,
 ) -> dict[str, Any]:
     """The ``privacy.json`` content from each owner's entry (in owner order, with its policy):
-    under ``owners`` each owner's own report of this run's session, and ``ledger_epsilon``, its
-    ε across every session its ledger has seen; under ``unreported`` the owners that gave no
-    report (a stopped run: owner, status, error, answers received). Gradient runs show the
-    owner's σ as ``noise_multiplier`` with the sampling rate and clip they asked for; ``mu`` is
-    null unless the owner's ε is the exact GDP one. With secure aggregation: s, t and the
-    assumption ``epsilon`` rests on, and each owner's ε from its own noise alone."""
-    sampler = scenario["sampler"]
-    secure = requested(scenario["privacy"])
-    gradient = algorithm.query == SGMCMC
-    owners, unreported, reports = [], [], []
-    for report, policy in zip(entries, policies):
-        if isinstance(report, Unreported):
-            unreported.append(asdict(report))
-            continue
-        reports.append(report)
-        spend = report.session
-        assert spend is not None  # the reports were asked for this run's session
-        noise = (
-            {
-                "noise_multiplier": policy.sigma,
-                "sampling_rate": sampler["sampling_rate"],
-                "clip": sampler["clip"],
-            }
-            if gradient
-            else {"sigma": policy.sigma}
-        )
-        if secure is not None:  # the noise is s/√(K − t) (owner_fields), not σ
-            noise.pop("noise_multiplier" if gradient else "sigma")
-        owners.append(
-            {
-                "owner": report.owner,
-                "n": report.n,
-                **noise,
-                "delta": report.delta,
-                "answers": spend.answers,
-                "mu": None if gradient else spend.mu,
-                "epsilon": spend.epsilon,
-                "accountant": spend.accountant,
-                "epsilon_paper_bound": _finite_or_none(spend.epsilon_paper_bound),
-                "ledger_epsilon": report.total.epsilon,
-                "budget_epsilon": report.budget_epsilon,
-                "budget_left": report.budget_left,
-                **owner_fields(report),
-            }
-        )
+    under ``owners`` each owner's own report of this run's session (``owner_privacy``); under
+    ``unreported`` the owners that gave no report (a stopped run: owner, status, error, answers
+    received). With secure aggregation: s, t and the assumption ``epsilon`` rests on."""
+    reports = [r for r in entries if isinstance(r, PrivacyReport)]
     neighbour = _common([r.neighbour for r in reports])
     return {
         "delta": _common([r.delta for r in reports]),
@@ -874,9 +833,53 @@ def privacy_summary(
         "accounting": ACCOUNTING[algorithm.query],
         "trusted_curator": False,
         "release": "each owner's own ledger",
-        **aggregation_fields(secure),
-        "owners": owners,
-        "unreported": unreported,
+        **aggregation_fields(requested(scenario["privacy"])),
+        "owners": [
+            owner_privacy(r, p, algorithm, scenario)
+            for r, p in zip(entries, policies)
+            if isinstance(r, PrivacyReport)
+        ],
+        "unreported": [asdict(r) for r in entries if isinstance(r, Unreported)],
+    }
+
+
+def owner_privacy(
+    report: PrivacyReport, policy: Policy, algorithm: ChainAlgorithm, scenario: Scenario
+) -> dict[str, Any]:
+    """One owner's privacy.json entry: its own report of this run's session, and
+    ``ledger_epsilon``, its ε across every session its ledger has seen. Gradient runs show the
+    owner's σ as ``noise_multiplier`` with the sampling rate and clip they asked for; ``mu`` is
+    null unless the owner's ε is the exact GDP one. With secure aggregation the owner's ε from
+    its own noise alone, and no σ (its noise is s/√(K − t), ``owner_fields``)."""
+    sampler = scenario["sampler"]
+    gradient = algorithm.query == SGMCMC
+    spend = report.session
+    assert spend is not None  # the reports were asked for this run's session
+    noise = (
+        {
+            "noise_multiplier": policy.sigma,
+            "sampling_rate": sampler["sampling_rate"],
+            "clip": sampler["clip"],
+        }
+        if gradient
+        else {"sigma": policy.sigma}
+    )
+    if requested(scenario["privacy"]) is not None:
+        noise.pop("noise_multiplier" if gradient else "sigma")
+    return {
+        "owner": report.owner,
+        "n": report.n,
+        **noise,
+        "delta": report.delta,
+        "answers": spend.answers,
+        "mu": None if gradient else spend.mu,
+        "epsilon": spend.epsilon,
+        "accountant": spend.accountant,
+        "epsilon_paper_bound": _finite_or_none(spend.epsilon_paper_bound),
+        "ledger_epsilon": report.total.epsilon,
+        "budget_epsilon": report.budget_epsilon,
+        "budget_left": report.budget_left,
+        **owner_fields(report),
     }
 
 
