@@ -82,14 +82,39 @@ _PRIVACY_COLUMNS = {
 }
 
 
-def privacy_table(privacy: dict[str, Any]) -> str:
-    """The per-owner rows of a run's privacy.json, with the columns its algorithm has."""
+#: Secure aggregation: the owner's own σ does not protect it, the honest owners' sum does —
+#: s (its noise sd), t (colluders assumed), and what each owner added, s/√(K − t); then ε from
+#: its own noise alone next to ε (docs/design.md §2.6).
+_SECURE_NOISE_COLUMNS = [
+    ("total_noise_sd", "s"),
+    ("colluders", "t"),
+    ("owners_counted", "K"),
+    ("owner_noise_sd", "own sd"),
+]
+_PER_OWNER_NOISE = ("sigma", "noise_multiplier")
+
+
+def privacy_columns(privacy: dict[str, Any]) -> list[tuple[str, str]]:
+    """privacy.json owner keys the console shows for this run, (key, header) in order."""
     from .coordinator.algorithms import ALGORITHMS
 
     algorithm = ALGORITHMS[privacy["algorithm"]]
     columns = _PRIVACY_COLUMNS.get(algorithm.name) or _PRIVACY_COLUMNS.get(
         algorithm.query or "", _PENALTY_COLUMNS
     )
+    if privacy.get("aggregation") != "secure":
+        return columns
+    at = next(i for i, (key, _) in enumerate(columns) if key in _PER_OWNER_NOISE)
+    shown = [c for c in columns if c[0] not in _PER_OWNER_NOISE]
+    shown[at:at] = _SECURE_NOISE_COLUMNS
+    eps = next(i for i, (key, _) in enumerate(shown) if key == "epsilon")
+    shown.insert(eps + 1, ("epsilon_own_noise_only", "eps own noise"))
+    return shown
+
+
+def privacy_table(privacy: dict[str, Any]) -> str:
+    """The per-owner rows of a run's privacy.json, with the columns its run has."""
+    columns = privacy_columns(privacy)
     eps = "eps@δ" if privacy["delta"] is None else f"eps@{privacy['delta']:g}"
 
     def cell(value: Any) -> str:
@@ -138,6 +163,23 @@ def privacy_overview(privacy: dict[str, Any]) -> str:
     return "\n".join([*lines, "(every owner's row is in privacy.json)"])
 
 
+def unreported_lines(unreported: list[dict[str, Any]]) -> str:
+    """The console lines naming the owners that could not report (privacy.json
+    ``unreported``): status and the answers this coordinator received from each."""
+    lines = [
+        f"\nNo privacy report from {len(unreported)} owner{'s' if len(unreported) > 1 else ''} "
+        "(privacy.json: unreported; no ε is shown for them: their own ledgers hold their spend, "
+        "`fedpenalty owner report OWNER.toml` reads a deployed owner's):"
+    ]
+    for u in unreported[:MAX_OWNER_ROWS]:
+        received = u.get("answers_received")
+        answers = "" if received is None else f"; {received} answers received before"
+        lines.append(f"  {u['owner']}: {u['status']}{answers}")
+    if len(unreported) > MAX_OWNER_ROWS:
+        lines.append(f"  and {len(unreported) - MAX_OWNER_ROWS} more (privacy.json)")
+    return "\n".join(lines)
+
+
 def mixing_table(diag: dict[str, Any]) -> str:
     names = diag.get("param_names")
     d = len(diag["posterior_mean"])
@@ -177,10 +219,19 @@ def print_run(title: str, result) -> None:
             f"\nPer-owner privacy ({neighbour}: {privacy.get('neighbour_meaning', '')}; {delta}; "
             f"{privacy['release']}):"
         )
+        if privacy.get("aggregation") == "secure":
+            print(
+                f"secure aggregation: the coordinator saw only the owners' masked sum, whose "
+                f"noise sd s = {_fmt(privacy['total_noise_sd'])} protects each owner while at "
+                f"most t = {privacy['colluders']} owners collude with it (eps; 'eps own noise': "
+                "its own noise alone, if all others colluded; privacy.json: assumption)"
+            )
         print(privacy_overview(privacy))
         if privacy.get("trusted_curator"):
             print("trusted curator: this baseline pools every owner's records centrally")
-    elif privacy.get("trusted_curator"):
+    if privacy.get("unreported"):
+        print(unreported_lines(privacy["unreported"]))
+    if privacy.get("trusted_curator") and not privacy.get("owners"):
         print(
             f"\n{privacy['algorithm']} is a non-private trusted-curator baseline: no owner privacy."
         )
@@ -307,6 +358,9 @@ def _tls(args: argparse.Namespace):
         return None
     if not all(given):
         raise FedPenaltyError("mutual TLS needs all of --tls-cert, --tls-key and --tls-ca")
+    for flag, file in zip(("--tls-cert", "--tls-key", "--tls-ca"), given):
+        if not Path(file).is_file():
+            raise FedPenaltyError(f"{flag} {file}: no such file")
     return TlsFiles(Path(args.tls_cert), Path(args.tls_key), Path(args.tls_ca))
 
 
@@ -315,6 +369,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .simulation import resume_run, run_deployed
 
     owners = [a.strip() for a in args.owners.split(",") if a.strip()] if args.owners else None
+    for address in owners or []:
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise FedPenaltyError(
+                f"--owners: {address!r} is not HOST:PORT (the address and port an owner's "
+                "server.listen serves on, e.g. a.example.org:50051)"
+            )
     if args.resume:
         if args.scenario or args.set or args.out:
             raise FedPenaltyError(
@@ -330,7 +391,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.no_progress:
             scenario["run"]["progress"] = False
         result = run_deployed(scenario, owners, _tls(args), args.out)
-    owners_n = len(result.privacy.get("owners", [])) or "the"
+    owners_n = (
+        len(result.privacy.get("owners", [])) + len(result.privacy.get("unreported", [])) or "the"
+    )
     algorithm = load_scenario(result.out / "config.toml")["sampler"]["algorithm"]
     print_run(f"fedpenalty run: {algorithm} with {owners_n} deployed owners", result)
     return _exit_status(result, resumable=True)
@@ -345,6 +408,8 @@ def cmd_owner_serve(args: argparse.Namespace) -> int:
     from .owner.server import check_exposure, serve
 
     configs = [load_owner_config(path, args.listen, args.ledger) for path in args.owner_files]
+    for config in configs:
+        config.check_servable()
     first = configs[0]
     for c in configs[1:]:
         shared = (

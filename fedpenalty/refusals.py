@@ -133,11 +133,16 @@ def budget_refusal(
         options.append(
             "fewer answers per owner: sampler.warmup + sampler.iterations, or sampler.chains"
         )
-    else:
+    elif needs.max_answers >= max(chains, 1):
         options.append(
             f"fewer answers: at most {needs.max_answers} per owner, i.e. sampler.warmup + "
             f"sampler.iterations ≤ {needs.max_answers // max(chains, 1)} with {chains} chains "
             "(or fewer sampler.chains)"
+        )
+    elif needs.max_answers > 0:  # not one iteration of every chain: fewer chains
+        options.append(
+            f"fewer answers: at most {needs.max_answers} per owner, fewer than one per chain "
+            f"(sampler.chains ≤ {needs.max_answers})"
         )
     if needs.sigma is None:
         options.append(f"a larger {sigma_key} (noisier answers mix slower)")

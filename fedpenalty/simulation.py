@@ -21,7 +21,9 @@ both connect through an oracle, run the sampler with checkpoints and write
   a run is unfinished: its chain state (``resume_run`` continues it).
 
 An owner that refuses (budget) or cannot be reached stops the run: what was sampled is kept and
-written, with a checkpoint, and ``RunResult.stopped`` holds the owner's error. A run that fails
+written, with a checkpoint, and ``RunResult.stopped`` holds the owner's error; privacy.json then
+holds the reports of every owner that still answers and, under ``unreported``, the owners that
+could not report (never an ε the coordinator made up). A run that fails
 before its first iteration (a plan refused at session open, say) leaves no run directory, so
 that the same ``--out`` can be used again.
 """
@@ -33,7 +35,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +49,7 @@ from .coordinator.algorithms import ALGORITHMS, Algorithm
 from .coordinator.base import ChainAlgorithm, ChainData, ReleaseAlgorithm, SamplingAlgorithm
 from .coordinator.driver import ChainResult, Progress, SamplingStopped, sample
 from .coordinator.grpc_oracle import GrpcOracle
-from .coordinator.oracle import Oracle
+from .coordinator.oracle import Oracle, Unreported
 from .coordinator.reference import reference_posterior
 from .coordinator.secure_sum import (
     SIMULATED_SECURE_NOISE,
@@ -109,8 +111,8 @@ NEIGHBOUR_MEANING = {
 @dataclass(frozen=True)
 class RunResult:
     """A finished or stopped run. ``theta`` ``(chains, draws, d)`` is what was sampled;
-    ``privacy`` is empty when the owners could not report; ``stopped`` is the owner error
-    that ended the run early (None when it completed)."""
+    ``privacy`` is privacy.json's content (``unreported``: owners that could not report);
+    ``stopped`` is the owner error that ended the run early (None when it completed)."""
 
     out: Path
     privacy: dict[str, Any]
@@ -287,6 +289,11 @@ def resume_simulation(out: str | Path) -> RunResult:
 
 def _run_info(out: Path) -> dict[str, Any]:
     """The ``run.json`` of the run directory ``out``, or a ``ConfigError`` saying why not."""
+    if not out.is_dir():
+        raise ConfigError(
+            f"{out} is not a run directory: --resume takes the directory of a stopped run (the "
+            "`--resume DIR` its stop message printed)"
+        )
     try:
         return json.loads((out / RUN_INFO).read_text())
     except (OSError, ValueError) as exc:
@@ -330,11 +337,11 @@ def _run_owners(
             extra["simulation_only"] = simulated
     finally:
         launched.stop()
-    privacy = privacy_summary(reports, policies, algorithm, scenario) if reports else {}
-    if privacy:
+    privacy = privacy_summary(reports, policies, algorithm, scenario)
+    if privacy["owners"]:
         secure = requested(scenario["privacy"])
         privacy["noise"] = SIMULATED_NOISE if secure is None else SIMULATED_SECURE_NOISE
-    if privacy and start is not None:
+    if start is not None:
         start.privacy(privacy)
     outputs = _Outputs(
         model, algorithm.name, world.reference, _sample_stats(chains, scenario, algorithm)
@@ -570,7 +577,7 @@ def _deployed(
     chains, reports, stopped, spend = _sample_owners(
         scenario, algorithm, model, owners, out, n_total, info, resume
     )
-    privacy = privacy_summary(reports, policies, algorithm, scenario) if reports else {}
+    privacy = privacy_summary(reports, policies, algorithm, scenario)
     outputs = _Outputs(model, algorithm.name, None, _sample_stats(chains, scenario, algorithm))
     return _finish(
         out,
@@ -594,10 +601,13 @@ def _sample_owners(
     info: dict[str, Any],
     resume: Progress | None = None,
     theta0: np.ndarray | None = None,
-) -> tuple[ChainResult, list[PrivacyReport], OwnerError | Interrupted | None, SpendTrace]:
+) -> tuple[
+    ChainResult, list[PrivacyReport | Unreported], OwnerError | Interrupted | None, SpendTrace
+]:
     """Open (or resume) the session, sample with checkpoints, collect the owners' reports.
-    Returns the kept draws, the reports (empty if some owner cannot report), the owner error
-    that stopped the run early, if any, and the owners' running spend. ``theta0`` ``(chains,
+    Returns the kept draws, the reports (of a stopped run: ``Unreported`` for each owner whose
+    host could not report), the owner error that stopped the run early, if any, and the
+    owners' running spend. ``theta0`` ``(chains,
     d)`` overrides the data-independent starts (hybrid: the OPS draws). The oracle is closed
     (session closed) when the run completed or stopped before its first iteration, and only
     disconnected (session left open for a resume) when it stopped later."""
@@ -629,12 +639,9 @@ def _sample_owners(
                 raise _unstarted(stop.cause) from stop.cause
             checkpoint.save(out / CHECKPOINT, stop.progress)
             chains, stopped, done = stop.progress.result(), stop.cause, stop.progress.done
-        try:
-            reports = oracle.privacy_reports()
-        except OwnerError:
-            if stopped is None:
-                raise
-            reports = []
+        reports: list[PrivacyReport | Unreported] = list(
+            oracle.privacy_reports() if stopped is None else oracle.reachable_reports()
+        )
     except BaseException:
         oracle.disconnect()
         raise
@@ -745,11 +752,15 @@ class _SpendRecorder:
 
         return SamplingAlgorithm(kernel.init, step, kernel.accepts)
 
-    def finished(self, done: int, reports: list[PrivacyReport]) -> SpendTrace:
-        """The trace with the run's final ``reports`` after ``done`` iterations."""
-        if reports and (not len(self.trace.iterations) or self.trace.iterations[-1] < done):
-            return self.trace.added(done, reports, self.gradient)
-        return self.trace
+    def finished(self, done: int, reports: list[PrivacyReport | Unreported]) -> SpendTrace:
+        """The trace with the run's final ``reports`` after ``done`` iterations (when every
+        owner reported)."""
+        full = [r for r in reports if isinstance(r, PrivacyReport)]
+        if len(full) < len(reports) or (
+            len(self.trace.iterations) and self.trace.iterations[-1] >= done
+        ):
+            return self.trace
+        return self.trace.added(done, full, self.gradient)
 
 
 def _write_info(out: Path, info: dict[str, Any]) -> None:
@@ -803,51 +814,16 @@ def _finish(
 
 
 def privacy_summary(
-    reports: list[PrivacyReport],
+    entries: list[PrivacyReport | Unreported],
     policies: list[Policy],
     algorithm: ChainAlgorithm,
     scenario: Scenario,
 ) -> dict[str, Any]:
-    """The ``privacy.json`` content: each owner's own report of this run's session, and
-    ``ledger_epsilon``, its ε across every session its ledger has seen. Gradient runs show the
-    owner's σ as ``noise_multiplier`` with the sampling rate and clip they asked for; ``mu`` is
-    null unless the owner's ε is the exact GDP one. With secure aggregation: s, t and the
-    assumption ``epsilon`` rests on, and each owner's ε from its own noise alone."""
-    sampler = scenario["sampler"]
-    secure = requested(scenario["privacy"])
-    gradient = algorithm.query == SGMCMC
-    owners = []
-    for report, policy in zip(reports, policies):
-        spend = report.session
-        assert spend is not None  # the reports were asked for this run's session
-        noise = (
-            {
-                "noise_multiplier": policy.sigma,
-                "sampling_rate": sampler["sampling_rate"],
-                "clip": sampler["clip"],
-            }
-            if gradient
-            else {"sigma": policy.sigma}
-        )
-        if secure is not None:  # the noise is s/√(K − t) (owner_fields), not σ
-            noise.pop("noise_multiplier" if gradient else "sigma")
-        owners.append(
-            {
-                "owner": report.owner,
-                "n": report.n,
-                **noise,
-                "delta": report.delta,
-                "answers": spend.answers,
-                "mu": None if gradient else spend.mu,
-                "epsilon": spend.epsilon,
-                "accountant": spend.accountant,
-                "epsilon_paper_bound": _finite_or_none(spend.epsilon_paper_bound),
-                "ledger_epsilon": report.total.epsilon,
-                "budget_epsilon": report.budget_epsilon,
-                "budget_left": report.budget_left,
-                **owner_fields(report),
-            }
-        )
+    """The ``privacy.json`` content from each owner's entry (in owner order, with its policy):
+    under ``owners`` each owner's own report of this run's session (``owner_privacy``); under
+    ``unreported`` the owners that gave no report (a stopped run: owner, status, error, answers
+    received). With secure aggregation: s, t and the assumption ``epsilon`` rests on."""
+    reports = [r for r in entries if isinstance(r, PrivacyReport)]
     neighbour = _common([r.neighbour for r in reports])
     return {
         "delta": _common([r.delta for r in reports]),
@@ -857,8 +833,53 @@ def privacy_summary(
         "accounting": ACCOUNTING[algorithm.query],
         "trusted_curator": False,
         "release": "each owner's own ledger",
-        **aggregation_fields(secure),
-        "owners": owners,
+        **aggregation_fields(requested(scenario["privacy"])),
+        "owners": [
+            owner_privacy(r, p, algorithm, scenario)
+            for r, p in zip(entries, policies)
+            if isinstance(r, PrivacyReport)
+        ],
+        "unreported": [asdict(r) for r in entries if isinstance(r, Unreported)],
+    }
+
+
+def owner_privacy(
+    report: PrivacyReport, policy: Policy, algorithm: ChainAlgorithm, scenario: Scenario
+) -> dict[str, Any]:
+    """One owner's privacy.json entry: its own report of this run's session, and
+    ``ledger_epsilon``, its ε across every session its ledger has seen. Gradient runs show the
+    owner's σ as ``noise_multiplier`` with the sampling rate and clip they asked for; ``mu`` is
+    null unless the owner's ε is the exact GDP one. With secure aggregation the owner's ε from
+    its own noise alone, and no σ (its noise is s/√(K − t), ``owner_fields``)."""
+    sampler = scenario["sampler"]
+    gradient = algorithm.query == SGMCMC
+    spend = report.session
+    assert spend is not None  # the reports were asked for this run's session
+    noise = (
+        {
+            "noise_multiplier": policy.sigma,
+            "sampling_rate": sampler["sampling_rate"],
+            "clip": sampler["clip"],
+        }
+        if gradient
+        else {"sigma": policy.sigma}
+    )
+    if requested(scenario["privacy"]) is not None:
+        noise.pop("noise_multiplier" if gradient else "sigma")
+    return {
+        "owner": report.owner,
+        "n": report.n,
+        **noise,
+        "delta": report.delta,
+        "answers": spend.answers,
+        "mu": None if gradient else spend.mu,
+        "epsilon": spend.epsilon,
+        "accountant": spend.accountant,
+        "epsilon_paper_bound": _finite_or_none(spend.epsilon_paper_bound),
+        "ledger_epsilon": report.total.epsilon,
+        "budget_epsilon": report.budget_epsilon,
+        "budget_left": report.budget_left,
+        **owner_fields(report),
     }
 
 

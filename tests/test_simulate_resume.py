@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 from grpc_processes import FEDPENALTY, TIMEOUT, run_cli
 
+from fedpenalty.coordinator import checkpoint
+
 SETTINGS = [
     "--set",
     "data.owners=3",
@@ -35,11 +37,7 @@ SETTINGS = [
 
 
 @pytest.mark.slow
-# gRPC: a real Ctrl-C to the process group also stopped the run cleanly in development, but
-# twice under load the coordinator exited 130 (the interrupt escaped outside the sampling loop);
-# until that is found, only the in-process transport is tested here (tests/test_sgmcmc_runs.py
-# and tests/test_ray.py check resumed gRPC and Ray runs give the uninterrupted draws).
-@pytest.mark.parametrize("transport", ["inprocess"])
+@pytest.mark.parametrize("transport", ["inprocess", "grpc"])
 def test_ctrl_c_then_resume_gives_the_draws_of_an_uninterrupted_run(tmp_path, transport):
     settings = [*SETTINGS, "--set", f"run.transport='{transport}'", "--set", "run.owner_hosts=2"]
     reference = tmp_path / "reference"
@@ -53,14 +51,14 @@ def test_ctrl_c_then_resume_gives_the_draws_of_an_uninterrupted_run(tmp_path, tr
         cwd=tmp_path,
         stdout=log,
         stderr=subprocess.STDOUT,
-        start_new_session=True,  # Ctrl-C reaches the whole group: the owner hosts too
+        start_new_session=True,  # its own process group, as a terminal's foreground job
     )
     deadline = time.monotonic() + TIMEOUT
-    while not (stopped / "checkpoint.npz").exists():
+    while not _past_warmup(stopped / "checkpoint.npz"):  # so that some draws are kept
         assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint"
         time.sleep(0.05)
     time.sleep(0.3)
-    os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: the coordinator and its hosts
+    os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C to its foreground process group
     assert proc.wait(timeout=TIMEOUT) == 3
     log.close()
     said = (tmp_path / "stopped.log").read_text()
@@ -68,6 +66,10 @@ def test_ctrl_c_then_resume_gives_the_draws_of_an_uninterrupted_run(tmp_path, tr
     assert "Traceback" not in said, said
     kept = np.load(stopped / "samples.npz")["theta"]
     assert 0 < kept.shape[1] < 2500 and (stopped / "checkpoint.npz").exists()
+    # the owners (gRPC: host processes in their own session, which Ctrl-C does not reach)
+    # reported what the interrupted run spent
+    interrupted = json.loads((stopped / "privacy.json").read_text())
+    assert len(interrupted["owners"]) == 3 and interrupted["unreported"] == []
 
     done = run_cli("simulate", "--resume", str(stopped), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
@@ -83,8 +85,15 @@ def test_ctrl_c_then_resume_gives_the_draws_of_an_uninterrupted_run(tmp_path, tr
     assert not (stopped / "checkpoint.npz").exists()
 
 
+def _past_warmup(path) -> bool:
+    """The checkpoint at ``path`` exists and holds kept draws (written atomically: a rename)."""
+    return path.exists() and checkpoint.load(path).kept > 0
+
+
 def test_resume_refuses_what_it_cannot_continue(tmp_path):
     done = run_cli("simulate", "--resume", str(tmp_path / "nothing"), cwd=tmp_path)
-    assert done.returncode == 2 and "not a resumable run directory" in done.stderr
+    assert done.returncode == 2 and "is not a run directory: --resume takes" in done.stderr
+    done = run_cli("simulate", "--resume", str(tmp_path), cwd=tmp_path)
+    assert done.returncode == 2 and "not a resumable run directory (no readable" in done.stderr
     done = run_cli("simulate", "--resume", str(tmp_path), "--set", "a.b=1", cwd=tmp_path)
     assert done.returncode == 2 and "give no scenario, --set or --out" in done.stderr

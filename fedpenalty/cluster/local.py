@@ -4,7 +4,10 @@
 (the records are removed once the hosts have loaded them),
 starts ``python -m fedpenalty.cluster.local HOST.json`` per host on 127.0.0.1 with a port the
 operating system picks, waits until every host reports SERVING on the standard health check,
-and ``stop`` ends them with SIGTERM (SIGKILL after a timeout). Owners are split into contiguous
+and ``stop`` ends them with SIGTERM (SIGKILL after a timeout). The hosts run in their own
+session, so a terminal's Ctrl-C reaches the coordinator alone: it stops the run, collects the
+owners' reports and then stops the hosts; a host whose launcher is gone stops itself. Owners
+are split into contiguous
 blocks, so the gRPC oracle's owner order (address order, then each host's order) is the order
 given here. The owners of one host share one ledger file: one transaction per request.
 """
@@ -14,8 +17,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -79,6 +84,7 @@ class LocalCluster:
                         stdout=log,
                         stderr=subprocess.STDOUT,
                         stdin=subprocess.DEVNULL,
+                        start_new_session=True,  # not stopped by the terminal's Ctrl-C
                     )
                 )
                 log.close()
@@ -137,6 +143,7 @@ def _write_host(
         "ledger": f"host-{h}.sqlite",
         "synchronous": synchronous,
         "port_file": f"host-{h}.port",
+        "launcher": os.getpid(),
         "owners": [
             {
                 "name": n,
@@ -180,11 +187,13 @@ def _wait_ready(folder: Path, h: int, process: subprocess.Popen, deadline: float
 
 
 def serve_host(spec_path: Path) -> None:
-    """Build the owners of one host spec and serve them until SIGTERM/SIGINT."""
+    """Build the owners of one host spec and serve them until SIGTERM/SIGINT, or until the
+    launcher process named in the spec is gone."""
     from ..owner.server import serve
 
     folder = spec_path.parent
     spec = json.loads(spec_path.read_text())
+    threading.Thread(target=_stop_without, args=(spec["launcher"],), daemon=True).start()
     model = build_model(spec["model"])
     ledger = Ledger(folder / spec["ledger"], synchronous=spec["synchronous"])
     with np.load(folder / spec["data"]) as data:
@@ -206,6 +215,14 @@ def serve_host(spec_path: Path) -> None:
         serve(OwnerHost(nodes), "127.0.0.1:0", port_file=folder / spec["port_file"])
     finally:
         ledger.close()
+
+
+def _stop_without(launcher: int, every: float = 1.0) -> None:
+    """SIGTERM this process once ``launcher`` (its parent) has exited: a host in its own
+    session would otherwise serve on after a coordinator that was killed."""
+    while os.getppid() == launcher:
+        time.sleep(every)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 if __name__ == "__main__":

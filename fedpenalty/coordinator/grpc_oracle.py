@@ -7,7 +7,14 @@ deadline; a host that is unreachable, times out or drops its stream is retried w
 safe because every request except ``CloseSession`` is idempotent (owners replay stored answers
 for a re-sent (session, chain, iteration)) — and after ``retry_seconds`` it is reported as
 ``OwnerUnavailable``. Owner refusals come back as the ``fedpenalty.errors`` class the owner
-raised (``BudgetExhausted`` with the owner's name and ε left).
+raised (``BudgetExhausted`` with the owner's name and ε left). ``reachable_reports`` asks each
+host for its owners' reports on its own, so a host that is gone (tried once more, briefly, when
+a query already gave up on it) loses only its owners' reports.
+
+Ctrl-C (SIGINT) while a call runs cancels it at its next await and raises ``KeyboardInterrupt``
+once the event loop is idle (``_run``): an interrupt raised inside the loop would leave
+half-run tasks and a pending stop of the loop behind, which broke the next call (the run then
+exited with a traceback or 130 instead of stopping resumably; docs/design.md §4).
 
 Secure aggregation (docs/design.md §2.6): ``open_session`` first collects every owner's session
 key (``SessionKeys``) and relays all of them in ``OpenSession``; each host then replies with its
@@ -18,11 +25,14 @@ every host answered, so a host that drops out stops the run (resumably) and noth
 from __future__ import annotations
 
 import asyncio
+import signal
+import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import numpy as np
@@ -35,7 +45,7 @@ from ..owner import wire
 from ..owner.owner_config import TlsFiles
 from ..proto import owner_pb2 as pb
 from ..proto import owner_pb2_grpc as pb_grpc
-from .oracle import Answers, SecureAggregation
+from .oracle import Answers, SecureAggregation, Unreported
 from .secure_sum import combine, owner_noise_sd, secure_open
 from .transport_base import Launched, OwnerSetup, Transport
 
@@ -56,11 +66,16 @@ def _transport_failure(exc: grpc.aio.AioRpcError) -> bool:
 
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+#: Seconds one more report request to a host that a query already gave up on may take.
+LOST_HOST_SECONDS = 5.0
+T = TypeVar("T")
 
 
 @dataclass
 class _Host:
-    """One owner host: its channel, stub, owners and (lazily opened) Query stream."""
+    """One owner host: its channel, stub, owners and (lazily opened) Query stream;
+    ``answers``: the answers (keys) each of its owners gave this coordinator; ``lost``: a call
+    gave up on it (``OwnerUnavailable``)."""
 
     address: str
     channel: grpc.aio.Channel
@@ -68,6 +83,8 @@ class _Host:
     owners: list[OwnerDescription] = field(default_factory=list)
     stream: Any = None
     next_id: int = 0
+    answers: int = 0
+    lost: bool = False
 
     def drop_stream(self) -> None:
         if self.stream is not None:
@@ -212,7 +229,7 @@ class GrpcOracle:
             theta=np.ravel(theta).tolist(),
             theta_prop=np.ravel(theta_prop).tolist(),
         )
-        return self._query(lambda r: r.log_ratio.CopyFrom(query), 1.0)
+        return self._query(lambda r: r.log_ratio.CopyFrom(query), 1.0, len(query.chains))
 
     def suff_stats(self, chains: np.ndarray, start: int, block: int) -> Answers:
         query = pb.SuffStatsRequest(
@@ -221,7 +238,9 @@ class GrpcOracle:
             start=int(start),
             block=int(block),
         )
-        return self._query(lambda r: r.suff_stats.CopyFrom(query), 1.0)
+        return self._query(
+            lambda r: r.suff_stats.CopyFrom(query), 1.0, len(query.chains) * int(block)
+        )
 
     def gradient(
         self, iteration: int, chains: np.ndarray, theta: np.ndarray, clip: float
@@ -233,12 +252,26 @@ class GrpcOracle:
             theta=np.ravel(theta).tolist(),
             clip=clip,
         )
-        return self._query(lambda r: r.gradient.CopyFrom(query), clip)
+        return self._query(lambda r: r.gradient.CopyFrom(query), clip, len(query.chains))
 
     def privacy_reports(self) -> list[PrivacyReport]:
         request = pb.PrivacyReportRequest(session=self.session or "")
         replies = self._run(self._each(lambda h: self._unary(h, h.stub.PrivacyReport, request)))
         return [wire.privacy_report(o) for reply in replies for o in reply.owners]
+
+    def reachable_reports(self) -> list[PrivacyReport | Unreported]:
+        request = pb.PrivacyReportRequest(session=self.session or "")
+
+        async def host_reports(host: _Host) -> list[PrivacyReport | Unreported]:
+            quick = LOST_HOST_SECONDS if host.lost else None
+            try:
+                reply = await self._unary(host, host.stub.PrivacyReport, request, quick)
+            except OwnerError as exc:
+                status = "unreachable" if isinstance(exc, OwnerUnavailable) else "refused"
+                return [Unreported(o.name, status, str(exc), host.answers) for o in host.owners]
+            return [wire.privacy_report(o) for o in reply.owners]
+
+        return [r for block in self._run(self._each(host_reports)) for r in block]
 
     def close(self) -> None:
         """Close the session at every owner (not retried: closing is not idempotent), then the
@@ -270,8 +303,22 @@ class GrpcOracle:
             raise RuntimeError("open_session must be called first")
         return self.session
 
-    def _run(self, coro: Awaitable):
-        return self._loop.run_until_complete(coro)
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the oracle's event loop; Ctrl-C cancels it (module docstring): the
+        streams are dropped, since a cancelled request's reply must not answer the next one,
+        and ``KeyboardInterrupt`` is raised here."""
+        task = self._loop.create_task(coro)
+        with _sigint_cancels(self._loop, task) as interrupted:
+            try:
+                result = self._loop.run_until_complete(task)
+            except asyncio.CancelledError:
+                if not interrupted:
+                    raise
+                for host in self._hosts:
+                    host.drop_stream()
+        if interrupted:
+            raise KeyboardInterrupt
+        return result
 
     async def _each(self, call: Callable[[_Host], Awaitable]) -> list:
         """``call`` on every host concurrently; waits for all, then raises the first error."""
@@ -283,11 +330,13 @@ class GrpcOracle:
                 raise r
         return results
 
-    def _query(self, fill: Callable[[pb.QueryRequest], None], noise_scale: float) -> Answers:
-        """One query on every host's stream. Each owner's noise sd must be what its described
-        policy gives (σ_k, or s/√(K − t) with secure aggregation) times ``noise_scale`` (1, or
-        the clip of gradient answers)."""
-        messages = self._run(self._each(lambda h: self._stream_query(h, fill)))
+    def _query(
+        self, fill: Callable[[pb.QueryRequest], None], noise_scale: float, keys: int
+    ) -> Answers:
+        """One query of ``keys`` answers per owner on every host's stream. Each owner's noise
+        sd must be what its described policy gives (σ_k, or s/√(K − t) with secure
+        aggregation) times ``noise_scale`` (1, or the clip of gradient answers)."""
+        messages = self._run(self._each(lambda h: self._stream_query(h, fill, keys)))
         replies = []
         for host, message in zip(self._hosts, messages):
             reply = wire.answers_reply(message.answers)
@@ -310,7 +359,7 @@ class GrpcOracle:
         return combine(replies)
 
     async def _stream_query(
-        self, host: _Host, fill: Callable[[pb.QueryRequest], None]
+        self, host: _Host, fill: Callable[[pb.QueryRequest], None], keys: int
     ) -> pb.QueryReply:
         async def attempt() -> pb.QueryReply:
             if host.stream is None:
@@ -331,16 +380,23 @@ class GrpcOracle:
         reply = await self._retrying(host, attempt, stream=True)
         if reply.HasField("refusal"):
             raise wire.error_from_refusal(reply.refusal, host.address)
+        host.answers += keys
         return reply
 
-    async def _unary(self, host: _Host, method, request):
+    async def _unary(self, host: _Host, method, request, quick: float | None = None):
+        """``method(request)`` on ``host``, retried; ``quick``: one try of at most that many
+        seconds instead (a host already given up on)."""
+        timeout = self.deadline if quick is None else min(quick, self.deadline)
         return await self._retrying(
-            host, lambda: method(request, timeout=self.deadline), stream=False
+            host, lambda: method(request, timeout=timeout), stream=False, retry=quick is None
         )
 
-    async def _retrying(self, host: _Host, attempt: Callable[[], Awaitable], stream: bool):
-        """Run an idempotent ``attempt``, retrying transport failures for ``retry_seconds``."""
-        give_up = time.monotonic() + self.retry_seconds
+    async def _retrying(
+        self, host: _Host, attempt: Callable[[], Awaitable], stream: bool, retry: bool = True
+    ):
+        """Run an idempotent ``attempt``, retrying transport failures for ``retry_seconds``
+        (``retry`` False: once). Giving up marks the host ``lost``."""
+        give_up = time.monotonic() + (self.retry_seconds if retry else 0.0)
         pause, tries = 0.05, 0
         while True:
             tries += 1
@@ -359,9 +415,11 @@ class GrpcOracle:
                 host.drop_stream()
                 failure = str(exc) or f"no reply within {self.deadline:g} s"
             if time.monotonic() + pause > give_up:
+                host.lost = True
+                over = f" over {self.retry_seconds:g} s" if retry else ""
                 raise OwnerUnavailable(
-                    f"{host.label()} is unreachable after {tries} attempts over "
-                    f"{self.retry_seconds:g} s ({failure}){self._tls_hint(failure)}"
+                    f"{host.label()} is unreachable after {tries} "
+                    f"attempt{'s' if tries > 1 else ''}{over} ({failure}){self._tls_hint(failure)}"
                 )
             await asyncio.sleep(pause)
             pause = min(pause * 2, 1.0)
@@ -391,6 +449,32 @@ class GrpcOracle:
 
 class _Dropped(Exception):
     """A stream ended without a reply (the host stopped)."""
+
+
+@contextmanager
+def _sigint_cancels(loop: asyncio.AbstractEventLoop, task: asyncio.Task) -> Iterator[list[bool]]:
+    """While inside, SIGINT cancels ``task`` (through ``loop``'s thread-safe queue, which also
+    wakes it) instead of raising ``KeyboardInterrupt`` inside ``loop``; the yielded list is
+    non-empty once it did. Only where Python's default SIGINT handler is in place, in the main
+    thread (an ignored or custom handler is left alone). ``signal.signal`` rather than
+    ``loop.add_signal_handler``, which took about 0.8 ms a call (it lists the valid signals)."""
+    interrupted: list[bool] = []
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield interrupted
+        return
+
+    def cancel(signum: int, frame: Any) -> None:
+        interrupted.append(True)
+        loop.call_soon_threadsafe(task.cancel)
+
+    signal.signal(signal.SIGINT, cancel)
+    try:
+        yield interrupted
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _owner_error(exc: grpc.aio.AioRpcError, host: _Host) -> OwnerError:

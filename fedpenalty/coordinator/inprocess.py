@@ -13,7 +13,7 @@ import numpy as np
 
 from ..common import OwnerDescription, PrivacyReport
 from ..owner import Ledger, OwnerHost, OwnerNode
-from .oracle import Answers, SecureAggregation
+from .oracle import Answers, SecureAggregation, Unreported
 from .secure_sum import combine, secure_open
 from .transport_base import Launched, OwnerSetup, Transport
 
@@ -73,6 +73,10 @@ class InProcessOracle:
 
     def privacy_reports(self) -> list[PrivacyReport]:
         return self.host.privacy_reports(self.session)
+
+    def reachable_reports(self) -> list[PrivacyReport | Unreported]:
+        """The owners live in this process: every one of them reports."""
+        return list(self.privacy_reports())
 
     def close(self) -> None:
         if self.session is not None:

@@ -43,6 +43,19 @@ class SecureAggregation:
     colluders: int = 0
 
 
+@dataclass(frozen=True)
+class Unreported:
+    """An owner that gave no privacy report when asked: ``status`` ``"unreachable"`` (its
+    host could not be reached) or ``"refused"``, the ``error`` saying why, and
+    ``answers_received``: how many answers (keys: chain × iteration) this coordinator received
+    from it since the run or its last resume started (None: the transport does not count)."""
+
+    owner: str
+    status: str
+    error: str
+    answers_received: int | None = None
+
+
 class Oracle(Protocol):
     """All owners, as seen by the coordinator."""
 
@@ -82,6 +95,11 @@ class Oracle(Protocol):
 
     def privacy_reports(self) -> list[PrivacyReport]:
         """Each owner's own report (its ledger is the authority), for the open session."""
+
+    def reachable_reports(self) -> list[PrivacyReport | Unreported]:
+        """Every owner's report as ``privacy_reports``, asked host by host: an owner whose host
+        cannot be reached (or refuses) gives an ``Unreported`` in its place, and the other hosts'
+        reports are kept (a run that stopped reports what it can, docs/design.md §5)."""
 
     def close(self) -> None:
         """Close the session and release the transport."""

@@ -20,12 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from ..cluster.ray_hosts import HostSpec, OwnerSpec, RayHosts, RayRuntime, connect_ray
+from ..cluster.ray_hosts import Failure, HostSpec, OwnerSpec, RayHosts, RayRuntime, connect_ray
 from ..common import OwnerDescription, PrivacyReport
 from ..data import OwnerRecords
 from ..errors import ConfigError, OwnerError, OwnerUnavailable
 from ..owner.aggregation import PeerKey
-from .oracle import Answers, SecureAggregation
+from .oracle import Answers, SecureAggregation, Unreported
 from .secure_sum import combine, secure_open
 from .transport_base import Launched, OwnerSetup, Transport
 
@@ -98,6 +98,28 @@ class RayOracle:
 
     def privacy_reports(self) -> list[PrivacyReport]:
         return [r for block in self._each("privacy_reports", self.session) for r in block]
+
+    def reachable_reports(self) -> list[PrivacyReport | Unreported]:
+        """Each actor's owners' reports; an actor that died (or refuses) gives an
+        ``Unreported`` for each owner it hosted, without losing the other actors' reports."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        refs = [a.call.remote("privacy_reports", (self.session,), {}) for a in self.hosts.actors]
+        entries: list[PrivacyReport | Unreported] = []
+        for h, ref in enumerate(refs):
+            try:
+                reply = ray.get(ref)
+            except RayActorError as exc:
+                cause = str(exc).strip().splitlines()[0] if str(exc).strip() else "it died"
+                error, status = f"{self.hosts.label(h)} stopped: {cause}", "unreachable"
+            else:
+                if not isinstance(reply, Failure):
+                    entries.extend(reply)
+                    continue
+                error, status = str(reply.exception(f"Ray actor {h}")), "refused"
+            entries.extend(Unreported(name, status, error) for name in self.hosts.names[h])
+        return entries
 
     def close(self) -> None:
         """Close the session at every owner (the actors run until the transport stops)."""

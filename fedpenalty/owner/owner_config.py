@@ -124,6 +124,26 @@ class OwnerConfig:
     max_message_bytes: int
     peer_ca: Path | None = None
     allowed_peers: tuple[str, ...] = ()
+    source: Path | None = None  # the OWNER.toml it was read from
+
+    def check_servable(self) -> None:
+        """``ConfigError`` naming what to change when ``listen`` is not HOST:PORT or a file a
+        server needs does not exist (checked before a ledger is made)."""
+        check_listen(self.listen, f"{self.source}: server.listen (or --listen)")
+        tls = self.tls
+        files = {
+            "data.path": self.data_path,
+            "server.tls_cert": tls.cert if tls else None,
+            "server.tls_key": tls.key if tls else None,
+            "server.tls_ca": tls.ca if tls else None,
+            "server.peer_ca": self.peer_ca,
+        }
+        for key, file in files.items():
+            if file is not None and not file.is_file():
+                raise ConfigError(
+                    f"{self.source}: {key}: no file at {file.resolve()} (relative paths are read "
+                    "from the owner file's folder)"
+                )
 
     def peer_auth(self) -> PeerAuth | None:
         """How this owner authenticates secure-aggregation peers (None: it does not)."""
@@ -179,7 +199,19 @@ def load_owner_config(
         max_message_bytes=server.max_message_bytes,
         peer_ca=base / server.peer_ca if server.peer_ca else None,
         allowed_peers=tuple(server.allowed_peers),
+        source=path,
     )
+
+
+def check_listen(listen: str, key: str) -> None:
+    """``ConfigError`` naming ``key`` unless ``listen`` is HOST:PORT with a port in 0..65535
+    (0: the system picks one)."""
+    host, _, port = listen.rpartition(":")
+    if not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(
+            f"{key}: {listen!r} is not HOST:PORT with a port from 0 to 65535, e.g. "
+            "127.0.0.1:50051 (this machine only) or 0.0.0.0:50051 (every interface)"
+        )
 
 
 def build_node(config: OwnerConfig, ledger: Ledger) -> OwnerNode:
