@@ -3,6 +3,7 @@ test (so that the oracle contract can compare them with the same owners asked di
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from types import SimpleNamespace
 
@@ -52,3 +53,20 @@ def ray_oracle_of(
     hosts.build(specs)
     oracle = RayOracle(hosts, [d for block in hosts.described for d in block])
     return oracle, SimpleNamespace(close=hosts.release)
+
+
+def wait_until_dead(actor, seconds: float = 60.0) -> None:
+    """Block until ``actor`` no longer answers: ``ray.kill`` is asynchronous, and a call sent
+    right after it was answered now and then under load (the test then saw no failure)."""
+    import ray
+
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            ray.get(actor.process.remote(), timeout=10)
+        except ray.exceptions.RayActorError:
+            return
+        except ray.exceptions.GetTimeoutError:
+            pass
+        assert time.monotonic() < deadline, f"the actor still answers {seconds:g} s after ray.kill"
+        time.sleep(0.2)

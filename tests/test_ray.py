@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from ray_support import wait_until_dead
 
 from fedpenalty.cluster.ray_hosts import HostSpec, OwnerSpec, RayHosts
 from fedpenalty.common import Policy
@@ -209,23 +210,6 @@ def test_a_restarted_transport_hosts_every_owner_on_its_ledger_and_replays(tmp_p
         assert [r.session.answers for r in oracle.privacy_reports()] == [6] * 5
     finally:
         second.stop()
-
-
-def wait_until_dead(actor, seconds: float = 60.0) -> None:
-    """Block until ``actor`` no longer answers: ``ray.kill`` is asynchronous, and a call sent
-    right after it was answered now and then under load (the test then saw no failure)."""
-    import ray
-
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            ray.get(actor.process.remote(), timeout=10)
-        except ray.exceptions.RayActorError:
-            return
-        except ray.exceptions.GetTimeoutError:
-            pass
-        assert time.monotonic() < deadline, f"the actor still answers {seconds:g} s after ray.kill"
-        time.sleep(0.2)
 
 
 @pytest.mark.parametrize("aggregation", ["none", pytest.param("secure", marks=pytest.mark.slow)])

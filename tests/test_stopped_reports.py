@@ -10,6 +10,7 @@ import signal
 
 import pytest
 from grpc_processes import FEDPENALTY, Processes, wait_for
+from ray_support import wait_until_dead
 from test_grpc_deploy import addresses, deploy, report, scenario
 
 from fedpenalty.cluster.ray_hosts import RayHosts
@@ -83,17 +84,18 @@ def test_a_killed_ray_actor_leaves_the_other_actors_reports(tmp_path, ray_sessio
     (their ledger's figures), owners 3 and 4 are unreachable (Ray counts no answers)."""
     import ray
 
-    call = RayHosts.call
+    answer = RayHosts.answer
     calls = {"log_ratio": 0}
 
-    def killing(self, method, *args, **kwargs):
+    def killing(self, method, args, scale):
         if method == "log_ratio":
             calls["log_ratio"] += 1
             if calls["log_ratio"] == 61:
                 ray.kill(self.actors[1])
-        return call(self, method, *args, **kwargs)
+                wait_until_dead(self.actors[1])  # ray.kill is asynchronous
+        return answer(self, method, args, scale)
 
-    monkeypatch.setattr(RayHosts, "call", killing)
+    monkeypatch.setattr(RayHosts, "answer", killing)
     settings = [
         "data.owners=5",
         "data.n_per_owner=800",
