@@ -1062,7 +1062,6 @@ class SeededNormals:
     def __init__(self, seeds: Sequence[bytes]):
         self._seeds = list(seeds)
         self._keys: dict[tuple[str, str], np.ndarray] = {}
-        self._sample_keys: dict[tuple[str, str], list[np.ndarray]] = {}
         self._sampler = np.random.Generator(np.random.Philox(key=np.zeros(2, np.uint64)))
 
     def normals(
@@ -1076,14 +1075,18 @@ class SeededNormals:
     ) -> np.ndarray:
         """Standard normals ``(K', M, width)`` of ``owners`` ``(K',)`` for keys
         (chains[j], iterations[j]) ``(M,)``."""
-        if (session, kind) not in self._keys:
+        words = keyed_words(self._key_table(session, kind)[owners], chains, iterations, width)
+        return special.ndtri(((words >> _U64(11)).astype(float) + 0.5) * 2.0**-53)
+
+    def _key_table(self, session: str, label: str) -> np.ndarray:
+        """Every owner's 128-bit key for (session, label) ``(K, 2)`` uint64 (kept, 64 at most)."""
+        if (session, label) not in self._keys:
             if len(self._keys) >= 64:
                 self._keys.clear()
-            self._keys[(session, kind)] = np.stack(
-                [_philox_key(seed, session, kind) for seed in self._seeds]
+            self._keys[(session, label)] = np.stack(
+                [_philox_key(seed, session, label) for seed in self._seeds]
             )
-        words = keyed_words(self._keys[(session, kind)][owners], chains, iterations, width)
-        return special.ndtri(((words >> _U64(11)).astype(float) + 0.5) * 2.0**-53)
+        return self._keys[(session, label)]
 
     def sample(
         self, session: str, kind: str, owner: int, chain: int, iteration: int, n: int, q: float
@@ -1093,16 +1096,11 @@ class SeededNormals:
         without replacement, the law of n independent Bernoulli(q) coins in O(q·n) work.
         Drawn from Philox under its (seed, session, kind + "-sample") key at counter
         (0, iteration, chain, 0), so a key's sample never depends on other keys."""
-        label = (session, kind + "-sample")
-        if label not in self._sample_keys:
-            if len(self._sample_keys) >= 64:
-                self._sample_keys.clear()
-            self._sample_keys[label] = [_philox_key(seed, *label) for seed in self._seeds]
         self._sampler.bit_generator.state = {
             "bit_generator": "Philox",
             "state": {
                 "counter": np.array([0, iteration, chain, 0], dtype=np.uint64),
-                "key": self._sample_keys[label][owner],
+                "key": self._key_table(session, kind + "-sample")[owner],
             },
             "buffer": np.zeros(4, dtype=np.uint64),
             "buffer_pos": 4,
