@@ -474,6 +474,9 @@ def test_seeded_normals_are_addressed_by_key_and_independent_across_windows():
     other.normals("s", "penalty", np.arange(3), np.arange(7), np.full(7, 1500), 1)  # more chains
     again = other.normals("s", "penalty", np.array([2, 0]), np.zeros(2000, int), its[::-1], 1)
     np.testing.assert_array_equal(again[:, ::-1], first[[2, 0]])
+    # a request of a few keys hashes its addresses in Python ints: the same words
+    few = other.normals("s", "penalty", None, np.zeros(5, int), its[:5], 1)
+    np.testing.assert_array_equal(few, first[:, :5])
     assert not np.array_equal(
         first,
         SeededNormals(seeds).normals("t", "penalty", np.arange(3), np.zeros(2000, int), its, 1),

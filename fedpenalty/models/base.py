@@ -137,9 +137,9 @@ class Model(ABC):
 
     # --- parameter space -----------------------------------------------------------------
     def in_theta_space(self, theta: np.ndarray) -> np.ndarray:
-        """``(C, d)`` → ``(C,)`` bool: finite and inside the box Θ."""
-        theta = np.asarray(theta, dtype=float)
-        return np.all(np.isfinite(theta) & (np.abs(theta) <= self.theta_bound), axis=-1)
+        """``(C, d)`` → ``(C,)`` bool: finite and inside the box Θ (NaN and ±inf never compare
+        ≤ the finite bound)."""
+        return np.all(np.abs(np.asarray(theta, dtype=float)) <= self.theta_bound, axis=-1)
 
     # --- reference -----------------------------------------------------------------------
     def reference_posterior(self, records: np.ndarray) -> Reference | None:

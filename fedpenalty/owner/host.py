@@ -39,6 +39,7 @@ from ..models import ExpFamModel
 from .aggregation import PeerKey, Reply, SecureOpen, SecureSession, agree, scaled_step
 from .gradient import clipped_gradient_sum
 from .ledger import Charge, SampledCharge
+from .ledger_rows import AffineMus, span
 from .node import SESSION_EVENTS, OwnerNode, close_sessions, open_sessions, privacy_reports
 from .noise import (
     LATTICE_BITS,
@@ -56,6 +57,7 @@ from .noise import (
 LATTICE_LIMIT = 2.0**52
 
 _STATS_DIGEST = hashlib.sha256(SUFF_STATS.encode()).digest()
+_LOG_RATIO_TAG = LOG_RATIO.encode()
 
 
 class _LedgerPart:
@@ -65,6 +67,8 @@ class _LedgerPart:
     def __init__(self, nodes: list[OwnerNode], idx: list[int]):
         self.nodes = [nodes[k] for k in idx]
         self.idx = np.array(idx, dtype=np.int64)
+        #: how to take this part's rows of a host array: a view when it is every owner
+        self.rows: slice | np.ndarray = slice(None) if idx == list(range(len(nodes))) else self.idx
         self.ledger = self.nodes[0].ledger
         self.names = [n.name for n in self.nodes]
         self.owner_ids = self.ledger.ids(self.names)
@@ -106,6 +110,44 @@ class _Mechanism:
         return width if self.secure is None else width + 1
 
 
+class _StepLimits:
+    """The steps ‖θ' − θ‖ one session's owners admit: each owner's [min_step, max_step], the
+    max_step lowered to what the session declared ``declared`` ``(K,)``."""
+
+    def __init__(self, host: OwnerHost, declared: np.ndarray):
+        self.names = host.names
+        self.min_step = host._min_step
+        self.limit = np.minimum(host._max_step, declared)
+        self.declared = declared < host._max_step
+        self.shortest, self.longest = float(self.min_step.max()), float(self.limit.min())
+
+    def check(self, theta: np.ndarray, theta_prop: np.ndarray) -> np.ndarray:
+        """‖θ' − θ‖ per chain ``(C,)``; ``InvalidRequest`` unless every step lies within each
+        owner's [min_step, max_step] and the session's declared step (a step below min_step —
+        θ' = θ included — carries almost no information and is refused rather than answered
+        for free). Two comparisons whatever the number of owners; the owner is found only for
+        the error."""
+        diff = theta_prop - theta
+        step = np.sqrt(np.add.reduce(diff * diff, axis=1))  # as np.linalg.norm(axis=1)
+        steps = step.tolist()  # a few chains: Python's max and min are cheaper than numpy's
+        longest, shortest = max(steps), min(steps)
+        if longest > self.longest * (1 + 1e-12):
+            k = int(np.argmax(longest > self.limit * (1 + 1e-12)))
+            whose = (
+                "the session's declared max_step" if self.declared[k] else "this owner's max_step"
+            )
+            raise InvalidRequest(
+                f"step ‖θ'−θ‖ = {longest:.6g} exceeds {whose} {self.limit[k]:g}", self.names[k]
+            )
+        if shortest < self.shortest:
+            k = int(np.argmax(shortest < self.min_step))
+            raise InvalidRequest(
+                f"step ‖θ'−θ‖ = {shortest:.6g} is below this owner's min_step {self.min_step[k]:g}",
+                self.names[k],
+            )
+        return step
+
+
 class OwnerHost:
     """Owner nodes answering batched requests; values are stacked in node order ``(K, ...)``.
 
@@ -125,7 +167,7 @@ class OwnerHost:
         self.names = names
         self.label = names[0] if len(names) == 1 else f"host of {len(names)} owners"
         sigma = self._sigma = np.array([n.policy.sigma for n in nodes])
-        self._checked: dict[str, tuple[str, int, list, np.ndarray]] = {}
+        self._checked: dict[str, tuple[str, int, list, _StepLimits]] = {}
         self._max_step = np.array([n.policy.max_step for n in nodes])
         self._min_step = np.array([n.policy.min_step for n in nodes])
         # per-record terms one chain costs each owner, and the most it computes per request
@@ -199,8 +241,11 @@ class OwnerHost:
             return self._lattice_answers(
                 mechanism, session, kind, owners, exact, chains, iterations
             )
-        normals = self._seeded.normals(session, kind, owners, chains, iterations, exact.shape[2])
-        return exact + self._sigma[owners, None, None] * normals
+        asked = None if owner is None else owners
+        normals = self._seeded.normals(session, kind, asked, chains, iterations, exact.shape[2])
+        normals *= self._sigma[:, None, None] if owner is None else self._sigma[owner]
+        normals += exact
+        return normals
 
     def _lattice_answers(
         self,
@@ -232,13 +277,17 @@ class OwnerHost:
         multiples = noisy_lattice_multiples(*args, owners=owners, chains=chains)
         return mechanism.secure.mask(multiples, owners, chains, iterations)
 
-    def _mus(self, mechanism: _Mechanism, delta: np.ndarray, width: int) -> np.ndarray:
-        """Each owner's μ of answers of sensitivity ``delta`` ``(K, M)`` and ``width``
-        components: (Δ + γ√w)/sd (γ√w: what rounding to γℤ adds; 0 without lattice noise)."""
+    def _mus(
+        self, mechanism: _Mechanism, delta: np.ndarray, steps: np.ndarray, width: int
+    ) -> AffineMus:
+        """Each owner's μ of answers of sensitivity ``delta``·step (``delta`` ``(K,)``, the
+        keys' ``steps`` ``(M,)``) and ``width`` components: (Δ + γ√w)/sd (γ√w: what rounding to
+        γℤ adds; 0 without lattice noise)."""
         rounding = 0.0
         if mechanism.gamma is not None:
             rounding = lattice_sensitivity(0.0, mechanism.gamma, width)
-        return (delta + rounding) / mechanism.accounting_sd[:, None]
+        sd = mechanism.accounting_sd
+        return AffineMus(delta / sd, np.full(len(sd), rounding) / sd, steps)
 
     def _mechanism(self, session: str) -> _Mechanism:
         """How ``session``'s answers are noised and charged (after ``_require_session``)."""
@@ -348,11 +397,11 @@ class OwnerHost:
                 self.label,
             )
         steps = np.array([np.inf if o.max_step is None else o.max_step for o in opened])
-        self._checked[session] = (algorithm, SESSION_EVENTS[0], opened, steps)
+        self._checked[session] = (algorithm, SESSION_EVENTS[0], opened, _StepLimits(self, steps))
         return opened
 
-    def _session_steps(self, session: str) -> np.ndarray:
-        """Each owner's largest step in ``session`` ``(K,)`` (after ``_require_session``)."""
+    def _step_limits(self, session: str) -> _StepLimits:
+        """What steps ``session`` admits (after ``_require_session``)."""
         return self._checked[session][3]
 
     def privacy_reports(self, session: str | None = None) -> list[PrivacyReport]:
@@ -387,17 +436,11 @@ class OwnerHost:
         chains = self._check_chains(chains)
         theta = self._check_theta("theta", theta, len(chains))
         theta_prop = self._check_theta("theta_prop", theta_prop, len(chains))
-        step = self._check_steps(theta, theta_prop, self._session_steps(session))
+        step = self._step_limits(session).check(theta, theta_prop)
         if not self._fast:
             self._check_work(len(chains))
-        digests = [
-            hashlib.sha256(
-                LOG_RATIO.encode()
-                + theta[c].astype("<f8").tobytes()
-                + theta_prop[c].astype("<f8").tobytes()
-            ).digest()
-            for c in range(len(chains))
-        ]
+        pairs = np.concatenate([theta, theta_prop], axis=1).astype("<f8", copy=False)
+        digests = [hashlib.sha256(_LOG_RATIO_TAG + row.tobytes()).digest() for row in pairs]
 
         exact = self._clipped_log_ratio_sums(theta, theta_prop, step)
         iterations = np.full(len(chains), iteration)
@@ -410,7 +453,7 @@ class OwnerHost:
             return self._noisy(session, LOG_RATIO, None, exact[:, :, None], chains, iterations)
 
         mechanism = self._mechanism(session)
-        mus = self._mus(mechanism, self._delta_per_step[:, None] * step[None, :], 1)
+        mus = self._mus(mechanism, self._delta_per_step, step, 1)
         out = self._answer(
             session,
             chains,
@@ -455,7 +498,6 @@ class OwnerHost:
             return self._noisy(session, SUFF_STATS, None, exact, key_chains, key_iterations)
 
         mechanism = self._mechanism(session)
-        delta = np.broadcast_to(self._stat_delta[:, None], (len(self.nodes), len(key_chains)))
         out = self._answer(
             session,
             key_chains,
@@ -463,7 +505,7 @@ class OwnerHost:
             [_STATS_DIGEST] * len(key_chains),
             mechanism.width(s),
             fresh,
-            self._mus(mechanism, delta, s),
+            self._mus(mechanism, self._stat_delta, np.ones(len(key_chains)), s),
             fresh_all=fresh_all,
             dtype=mechanism.dtype,
         )
@@ -484,7 +526,8 @@ class OwnerHost:
         d_a = m.log_partition(theta_prop) - m.log_partition(theta)
         total = self._stat_sum @ d_eta.T - self._n[:, None] * d_a[None, :]
         bound = self._n[:, None] * (m.lipschitz * step)[None, :]
-        return np.clip(total, -bound, bound)
+        np.maximum(total, -bound, out=total)  # np.clip, without its wrapper's cost
+        return np.minimum(total, bound, out=total)
 
     def gradient(
         self, session: str, iteration: int, chains: np.ndarray, theta: np.ndarray, clip: float
@@ -533,7 +576,6 @@ class OwnerHost:
             np.array([o.planned_answers for o in opened]),
             [n.policy.neighbour for n in self.nodes],
         )
-        zero_mus = np.zeros((len(self.nodes), len(chains)))
         out = self._answer(
             session,
             chains,
@@ -541,7 +583,7 @@ class OwnerHost:
             digests,
             mechanism.width(self.model.dim),
             fresh,
-            zero_mus,
+            None,
             sampled,
             dtype=mechanism.dtype,
         )
@@ -617,7 +659,7 @@ class OwnerHost:
         digests: list[bytes],
         width: int,
         fresh: Callable[[int, np.ndarray], np.ndarray],
-        mus: np.ndarray,
+        mus: AffineMus | None,
         sampled: SampledCharge | None = None,
         fresh_all: Callable[[], np.ndarray] | None = None,
         dtype: type = np.float64,
@@ -627,34 +669,38 @@ class OwnerHost:
 
         A key an owner answered before gets its stored answer (nothing drawn, nothing charged);
         for the others ``fresh(k, new)`` computes owner k's noisy answers ``(Σ new, width)``, and
-        they are charged (``mus``, or as subsampled-Gaussian releases) — one transaction per
+        they are charged (``mus``; None: as subsampled-Gaussian releases) — one transaction per
         ledger — before anything is returned. ``fresh_all()`` does the same for every owner and
         key at once, for the usual request where nothing was answered before.
         """
-        out: np.ndarray = np.empty((len(self.nodes), len(chains), width), dtype=dtype)
-        new = np.ones(out.shape[:2], dtype=bool)
-        first, last = int(iterations.min()), int(iterations.max())
+        new = np.ones((len(self.nodes), len(chains)), dtype=bool)
+        first, last = span(iterations)
+        out: np.ndarray | None = None
         for part in self._ledgers:
             stored = part.ledger.stored_ids(part.owner_ids, session, first, last)
             if stored:
+                if out is None:
+                    out = np.empty((len(self.nodes), len(chains), width), dtype=dtype)
                 self._replay(stored, part, chains, iterations, digests, out, new)
-        if fresh_all is not None and new.all():
-            out[:] = fresh_all()
+        if out is None and fresh_all is not None:
+            out = fresh_all()
         else:
+            if out is None:
+                out = np.empty((len(self.nodes), len(chains), width), dtype=dtype)
             for k in range(len(self.nodes)):
                 if new[k].any():
                     out[k, new[k]] = fresh(k, new[k])
         for part in self._ledgers:
-            idx = part.idx
-            if not new[idx].any():
+            rows = part.rows
+            if out is None or not new[rows].any():
                 continue
             sub = None
             if sampled is not None:
                 sub = SampledCharge(
                     sampled.q,
-                    sampled.noise_multiplier[idx],
-                    sampled.plan[idx],
-                    [sampled.neighbour[k] for k in idx.tolist()],
+                    sampled.noise_multiplier[rows],
+                    sampled.plan[rows],
+                    [sampled.neighbour[k] for k in part.idx.tolist()],
                 )
             part.ledger.charge(
                 Charge(
@@ -663,9 +709,9 @@ class OwnerHost:
                     chains,
                     iterations,
                     digests,
-                    out[idx],
-                    mus[idx],
-                    new[idx],
+                    out[rows],
+                    mus[rows] if mus is not None else None,
+                    new[rows],
                     part.max_mu_squared,
                     part.budget_epsilon,
                     part.delta,
@@ -674,6 +720,7 @@ class OwnerHost:
                     part.owner_ids,
                 )
             )
+        assert out is not None
         return out
 
     def _replay(
@@ -702,33 +749,6 @@ class OwnerHost:
                     )
                 out[k, j] = np.frombuffer(row[1], dtype=out.dtype.newbyteorder("<"))
                 new[k, j] = False
-
-    def _check_steps(
-        self, theta: np.ndarray, theta_prop: np.ndarray, session_steps: np.ndarray
-    ) -> np.ndarray:
-        """‖θ' − θ‖ per chain ``(C,)``; ``InvalidRequest`` unless every step lies within each
-        owner's [min_step, max_step] and the session's declared ``session_steps`` ``(K,)`` (a
-        step below min_step — θ' = θ included — carries almost no information and is refused
-        rather than answered for free)."""
-        step = np.linalg.norm(theta_prop - theta, axis=1)
-        declared = session_steps < self._max_step
-        limit = np.minimum(self._max_step, session_steps)
-        too_far = step[None, :] > limit[:, None] * (1 + 1e-12)
-        too_short = step[None, :] < self._min_step[:, None]
-        if too_far.any():
-            k = int(np.argmax(too_far.any(axis=1)))
-            whose = "the session's declared max_step" if declared[k] else "this owner's max_step"
-            raise InvalidRequest(
-                f"step ‖θ'−θ‖ = {step.max():.6g} exceeds {whose} {limit[k]:g}", self.names[k]
-            )
-        if too_short.any():
-            k = int(np.argmax(too_short.any(axis=1)))
-            raise InvalidRequest(
-                f"step ‖θ'−θ‖ = {step.min():.6g} is below this owner's min_step "
-                f"{self._min_step[k]:g}",
-                self.names[k],
-            )
-        return step
 
     def _check_work(self, chains: int) -> None:
         """``InvalidRequest`` before any work when chains × records would pass an owner's
@@ -797,9 +817,9 @@ class OwnerHost:
                 f"{None if arr is None else arr.shape}",
                 self.label,
             )
-        if not np.all(np.isfinite(arr)):
-            raise InvalidRequest(f"{what} contains NaN or inf", self.label)
-        if not np.all(self.model.in_theta_space(arr)):
+        if not self.model.in_theta_space(arr).all():  # NaN and inf are outside Θ too
+            if not np.isfinite(arr).all():
+                raise InvalidRequest(f"{what} contains NaN or inf", self.label)
             raise InvalidRequest(
                 f"{what} lies outside Θ = [-{self.model.theta_bound:g}, "
                 f"{self.model.theta_bound:g}]^"

@@ -9,11 +9,17 @@ One file may hold the ledgers of several owners hosted by one process. To keep t
 request independent of how many owners a host serves, rows are per *group* of owners (the
 owners that answered together) and hold one value per owner:
 
-* ``answers`` — one row per (session, iteration, chain, group): the query digest and every
-  group member's answer (float64, group order). Keys are iteration-major, so commits append.
-* ``spend`` — one row per (session, group): per-member arrays of answers, Σμ² and max μ. An
-  owner's spend is the sum over the rows of the groups it belongs to (in one session, or in
-  all). A writer keeps each owner's totals in memory, so a charge writes one spend row.
+* ``answer_blocks`` — one row per charge and group (the owners that answered the same keys;
+  usually one row per request): its keys, their query digests, every member's answers and
+  the sums of the keys' steps (count, Σ, Σ², max) on its spend line (``ledger_rows``).
+  Iterations grow with the rowid, so commits append.
+* ``spend_lines`` — one row per (session, group, μ slope, μ offset), written once: μ is
+  affine in the step, so the step sums of a line's blocks give every member's answers, Σμ² and
+  max μ exactly (``ledger_rows``). A charge writes one row however many owners answered. An
+  owner's spend is the sum over the lines of the groups it belongs to (in one session, or in
+  all); a writer also keeps each owner's totals in memory.
+* ``answers``, ``spend`` — the same per key and per (session, group) arrays, as earlier ledgers
+  wrote them: still read (replays, spend), never written.
 * ``sampled`` — per (session, owner, q, σ): the number of Poisson-subsampled Gaussian answers
   (gradients), accounted with dp-accounting rather than as GDP.
 * ``sessions`` — per owner: algorithm, plan, open/close times, sampling rate. An open sgmcmc
@@ -64,6 +70,7 @@ from ..errors import (
     InvalidRequest,
     LedgerInUse,
     NotPermitted,
+    ReplayConflict,
     StorageUnavailable,
     UnknownSession,
 )
@@ -71,6 +78,18 @@ from ..models.base import Neighbour
 from ..privacy import GaussianSpend
 from ..privacy.owner_epsilon import owner_epsilon
 from ..privacy.subsampled import SubsampledGaussian
+from .ledger_rows import (
+    AffineMus,
+    Index,
+    PendingLine,
+    StepSums,
+    block_fields,
+    gdp_add,
+    key_groups,
+    line_spend,
+    read_block,
+    span,
+)
 
 _LEGACY_TOTALS = 0  # session id of the all-session rows older ledgers kept (ids start at 1)
 
@@ -89,6 +108,16 @@ CREATE TABLE IF NOT EXISTS spend (
     session_id INTEGER NOT NULL, group_id INTEGER NOT NULL,
     answers BLOB NOT NULL, mu_squared BLOB NOT NULL, max_mu BLOB NOT NULL,
     PRIMARY KEY (session_id, group_id));
+CREATE TABLE IF NOT EXISTS answer_blocks (
+    session_id INTEGER NOT NULL, first_iteration INTEGER NOT NULL,
+    last_iteration INTEGER NOT NULL, group_id INTEGER NOT NULL, line_id INTEGER,
+    answers INTEGER NOT NULL, steps REAL NOT NULL, steps_squared REAL NOT NULL,
+    max_step REAL NOT NULL, keys BLOB NOT NULL, digests BLOB NOT NULL, payload BLOB NOT NULL);
+CREATE INDEX IF NOT EXISTS answer_blocks_by_iteration
+    ON answer_blocks(session_id, last_iteration);
+CREATE TABLE IF NOT EXISTS spend_lines (
+    id INTEGER PRIMARY KEY, session_id INTEGER NOT NULL, group_id INTEGER NOT NULL,
+    slope BLOB NOT NULL, offset BLOB NOT NULL, UNIQUE (session_id, group_id, slope, offset));
 CREATE TABLE IF NOT EXISTS sampled (
     session_id INTEGER NOT NULL, owner_id INTEGER NOT NULL, sampling_rate REAL NOT NULL,
     noise_multiplier REAL NOT NULL, answers INTEGER NOT NULL,
@@ -238,15 +267,16 @@ class Opening:
 class Charge:
     """New answers of K owners (one ledger) to one request of M keys.
 
-    Keys (``chains[j]``, ``iterations[j]``) with query ``digests[j]``; ``payloads`` ``(K, M, w)``
-    float64 (uint64 masked words in secure sessions; stored as they are); ``mus`` ``(K, M)``;
-    ``new`` ``(K, M)`` marks the answers to store and charge.
+    Keys (``chains[j]``, ``iterations[j]``) with query ``digests[j]`` (SHA-256); ``payloads``
+    ``(K, M, w)`` float64 (uint64 masked words in secure sessions; stored as they are); ``mus``:
+    every answer's μ (None for gradient answers); ``new`` ``(K, M)`` marks the answers to store
+    and charge.
     ``max_mu_squared``, ``budget_epsilon``, ``delta``: ``(K,)`` each owner's limit; the ledger
     enforces the lower of ``max_mu_squared`` and the cap it recorded for the owner's plans.
     ``owner_ids``: the owners' ledger ids (``Ledger.ids``), when the caller has them.
 
     Gradient answers (``sampled`` set) are Poisson-subsampled Gaussian releases at
-    (q, ``sampled.noise_multiplier[k]``) instead of GDP answers: ``mus`` is ignored and each
+    (q, ``sampled.noise_multiplier[k]``) instead of GDP answers: ``mus`` is None and each
     owner's count in the session may not pass ``sampled.plan[k]`` (its budget was checked for
     the whole plan when the session opened).
     """
@@ -257,7 +287,7 @@ class Charge:
     iterations: np.ndarray
     digests: list[bytes]
     payloads: np.ndarray
-    mus: np.ndarray
+    mus: AffineMus | None
     new: np.ndarray
     max_mu_squared: np.ndarray
     budget_epsilon: np.ndarray
@@ -311,7 +341,9 @@ class Ledger:
         self._slots_of: dict[bytes, np.ndarray] = {}  # owner-id array bytes → their rows
         self._totals = np.zeros((0, 3))  # per owner, all sessions: answers, Σμ², max μ
         self._caps = np.zeros(0)  # per owner: recorded μ² cap (inf: none)
-        self._rows: dict[tuple[int, int], np.ndarray] = {}  # (session, group) → spend (3, K)
+        self._caps_version = 0  # counts changes of _caps
+        self._pending: PendingLine | None = None  # charges not yet in _totals
+        self._lines: dict[tuple[int, int, bytes, bytes], int] = {}  # spend line ids
         self._frontier: dict[int, int] = {}  # session id → highest iteration answered
         self._lattice_ids: set[int] | None = None  # owners recorded in ``mechanisms``
 
@@ -476,24 +508,42 @@ class Ledger:
         answers, mu2, max_mu = np.zeros(k, dtype=np.int64), np.zeros(k), np.zeros(k)
         order = np.argsort(owner_ids)
         ordered = owner_ids[order]
-        query = "SELECT group_id, answers, mu_squared, max_mu FROM spend WHERE "
-        # session id 0 held all-session totals in ledgers written before version 0.2: the
-        # per-session rows sum to the same, so those rows are never read
-        rows = (
-            self._db.execute(query + "session_id != ?", (_LEGACY_TOTALS,))
-            if session_id is None
-            else self._db.execute(query + "session_id=?", (session_id,))
-        )
-        for gid, a, m2, mx in rows:
+        for gid, (a, m2, mx) in self._group_spends(session_id):
             members = self._group_members(gid)
             pos = np.minimum(np.searchsorted(ordered, members), max(k - 1, 0))
             hit = ordered[pos] == members if k else np.zeros(len(members), bool)
             if hit.any():
                 at = order[pos[hit]]
-                answers[at] += np.frombuffer(a, "<i8")[hit]
-                mu2[at] += np.frombuffer(m2, "<f8")[hit]
-                max_mu[at] = np.maximum(max_mu[at], np.frombuffer(mx, "<f8")[hit])
+                answers[at] += a[hit]
+                mu2[at] += m2[hit]
+                max_mu[at] = np.maximum(max_mu[at], mx[hit])
         return answers, mu2, max_mu
+
+    def _group_spends(
+        self, session_id: int | None
+    ) -> Iterator[tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+        """(group id, its members' answers, Σμ², max μ) of every spend line, and of every spend
+        row of earlier ledgers, in ``session_id`` (None: all sessions)."""
+        where, args = ("session_id=?", (session_id,)) if session_id is not None else ("1", ())
+        for gid, slope, offset, *sums in self._db.execute(
+            "SELECT l.group_id, l.slope, l.offset, b.* FROM spend_lines l JOIN ("
+            "SELECT line_id, SUM(answers), SUM(steps), SUM(steps_squared), MAX(max_step) "
+            f"FROM answer_blocks WHERE line_id IS NOT NULL AND {where} GROUP BY line_id"
+            ") b ON b.line_id = l.id",
+            args,
+        ):
+            sums = sums[1:]  # after the line id
+            a, b = np.frombuffer(slope, "<f8"), np.frombuffer(offset, "<f8")
+            yield gid, line_spend(StepSums(*sums), a, b)
+        # session id 0 held all-session totals in ledgers written before per-session rows: the
+        # per-session rows sum to the same, so those rows are never read
+        if session_id is None:
+            where, args = "session_id != ?", (_LEGACY_TOTALS,)
+        for gid, a, m2, mx in self._db.execute(
+            f"SELECT group_id, answers, mu_squared, max_mu FROM spend WHERE {where}", args
+        ):
+            spend = np.frombuffer(a, "<i8"), np.frombuffer(m2, "<f8"), np.frombuffer(mx, "<f8")
+            yield gid, spend
 
     def _spend_of(self, owner: str, session_id: int | None = None) -> GaussianSpend:
         answers, mu2, max_mu = self._spend(np.array([self._id(owner)]), session_id)
@@ -580,6 +630,7 @@ class Ledger:
         for i, cap in zip(ids, caps):  # committed: the caches follow
             if cap is not None and i in self._slots:
                 self._caps[self._slots[i]] = cap
+                self._caps_version += 1
         if self._lattice_ids is not None:
             self._lattice_ids.update(i for i, o in zip(ids, owners) if o.lattice)
         return caps
@@ -860,31 +911,47 @@ class Ledger:
     ) -> dict[tuple[int, int, int], tuple[bytes, bytes]]:
         """``stored`` by owner id: (owner id, chain, iteration) → (digest, payload bytes). A
         writer skips the query when ``first`` lies past every answered iteration."""
-        found: dict[tuple[int, int, int], tuple[bytes, bytes]] = {}
         with self._reading():
-            session_id = self._id(session)
-            if not self.read_only and first > self._highest_iteration(session_id):
-                return found
-            rows = self._db.execute(
-                "SELECT iteration, chain, group_id, digest, payload FROM answers "
-                "WHERE session_id=? AND iteration BETWEEN ? AND ?",
-                (session_id, first, last),
-            ).fetchall()
-            wanted = set(owner_ids.tolist())
-            for iteration, chain, gid, digest, payload in rows:
-                members = self._group_members(gid)
-                width = len(payload) // (8 * len(members))
-                for j, owner_id in enumerate(members.tolist()):
-                    if owner_id in wanted:
-                        part = payload[8 * width * j : 8 * width * (j + 1)]
-                        found[(owner_id, chain, iteration)] = (digest, part)
+            return self._stored(owner_ids, self._id(session), first, last)
+
+    def _stored(
+        self, owner_ids: np.ndarray, session_id: int, first: int, last: int
+    ) -> dict[tuple[int, int, int], tuple[bytes, bytes]]:
+        """``stored_ids`` under the lock, from answer blocks and earlier ledgers' key rows."""
+        found: dict[tuple[int, int, int], tuple[bytes, bytes]] = {}
+        if not self.read_only and first > self._highest_iteration(session_id):
+            return found
+        wanted = set(owner_ids.tolist())
+        for gid, keys, digests, payload in self._db.execute(
+            "SELECT group_id, keys, digests, payload FROM answer_blocks "
+            "WHERE session_id=? AND last_iteration >= ? AND first_iteration <= ?",
+            (session_id, first, last),
+        ).fetchall():
+            for owner_id, chain, it, digest, part in read_block(
+                self._group_members(gid), keys, digests, payload
+            ):
+                if owner_id in wanted and first <= it <= last:
+                    found[(owner_id, chain, it)] = (digest, part)
+        for it, chain, gid, digest, payload in self._db.execute(
+            "SELECT iteration, chain, group_id, digest, payload FROM answers "
+            "WHERE session_id=? AND iteration BETWEEN ? AND ?",
+            (session_id, first, last),
+        ).fetchall():
+            members = self._group_members(gid)
+            width = len(payload) // len(members)
+            for j, owner_id in enumerate(members.tolist()):
+                if owner_id in wanted:
+                    found[(owner_id, chain, it)] = (digest, payload[width * j : width * (j + 1)])
         return found
 
     def _highest_iteration(self, session_id: int) -> int:
         """The highest iteration answered in the session (−1: none), read once, then kept."""
         if session_id not in self._frontier:
             row = self._db.execute(
-                "SELECT MAX(iteration) FROM answers WHERE session_id=?", (session_id,)
+                "SELECT MAX(i) FROM (SELECT MAX(last_iteration) AS i FROM answer_blocks "
+                "WHERE session_id=?1 UNION ALL SELECT MAX(iteration) FROM answers "
+                "WHERE session_id=?1)",
+                (session_id,),
             ).fetchone()
             self._frontier[session_id] = -1 if row[0] is None else int(row[0])
         return self._frontier[session_id]
@@ -911,17 +978,12 @@ class Ledger:
     def charge(self, c: Charge) -> None:
         """Charge and store the new answers in one transaction: a constant number of statements
         however many owners. Refuses (``BudgetExhausted``, nothing written for anyone) when some
-        owner's total μ² would exceed its ``max_mu_squared`` (the μ² where ε(δ) meets its budget).
-        A writer keeps each owner's totals and caps in memory (it is the file's only writer)
-        and updates them once the transaction has committed.
+        owner's total μ² would exceed its ``max_mu_squared`` (the μ² where ε(δ) meets its budget),
+        and (``ReplayConflict``) a key some owner already answered. A writer keeps each owner's
+        totals and caps in memory (it is the file's only writer) and updates them once the
+        transaction has committed.
         """
-        mus = np.where(c.new, c.mus, 0.0)
-        add = np.stack(
-            [c.new.sum(axis=1).astype(float), np.einsum("km,km->k", mus, mus), mus.max(axis=1)]
-        )
-        if c.sampled is not None:
-            add[:] = 0.0
-        rows: dict[tuple[int, int], np.ndarray] = {}
+        every = bool(c.new.all())
         with self._writing():
             owner_ids = (
                 c.owner_ids
@@ -932,24 +994,70 @@ class Ledger:
             if c.sampled is not None:
                 self._charge_sampled(c, owner_ids, session_id, c.new.sum(axis=1))
             slots = self._slots_for(owner_ids)
-            self._check_gdp_limit(c, slots, add[1])
-            full_group = self._group(owner_ids)
-            self._store_answers(c, owner_ids, session_id, full_group)
-            if c.sampled is None:
-                rows[(session_id, full_group)] = self._write_spend(session_id, full_group, add)
-        # committed: the caches follow
-        self._rows.update(rows)
-        totals = self._totals[slots]
-        totals[:, :2] += add[:2].T
-        totals[:, 2] = np.maximum(totals[:, 2], add[2])
-        self._totals[slots] = totals
-        if session_id in self._frontier and c.new.any():
-            answered = int(c.iterations[c.new.any(axis=0)].max())
+            self._check_unanswered(c, owner_ids, session_id, every)
+            groups = [(self._group(owner_ids[m]), m, keys) for m, keys in key_groups(c.new)]
+            lines = self._store_answers(c, session_id, groups)
+            committed = None
+            if c.mus is not None:
+                committed = self._admit(c, slots, lines[0] if every else None)
+        if committed is not None:  # the caches follow what was committed
+            committed()
+        if groups:
+            answered = max(span(c.iterations[keys])[1] for _, _, keys in groups)
             self._frontier[session_id] = max(self._frontier[session_id], answered)
 
-    def _check_gdp_limit(self, c: Charge, slots: np.ndarray, add_mu2: np.ndarray) -> None:
+    def _admit(self, c: Charge, slots: np.ndarray, line: int | None) -> Callable[[], None]:
+        """Refuse (``BudgetExhausted``) when some owner's μ² would pass its cap; otherwise what
+        the in-memory totals do once the charge commits. A charge of every owner on the line
+        already pending costs a few float operations while the pending bound holds
+        (``PendingLine``); any other charge folds the pending line into the totals, is
+        checked owner by owner, and then starts a pending line (call inside the transaction)."""
+        mus = c.mus
+        assert mus is not None  # gradient charges add no μ²
+        p = self._pending
+        if (
+            line is not None
+            and p is not None
+            and p.line == line
+            and p.limits is c.max_mu_squared
+            and p.caps_version == self._caps_version
+        ):
+            sums = StepSums.of(mus.steps)
+            used = p.used + p.cost(sums)
+            if used <= 1.0:
+                return lambda: p.add(sums, used)
+        self._fold()
+        add = gdp_add(mus, c.new)
+        cap = self._check_gdp_limit(c, slots, add[1])
+
+        def record() -> None:
+            totals = self._totals[slots]
+            totals[:, :2] += add[:2].T
+            totals[:, 2] = np.maximum(totals[:, 2], add[2])
+            self._totals[slots] = totals
+            if line is not None:
+                headroom = cap - totals[:, 1]
+                self._pending = PendingLine.start(
+                    line, slots, mus, headroom, c.max_mu_squared, self._caps_version
+                )
+
+        return record
+
+    def _fold(self) -> None:
+        """Add the pending line's charges to its members' totals (they are exact after it)."""
+        p, self._pending = self._pending, None
+        if p is not None and p.sums.count:
+            answers, mu2, max_mu = p.spend()
+            totals = self._totals[p.slots]
+            totals[:, 0] += answers
+            totals[:, 1] += mu2
+            totals[:, 2] = np.maximum(totals[:, 2], max_mu)
+            self._totals[p.slots] = totals
+
+    def _check_gdp_limit(self, c: Charge, slots: np.ndarray, add_mu2: np.ndarray) -> np.ndarray:
         """Refuse (``BudgetExhausted``) when some owner's μ² would pass its cap: the lower of
-        ``max_mu_squared`` and the cap recorded when its plans were admitted."""
+        ``max_mu_squared`` and the cap recorded when its plans were admitted. The caps."""
+        assert c.mus is not None
         cap = np.minimum(c.max_mu_squared, self._caps[slots])
         before = self._totals[slots]
         over = before[:, 1] + add_mu2 > cap
@@ -959,42 +1067,89 @@ class Ledger:
             self._refuse(
                 c.owners[k],
                 spent,
-                c.mus[k][c.new[k]],
+                c.mus[k : k + 1].matrix()[0][c.new[k]],
                 float(c.budget_epsilon[k]),
                 float(c.delta[k]),
                 c.lattice,
             )
+        return cap
+
+    def _check_unanswered(
+        self, c: Charge, owner_ids: np.ndarray, session_id: int, every: bool
+    ) -> None:
+        """Refuse (``ReplayConflict``) to store a second answer to a key an owner answered
+        before (its stored answer is what must be released): free when every new key lies past
+        the session's highest answered iteration, as in an uninterrupted run; otherwise the
+        stored keys of the asked iterations are compared (call inside the transaction)."""
+        asked = c.iterations if every else c.iterations[c.new.any(axis=0)]
+        if not asked.size:
+            return
+        first, last = span(asked)
+        if first > self._highest_iteration(session_id):
+            return
+        stored = self._stored(owner_ids, session_id, first, last)
+        position = {owner_id: k for k, owner_id in enumerate(owner_ids.tolist())}
+        keys = {key: j for j, key in enumerate(zip(c.chains.tolist(), c.iterations.tolist()))}
+        for owner_id, chain, iteration in stored:
+            j = keys.get((chain, iteration))
+            if j is not None and c.new[position[owner_id], j]:
+                raise ReplayConflict(
+                    f"(session, chain {chain}, iteration {iteration}) was answered before: its "
+                    "stored answer is replayed, never a second one",
+                    c.owners[position[owner_id]],
+                )
 
     def _store_answers(
-        self, c: Charge, owner_ids: np.ndarray, session_id: int, full_group: int
-    ) -> None:
-        """One row per answered key: the owners that answered it (a group) and their answers."""
-        rows: list[tuple] = []
-        if c.new.all():  # the usual charge: every owner answered every key, one group, one copy
-            block = np.ascontiguousarray(
-                np.swapaxes(c.payloads, 0, 1), dtype=c.payloads.dtype.newbyteorder("<")
+        self, c: Charge, session_id: int, groups: list[tuple[int, Index, Index]]
+    ) -> list[int | None]:
+        """One answer block per (group id, owners, keys) of ``groups``, with its keys' step
+        sums on the group's spend line (None for gradient answers); the lines' ids."""
+        rows, lines = [], []
+        for gid, members, keys in groups:
+            digests = (
+                c.digests[keys]
+                if isinstance(keys, slice)
+                else [c.digests[j] for j in keys.tolist()]
             )
-            raw, size = block.tobytes(), block[0].nbytes
-            keys = zip(c.iterations.tolist(), c.chains.tolist(), c.digests)
-            rows = [
-                (session_id, it, chain, full_group, digest, raw[j * size : (j + 1) * size])
-                for j, (it, chain, digest) in enumerate(keys)
-            ]
-        else:
-            for j in np.flatnonzero(c.new.any(axis=0)).tolist():
-                members = c.new[:, j]
-                gid = full_group if members.all() else self._group(owner_ids[members])
-                values = c.payloads[members, j]
-                little = values.dtype.newbyteorder("<")
-                payload = np.ascontiguousarray(values, dtype=little).tobytes()
-                rows.append(
-                    (session_id, int(c.iterations[j]), int(c.chains[j]), gid, c.digests[j], payload)
-                )
+            payloads = c.payloads[members][:, keys]
+            first, last, *blobs = block_fields(
+                c.chains[keys], c.iterations[keys], digests, payloads
+            )
+            line, sums = None, StepSums(0, 0.0, 0.0, 0.0)
+            if c.mus is not None:
+                sums = StepSums.of(c.mus.steps[keys])
+                line = self._line(session_id, gid, c.mus.slope[members], c.mus.offset[members])
+            lines.append(line)
+            counts = (sums.count, sums.total, sums.squares, sums.largest)
+            rows.append((session_id, first, last, gid, line, *counts, *blobs))
         self._db.executemany(
-            "INSERT INTO answers(session_id, iteration, chain, group_id, digest, payload) "
-            "VALUES (?,?,?,?,?,?)",
+            "INSERT INTO answer_blocks(session_id, first_iteration, last_iteration, group_id, "
+            "line_id, answers, steps, steps_squared, max_step, keys, digests, payload) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
             rows,
         )
+        return lines
+
+    def _line(self, session_id: int, group_id: int, slope: np.ndarray, offset: np.ndarray) -> int:
+        """Id of the spend line (session, group, slope, offset), recorded on first use."""
+        key = (
+            session_id,
+            group_id,
+            np.ascontiguousarray(slope, dtype="<f8").tobytes(),
+            np.ascontiguousarray(offset, dtype="<f8").tobytes(),
+        )
+        if key not in self._lines:
+            self._db.execute(
+                "INSERT OR IGNORE INTO spend_lines(session_id, group_id, slope, offset) "
+                "VALUES (?,?,?,?)",
+                key,
+            )
+            self._lines[key] = self._db.execute(
+                "SELECT id FROM spend_lines WHERE session_id=? AND group_id=? AND slope=? "
+                "AND offset=?",
+                key,
+            ).fetchone()[0]
+        return self._lines[key]
 
     def _charge_sampled(
         self, c: Charge, owner_ids: np.ndarray, session_id: int, add: np.ndarray
@@ -1041,40 +1196,6 @@ class Ledger:
                 if a > 0
             ],
         )
-
-    def _write_spend(self, session_id: int, group_id: int, add: np.ndarray) -> np.ndarray:
-        """Add ``add`` (answers, Σμ², max μ; ``(3, K)``) to the (session, group) spend row and
-        write it; the new row (cached once committed, read from the file the first time)."""
-        row = self._rows.get((session_id, group_id))
-        if row is None:
-            found = self._db.execute(
-                "SELECT answers, mu_squared, max_mu FROM spend WHERE session_id=? AND group_id=?",
-                (session_id, group_id),
-            ).fetchone()
-            row = (
-                np.zeros_like(add)
-                if found is None
-                else np.stack(
-                    [
-                        np.frombuffer(found[0], "<i8").astype(float),
-                        np.frombuffer(found[1], "<f8"),
-                        np.frombuffer(found[2], "<f8"),
-                    ]
-                )
-            )
-        new = np.stack([row[0] + add[0], row[1] + add[1], np.maximum(row[2], add[2])])
-        self._db.execute(
-            "INSERT OR REPLACE INTO spend(session_id, group_id, answers, mu_squared, max_mu) "
-            "VALUES (?,?,?,?,?)",
-            (
-                session_id,
-                group_id,
-                new[0].astype("<i8").tobytes(),
-                new[1].astype("<f8").tobytes(),
-                new[2].astype("<f8").tobytes(),
-            ),
-        )
-        return new
 
     @staticmethod
     def _refuse(

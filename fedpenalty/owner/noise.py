@@ -1032,6 +1032,27 @@ def splitmix(x: np.ndarray) -> np.ndarray:
     return x
 
 
+_WORD = (1 << 64) - 1
+
+
+def _splitmix_int(x: int) -> int:
+    """``splitmix`` of one word as a Python int (cheaper than numpy for a few words)."""
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) & _WORD
+    x ^= x >> 27
+    x = (x * 0x94D049BB133111EB) & _WORD
+    return x ^ (x >> 31)
+
+
+def _mixed_addresses(chains: np.ndarray, iterations: np.ndarray) -> np.ndarray:
+    """mix(mix(iteration) ⊕ chain) of each address ``(M,)`` uint64 (``keyed_words``)."""
+    if len(chains) <= 16:  # the usual request: a few chains, in Python ints
+        pairs = zip(chains.tolist(), iterations.tolist())
+        mixed = [_splitmix_int(_splitmix_int(i & _WORD) ^ (c & _WORD)) for c, i in pairs]
+        return np.array(mixed, dtype=_U64)
+    return splitmix(splitmix(iterations.astype(_U64)) ^ chains.astype(_U64))
+
+
 def keyed_words(
     keys: np.ndarray, chains: np.ndarray, iterations: np.ndarray, count: int
 ) -> np.ndarray:
@@ -1040,9 +1061,11 @@ def keyed_words(
     = mix(mix(k₀ ⊕ a) ⊕ k₁ + (i + 1)·φ) with a = mix(mix(iteration) ⊕ chain) and mix SplitMix64's
     finaliser — a counter-based stream, vectorised over keys and addresses: a word does not
     depend on which others are asked for."""
-    address = splitmix(splitmix(iterations.astype(_U64)) ^ chains.astype(_U64))
-    state = splitmix(keys[:, 0, None] ^ address[None, :])
+    state = splitmix(keys[:, 0, None] ^ _mixed_addresses(chains, iterations)[None, :])
     state ^= keys[:, 1, None]
+    if count == 1:
+        state += _GOLDEN
+        return splitmix(state)[:, :, None]
     steps = np.arange(1, count + 1, dtype=_U64) * _GOLDEN
     return splitmix(state[:, :, None] + steps)
 
@@ -1068,15 +1091,20 @@ class SeededNormals:
         self,
         session: str,
         kind: str,
-        owners: np.ndarray,
+        owners: np.ndarray | None,
         chains: np.ndarray,
         iterations: np.ndarray,
         width: int,
     ) -> np.ndarray:
-        """Standard normals ``(K', M, width)`` of ``owners`` ``(K',)`` for keys
-        (chains[j], iterations[j]) ``(M,)``."""
-        words = keyed_words(self._key_table(session, kind)[owners], chains, iterations, width)
-        return special.ndtri(((words >> _U64(11)).astype(float) + 0.5) * 2.0**-53)
+        """Standard normals ``(K', M, width)`` of ``owners`` ``(K',)`` (None: every owner) for
+        keys (chains[j], iterations[j]) ``(M,)``."""
+        keys = self._key_table(session, kind)
+        if owners is not None:
+            keys = keys[owners]
+        uniform = (keyed_words(keys, chains, iterations, width) >> _U64(11)).astype(float)
+        uniform += 0.5
+        uniform *= 2.0**-53
+        return special.ndtri(uniform, out=uniform)
 
     def _key_table(self, session: str, label: str) -> np.ndarray:
         """Every owner's 128-bit key for (session, label) ``(K, 2)`` uint64 (kept, 64 at most)."""
