@@ -348,7 +348,8 @@ class GrpcOracle:
             replies.append(reply)
         noise_sd = np.concatenate([r.noise_sd for r in replies])
         declared = self._noise_sd * noise_scale
-        wrong = ~np.isclose(noise_sd, declared, rtol=1e-12, atol=0.0)
+        # np.isclose(rtol=1e-12, atol=0) without its cost (~0.2 ms); NaN and inf are wrong
+        wrong = ~(np.abs(noise_sd - declared) <= 1e-12 * np.abs(declared))
         if wrong.any():
             k = int(np.argmax(wrong))
             raise OwnerError(

@@ -139,7 +139,7 @@ class Model(ABC):
     def in_theta_space(self, theta: np.ndarray) -> np.ndarray:
         """``(C, d)`` → ``(C,)`` bool: finite and inside the box Θ (NaN and ±inf never compare
         ≤ the finite bound)."""
-        return np.all(np.abs(np.asarray(theta, dtype=float)) <= self.theta_bound, axis=-1)
+        return (np.abs(np.asarray(theta, dtype=float)) <= self.theta_bound).all(axis=-1)
 
     # --- reference -----------------------------------------------------------------------
     def reference_posterior(self, records: np.ndarray) -> Reference | None:

@@ -84,7 +84,7 @@ class GaussianMean(Configured, ExpFamModel):
     def log_partition(self, theta: np.ndarray) -> np.ndarray:
         """A = ‖θ‖²/(2σ²): ``(C, d)`` → ``(C,)``."""
         th = as_theta(theta, self.dim)
-        return np.sum(th * th, axis=1) / (2.0 * self._var)
+        return (th * th).sum(axis=1) / (2.0 * self._var)
 
     def log_base_measure(self, records: np.ndarray) -> np.ndarray:
         """log h = −‖x‖²/(2σ²) − (d/2) log(2πσ²): ``(n, d)`` → ``(n,)``."""
@@ -117,7 +117,7 @@ class GaussianMean(Configured, ExpFamModel):
     def log_prior(self, theta: np.ndarray) -> np.ndarray:
         """−Σ (θ_j − m)²/(2 s²): ``(C, d)`` → ``(C,)``."""
         z = (as_theta(theta, self.dim) - self.prior_mean) / self.prior_sd
-        return -0.5 * np.sum(z * z, axis=1)
+        return -0.5 * (z * z).sum(axis=1)
 
     def grad_log_prior(self, theta: np.ndarray) -> np.ndarray:
         """−(θ − m)/s²: ``(C, d)``."""

@@ -204,6 +204,11 @@ class OwnerHost:
             np.array([n.gradient_noise_multiplier for n in nodes]),
         )
         self._secure: dict[str, _Mechanism] = {}
+        # (mechanism, Δ per unit, width) → μ slope and offset; the entry holds both objects,
+        # so an id is never reused while it is cached
+        self._mu_rates: dict[
+            tuple[int, int, int], tuple[Any, np.ndarray, np.ndarray, np.ndarray]
+        ] = {}
 
     def _lattice_noise(self, nodes: Sequence[OwnerNode], sigma: np.ndarray) -> bool:
         """Set up exact lattice noise when the owners use it (all of them or none): their
@@ -283,11 +288,15 @@ class OwnerHost:
         """Each owner's μ of answers of sensitivity ``delta``·step (``delta`` ``(K,)``, the
         keys' ``steps`` ``(M,)``) and ``width`` components: (Δ + γ√w)/sd (γ√w: what rounding to
         γℤ adds; 0 without lattice noise)."""
-        rounding = 0.0
-        if mechanism.gamma is not None:
-            rounding = lattice_sensitivity(0.0, mechanism.gamma, width)
-        sd = mechanism.accounting_sd
-        return AffineMus(delta / sd, np.full(len(sd), rounding) / sd, steps)
+        known = self._mu_rates.get((id(mechanism), id(delta), width))
+        if known is None or known[0] is not mechanism or known[1] is not delta:
+            rounding = 0.0
+            if mechanism.gamma is not None:
+                rounding = lattice_sensitivity(0.0, mechanism.gamma, width)
+            sd = mechanism.accounting_sd
+            known = (mechanism, delta, delta / sd, np.full(len(sd), rounding) / sd)
+            self._mu_rates[(id(mechanism), id(delta), width)] = known
+        return AffineMus(known[2], known[3], steps)
 
     def _mechanism(self, session: str) -> _Mechanism:
         """How ``session``'s answers are noised and charged (after ``_require_session``)."""
@@ -307,7 +316,8 @@ class OwnerHost:
         each owner's noise sd σ_k·``scale`` (a secure session's reply is already one)."""
         if isinstance(answers, Reply):
             return answers
-        return Reply(answers, self._mechanism(session).sd * scale)
+        sd = self._mechanism(session).sd
+        return Reply(answers, sd if scale == 1.0 else sd * scale)
 
     # --- sessions and reports ---------------------------------------------------------------
     def describe(self) -> list[OwnerDescription]:
@@ -793,7 +803,7 @@ class OwnerHost:
 
     def _check_chains(self, chains: Any, per_chain: int = 1) -> np.ndarray:
         arr = np.asarray(chains)
-        if arr.ndim != 1 or arr.size == 0 or not np.issubdtype(arr.dtype, np.integer):
+        if arr.ndim != 1 or arr.size == 0 or arr.dtype.kind not in "iu":
             raise InvalidRequest("chains must be a non-empty 1-D array of integers", self.label)
         ordered = np.sort(arr)  # (np.unique hashes: ~10x slower for a few chains)
         if ordered[0] < 0 or bool((ordered[1:] == ordered[:-1]).any()):
