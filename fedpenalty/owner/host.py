@@ -110,6 +110,11 @@ class _Mechanism:
         return width if self.secure is None else width + 1
 
 
+#: a mechanism, a Δ per unit, and the μ slope and offset they give (``OwnerHost._mus``; the
+#: entry holds both objects, so their ids are never reused while it is cached)
+_MuRates = tuple[Any, np.ndarray, np.ndarray, np.ndarray]
+
+
 class _StepLimits:
     """The steps ‖θ' − θ‖ one session's owners admit: each owner's [min_step, max_step], the
     max_step lowered to what the session declared ``declared`` ``(K,)``."""
@@ -204,11 +209,7 @@ class OwnerHost:
             np.array([n.gradient_noise_multiplier for n in nodes]),
         )
         self._secure: dict[str, _Mechanism] = {}
-        # (mechanism, Δ per unit, width) → μ slope and offset; the entry holds both objects,
-        # so an id is never reused while it is cached
-        self._mu_rates: dict[
-            tuple[int, int, int], tuple[Any, np.ndarray, np.ndarray, np.ndarray]
-        ] = {}
+        self._mu_rates: dict[tuple[int, int, int], _MuRates] = {}  # (``_mus``)
 
     def _lattice_noise(self, nodes: Sequence[OwnerNode], sigma: np.ndarray) -> bool:
         """Set up exact lattice noise when the owners use it (all of them or none): their
