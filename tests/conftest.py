@@ -1,5 +1,6 @@
 """Shared test setup: keep the reference-posterior cache out of the user's home; one local Ray
-for the whole session (started when a test first needs it)."""
+for the whole session (started when a test first needs it); real owner processes stopped
+after each test that starts them."""
 
 from __future__ import annotations
 
@@ -14,6 +15,17 @@ def _isolated_cache(tmp_path_factory):
     mp.setenv("FEDPENALTY_CACHE", str(tmp_path_factory.mktemp("cache")))
     yield
     mp.undo()
+
+
+@pytest.fixture
+def procs(tmp_path):
+    """Real ``fedpenalty`` processes of one test (``grpc_processes.Processes``), all stopped
+    when it ends."""
+    from grpc_processes import Processes
+
+    processes = Processes(tmp_path)
+    yield processes
+    processes.stop_all()
 
 
 @pytest.fixture(scope="session")

@@ -34,13 +34,6 @@ MODEL = build_model(MODEL_TABLE)
 NAMES = ("alice", "bob", "carol")
 
 
-@pytest.fixture
-def procs(tmp_path):
-    processes = Processes(tmp_path)
-    yield processes
-    processes.stop_all()
-
-
 def deploy(tmp_path, procs: Processes, privacy: dict, n: int = 2000) -> dict[str, dict]:
     """Three owners from CSV files, each its own process: name → {toml, port, proc, data}."""
     owners = {}
@@ -83,6 +76,37 @@ retry_seconds = 2.0
 
 def addresses(owners: dict) -> str:
     return ",".join(f"127.0.0.1:{o['port']}" for o in owners.values())
+
+
+def start_run(procs: Processes, owners: dict, config: str, out):
+    """``fedpenalty run`` of ``config`` against ``owners`` into ``out``, returned (the process)
+    once its first checkpoint is written."""
+    coordinator = procs.start(
+        [
+            *FEDPENALTY,
+            "run",
+            config,
+            "--owners",
+            addresses(owners),
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+        "coordinator.log",
+    )
+    wait_for(lambda: (out / "checkpoint.npz").exists(), "the first checkpoint")
+    return coordinator
+
+
+def run_and_kill_bob(tmp_path, procs: Processes, owners: dict, config: str, out) -> str:
+    """``start_run``; then bob's host is SIGKILLed, and the coordinator must stop resumably
+    (exit 3: bob unreachable after retry_seconds). Its log."""
+    coordinator = start_run(procs, owners, config, out)
+    bob = owners["bob"]
+    bob["proc"].send_signal(signal.SIGKILL)
+    bob["proc"].wait(timeout=30)
+    assert coordinator.wait(timeout=60) == 3
+    return (tmp_path / "coordinator.log").read_text()
 
 
 def report(owner: dict, tmp_path) -> dict:
@@ -176,25 +200,8 @@ def test_kill_9_of_an_owner_then_resume_charges_nothing_twice_and_gives_the_same
     owners = deploy(tmp_path, procs, {"sigma": 1.0, "max_step": 0.02, "budget_epsilon": 1000.0})
     out = tmp_path / "run"
     total = 6000
-    coordinator = procs.start(
-        [
-            *FEDPENALTY,
-            "run",
-            scenario(tmp_path, total),
-            "--owners",
-            addresses(owners),
-            "--out",
-            str(out),
-            "--no-progress",
-        ],
-        "coordinator.log",
-    )
-    wait_for(lambda: (out / "checkpoint.npz").exists(), "the first checkpoint")
+    log = run_and_kill_bob(tmp_path, procs, owners, scenario(tmp_path, total), out)
     bob = owners["bob"]
-    bob["proc"].send_signal(signal.SIGKILL)
-    bob["proc"].wait(timeout=30)
-    assert coordinator.wait(timeout=60) == 3  # stopped: bob unreachable after retry_seconds
-    log = (tmp_path / "coordinator.log").read_text()
     assert "unreachable" in log and "--resume" in log
     at_kill = report(bob, tmp_path)
     assert 0 < at_kill["answers"] < 2 * total
@@ -246,20 +253,8 @@ def test_an_owner_past_its_budget_refuses_and_the_run_stops_resumably(tmp_path, 
     other = GrpcOracle([f"127.0.0.1:{carol['port']}"], MODEL, retry_seconds=2)
     try:
         other.open_session("penalty", 40_000)
-        coordinator = procs.start(
-            [
-                *FEDPENALTY,
-                "run",
-                scenario(tmp_path, 5000, step=0.005, checkpoint_every=50),
-                "--owners",
-                addresses(owners),
-                "--out",
-                str(out),
-                "--no-progress",
-            ],
-            "coordinator.log",
-        )
-        wait_for(lambda: (out / "checkpoint.npz").exists(), "the first checkpoint")
+        config = scenario(tmp_path, 5000, step=0.005, checkpoint_every=50)
+        coordinator = start_run(procs, owners, config, out)
         t = 0
         for chunk in (4000, 400, 40, 4, 1):  # the other session spends what carol has left
             with pytest.raises(BudgetExhausted):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from certificates import issue, write
 from cryptography.hazmat.primitives.asymmetric import ec
-from grpc_processes import Processes, free_port, run_cli, write_owner
+from grpc_processes import free_port, run_cli, write_owner
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from owners import save_csv
 
@@ -33,13 +33,6 @@ POLICY = {
     "max_sampling_rate": 0.5,
     "max_clip": 1.0,
 }
-
-
-@pytest.fixture
-def procs(tmp_path):
-    processes = Processes(tmp_path)
-    yield processes
-    processes.stop_all()
 
 
 def owner_files(tmp_path, **server) -> tuple:

@@ -5,6 +5,9 @@ per-key format."""
 from __future__ import annotations
 
 import hashlib
+import shutil
+import sqlite3
+from contextlib import closing
 
 import numpy as np
 import pytest
@@ -182,6 +185,16 @@ def test_ledgers_in_the_earlier_per_key_format_still_replay_and_report(tmp_path)
         ),
     )
     ledger.close()
+    # a reader (owner report) of a file from before the new tables existed
+    old = tmp_path / "old.sqlite"
+    shutil.copy(tmp_path / "ledger.sqlite", old)
+    with closing(sqlite3.connect(old)) as db:
+        db.executescript("DROP TABLE answer_blocks; DROP TABLE spend_lines;")
+    reader = Ledger(old, read_only=True)
+    assert (reader.total("o0").answers, reader.total("o0").mu_squared) == (9, 0.5)
+    assert reader.stored(["o0"], "s", 0, 10)[("o0", 0, 4)] == (digest, np.float64(1.25).tobytes())
+    reader.close()
+
     host, ledger = make_host(tmp_path, budget=1e6, sigmas=(1.0,))
     host.open_session("s", "penalty", 100)
     assert (ledger.total("o0").answers, ledger.total("o0").mu_squared) == (9, 0.5)

@@ -21,7 +21,7 @@ import grpc
 import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_processes import FEDPENALTY, TIMEOUT, Processes, free_port, run_cli, wait_for, write_owner
+from grpc_processes import FEDPENALTY, TIMEOUT, free_port, run_cli, wait_for, write_owner
 from owners import SoloOwner, save_csv
 
 from fedpenalty.common import Policy
@@ -197,13 +197,6 @@ def test_an_unwritable_ledger_answers_nothing_charges_nothing_and_flips_health(
 
 
 # --- real processes --------------------------------------------------------------------------
-@pytest.fixture
-def procs(tmp_path):
-    processes = Processes(tmp_path)
-    yield processes
-    processes.stop_all()
-
-
 def owner_toml(tmp_path, name: str, port: int, ledger: str = "alice.sqlite") -> Path:
     """OWNER.toml of ``name`` on 127.0.0.1:``port`` with a generous budget."""
     data = tmp_path / f"{name}.csv"

@@ -6,12 +6,10 @@ coordinator received from them — never an ε of its own making; the console na
 from __future__ import annotations
 
 import json
-import signal
 
 import pytest
-from grpc_processes import FEDPENALTY, Processes, wait_for
 from ray_support import wait_until_dead
-from test_grpc_deploy import addresses, deploy, report, scenario
+from test_grpc_deploy import deploy, report, run_and_kill_bob, scenario
 
 from fedpenalty.cluster.ray_hosts import RayHosts
 from fedpenalty.common import PrivacyReport
@@ -24,36 +22,14 @@ from fedpenalty.simulation import run_scenario
 CHAINS = 2  # scenario() of test_grpc_deploy: 2 chains, every proposal inside Θ
 
 
-@pytest.fixture
-def procs(tmp_path):
-    processes = Processes(tmp_path)
-    yield processes
-    processes.stop_all()
-
-
 @pytest.mark.slow
 def test_an_owner_killed_mid_run_is_reported_unreachable_and_the_others_report(tmp_path, procs):
     owners = deploy(tmp_path, procs, {"sigma": 1.0, "max_step": 0.02, "budget_epsilon": 1000.0})
     out = tmp_path / "run"
-    coordinator = procs.start(
-        [
-            *FEDPENALTY,
-            "run",
-            scenario(tmp_path, 6000, checkpoint_every=50),  # retry_seconds = 2
-            "--owners",
-            addresses(owners),
-            "--out",
-            str(out),
-            "--no-progress",
-        ],
-        "coordinator.log",
-    )
-    wait_for(lambda: (out / "checkpoint.npz").exists(), "the first checkpoint")
+    log = run_and_kill_bob(
+        tmp_path, procs, owners, scenario(tmp_path, 6000, checkpoint_every=50), out
+    )  # retry_seconds = 2
     bob = owners["bob"]
-    bob["proc"].send_signal(signal.SIGKILL)
-    bob["proc"].wait(timeout=30)
-    assert coordinator.wait(timeout=60) == 3
-    log = (tmp_path / "coordinator.log").read_text()
     assert "Traceback" not in log, log
 
     privacy = json.loads((out / "privacy.json").read_text())

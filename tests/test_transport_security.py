@@ -15,7 +15,7 @@ import grpc
 import numpy as np
 import pytest
 from certificates import TestCA
-from grpc_processes import FEDPENALTY, Processes, free_port, run_cli, wait_serving, write_owner
+from grpc_processes import FEDPENALTY, free_port, run_cli, wait_serving, write_owner
 from owners import save_csv
 
 from fedpenalty.coordinator.grpc_oracle import GrpcOracle
@@ -33,13 +33,6 @@ CLIENTS = ("coordinator-a", "coordinator-b", "intruder")  # all with certificate
 ALLOWED = ["coordinator-a.example.org", "COORDINATOR-B.example.org"]  # names match any case
 OWNER_RPCS = set(pb.DESCRIPTOR.services_by_name["Owner"].methods_by_name)
 README = Path(__file__).parents[1] / "README.md"
-
-
-@pytest.fixture
-def procs(tmp_path):
-    processes = Processes(tmp_path)
-    yield processes
-    processes.stop_all()
 
 
 def owner_toml(tmp_path: Path, **server) -> tuple[Path, int]:

@@ -110,11 +110,6 @@ class _Mechanism:
         return width if self.secure is None else width + 1
 
 
-#: a mechanism, a Δ per unit, and the μ slope and offset they give (``OwnerHost._mus``; the
-#: entry holds both objects, so their ids are never reused while it is cached)
-_MuRates = tuple[Any, np.ndarray, np.ndarray, np.ndarray]
-
-
 class _StepLimits:
     """The steps ‖θ' − θ‖ one session's owners admit: each owner's [min_step, max_step], the
     max_step lowered to what the session declared ``declared`` ``(K,)``."""
@@ -209,7 +204,6 @@ class OwnerHost:
             np.array([n.gradient_noise_multiplier for n in nodes]),
         )
         self._secure: dict[str, _Mechanism] = {}
-        self._mu_rates: dict[tuple[int, int, int], _MuRates] = {}  # (``_mus``)
 
     def _lattice_noise(self, nodes: Sequence[OwnerNode], sigma: np.ndarray) -> bool:
         """Set up exact lattice noise when the owners use it (all of them or none): their
@@ -289,15 +283,11 @@ class OwnerHost:
         """Each owner's μ of answers of sensitivity ``delta``·step (``delta`` ``(K,)``, the
         keys' ``steps`` ``(M,)``) and ``width`` components: (Δ + γ√w)/sd (γ√w: what rounding to
         γℤ adds; 0 without lattice noise)."""
-        known = self._mu_rates.get((id(mechanism), id(delta), width))
-        if known is None or known[0] is not mechanism or known[1] is not delta:
-            rounding = 0.0
-            if mechanism.gamma is not None:
-                rounding = lattice_sensitivity(0.0, mechanism.gamma, width)
-            sd = mechanism.accounting_sd
-            known = (mechanism, delta, delta / sd, np.full(len(sd), rounding) / sd)
-            self._mu_rates[(id(mechanism), id(delta), width)] = known
-        return AffineMus(known[2], known[3], steps)
+        rounding = 0.0
+        if mechanism.gamma is not None:
+            rounding = lattice_sensitivity(0.0, mechanism.gamma, width)
+        sd = mechanism.accounting_sd
+        return AffineMus(delta / sd, np.full(len(sd), rounding) / sd, steps)
 
     def _mechanism(self, session: str) -> _Mechanism:
         """How ``session``'s answers are noised and charged (after ``_require_session``)."""
@@ -703,7 +693,7 @@ class OwnerHost:
                     out[k, new[k]] = fresh(k, new[k])
         for part in self._ledgers:
             rows = part.rows
-            if out is None or not new[rows].any():
+            if not new[rows].any():
                 continue
             sub = None
             if sampled is not None:
@@ -731,7 +721,6 @@ class OwnerHost:
                     part.owner_ids,
                 )
             )
-        assert out is not None
         return out
 
     def _replay(

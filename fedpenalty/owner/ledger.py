@@ -327,6 +327,8 @@ class Ledger:
         except sqlite3.OperationalError as exc:
             self._release_file_lock()
             raise self._unavailable(exc) from exc
+        #: the file has answer blocks and spend lines (a reader of an earlier ledger: not)
+        self._blocks = self._has_table("answer_blocks")
         self._forget()
 
     def _forget(self) -> None:
@@ -525,13 +527,18 @@ class Ledger:
         """(group id, its members' answers, Σμ², max μ) of every spend line, and of every spend
         row of earlier ledgers, in ``session_id`` (None: all sessions)."""
         where, args = ("session_id=?", (session_id,)) if session_id is not None else ("1", ())
-        for gid, slope, offset, *sums in self._db.execute(
-            "SELECT l.group_id, l.slope, l.offset, b.* FROM spend_lines l JOIN ("
-            "SELECT line_id, SUM(answers), SUM(steps), SUM(steps_squared), MAX(max_step) "
-            f"FROM answer_blocks WHERE line_id IS NOT NULL AND {where} GROUP BY line_id"
-            ") b ON b.line_id = l.id",
-            args,
-        ):
+        lines = (
+            self._db.execute(
+                "SELECT l.group_id, l.slope, l.offset, b.* FROM spend_lines l JOIN ("
+                "SELECT line_id, SUM(answers), SUM(steps), SUM(steps_squared), MAX(max_step) "
+                f"FROM answer_blocks WHERE line_id IS NOT NULL AND {where} GROUP BY line_id"
+                ") b ON b.line_id = l.id",
+                args,
+            )
+            if self._blocks
+            else []
+        )
+        for gid, slope, offset, *sums in lines:
             sums = sums[1:]  # after the line id
             a, b = np.frombuffer(slope, "<f8"), np.frombuffer(offset, "<f8")
             yield gid, line_spend(StepSums(*sums), a, b)
@@ -922,11 +929,16 @@ class Ledger:
         if not self.read_only and first > self._highest_iteration(session_id):
             return found
         wanted = set(owner_ids.tolist())
-        for gid, keys, digests, payload in self._db.execute(
-            "SELECT group_id, keys, digests, payload FROM answer_blocks "
-            "WHERE session_id=? AND last_iteration >= ? AND first_iteration <= ?",
-            (session_id, first, last),
-        ).fetchall():
+        blocks = (
+            self._db.execute(
+                "SELECT group_id, keys, digests, payload FROM answer_blocks "
+                "WHERE session_id=? AND last_iteration >= ? AND first_iteration <= ?",
+                (session_id, first, last),
+            ).fetchall()
+            if self._blocks
+            else []
+        )
+        for gid, keys, digests, payload in blocks:
             for owner_id, chain, it, digest, part in read_block(
                 self._group_members(gid), keys, digests, payload
             ):
@@ -996,33 +1008,38 @@ class Ledger:
             slots = self._slots_for(owner_ids)
             self._check_unanswered(c, owner_ids, session_id, every)
             groups = [(self._group(owner_ids[m]), m, keys) for m, keys in key_groups(c.new)]
-            lines = self._store_answers(c, session_id, groups)
+            lines = [self._spend_line(c, session_id, *group) for group in groups]
             committed = None
-            if c.mus is not None:
+            if c.mus is not None:  # checked before anything is stored
                 committed = self._admit(c, slots, lines[0] if every else None)
+            self._store_answers(c, session_id, groups, lines)
         if committed is not None:  # the caches follow what was committed
             committed()
         if groups:
             answered = max(span(c.iterations[keys])[1] for _, _, keys in groups)
             self._frontier[session_id] = max(self._frontier[session_id], answered)
 
-    def _admit(self, c: Charge, slots: np.ndarray, line: int | None) -> Callable[[], None]:
+    def _admit(
+        self, c: Charge, slots: np.ndarray, every: tuple[int | None, StepSums] | None
+    ) -> Callable[[], None]:
         """Refuse (``BudgetExhausted``) when some owner's μ² would pass its cap; otherwise what
-        the in-memory totals do once the charge commits. A charge of every owner on the line
-        already pending costs a few float operations while the pending bound holds
+        the in-memory totals do once the charge commits. ``every``: the (line, step sums) of
+        a charge of every owner and key (None: some owners or keys only). Such a charge on the
+        line already pending costs a few float operations while the pending bound holds
         (``PendingLine``); any other charge folds the pending line into the totals, is
         checked owner by owner, and then starts a pending line (call inside the transaction)."""
         mus = c.mus
         assert mus is not None  # gradient charges add no μ²
         p = self._pending
+        line, sums = every if every is not None else (None, None)
         if (
             line is not None
+            and sums is not None
             and p is not None
             and p.line == line
             and p.limits is c.max_mu_squared
             and p.caps_version == self._caps_version
         ):
-            sums = StepSums.of(mus.steps)
             used = p.used + p.cost(sums)
             if used <= 1.0:
                 return lambda: p.add(sums, used)
@@ -1099,13 +1116,27 @@ class Ledger:
                     c.owners[position[owner_id]],
                 )
 
+    def _spend_line(
+        self, c: Charge, session_id: int, group_id: int, members: Index, keys: Index
+    ) -> tuple[int | None, StepSums]:
+        """The spend line of a group's answers to ``keys`` and their step sums (None and no
+        steps for gradient answers, which are counted in ``sampled``)."""
+        if c.mus is None:
+            return None, StepSums(0, 0.0, 0.0, 0.0)
+        line = self._line(session_id, group_id, c.mus.slope[members], c.mus.offset[members])
+        return line, StepSums.of(c.mus.steps[keys])
+
     def _store_answers(
-        self, c: Charge, session_id: int, groups: list[tuple[int, Index, Index]]
-    ) -> list[int | None]:
+        self,
+        c: Charge,
+        session_id: int,
+        groups: list[tuple[int, Index, Index]],
+        lines: list[tuple[int | None, StepSums]],
+    ) -> None:
         """One answer block per (group id, owners, keys) of ``groups``, with its keys' step
-        sums on the group's spend line (None for gradient answers); the lines' ids."""
-        rows, lines = [], []
-        for gid, members, keys in groups:
+        sums on its spend line (``lines``, in the same order)."""
+        rows = []
+        for (gid, members, keys), (line, sums) in zip(groups, lines):
             digests = (
                 c.digests[keys]
                 if isinstance(keys, slice)
@@ -1115,11 +1146,6 @@ class Ledger:
             first, last, *blobs = block_fields(
                 c.chains[keys], c.iterations[keys], digests, payloads
             )
-            line, sums = None, StepSums(0, 0.0, 0.0, 0.0)
-            if c.mus is not None:
-                sums = StepSums.of(c.mus.steps[keys])
-                line = self._line(session_id, gid, c.mus.slope[members], c.mus.offset[members])
-            lines.append(line)
             counts = (sums.count, sums.total, sums.squares, sums.largest)
             rows.append((session_id, first, last, gid, line, *counts, *blobs))
         self._db.executemany(
@@ -1128,7 +1154,6 @@ class Ledger:
             "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
             rows,
         )
-        return lines
 
     def _line(self, session_id: int, group_id: int, slope: np.ndarray, offset: np.ndarray) -> int:
         """Id of the spend line (session, group, slope, offset), recorded on first use."""

@@ -19,6 +19,7 @@ answers once (docs/design.md §4).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -128,12 +129,20 @@ def span(iterations: np.ndarray) -> tuple[int, int]:
     return min(values), max(values)
 
 
+def mu_squared(
+    slope: np.ndarray, offset: np.ndarray, count: Any, total: Any, squares: Any
+) -> np.ndarray:
+    """Σ_j (a·s_j + b)² = a²·Σs² + 2ab·Σs + b²·n for keys of ``count`` n, step sum ``total``
+    and sum of squared steps ``squares`` (scalars, or one per owner)."""
+    return slope * slope * squares + 2.0 * slope * offset * total + offset * offset * count
+
+
 def line_spend(
     sums: StepSums, slope: np.ndarray, offset: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each member's spend on one line: answers ``(K',)`` int, Σμ² ``(K',)``, max μ ``(K',)``."""
     n = sums.count
-    mu2 = slope * slope * sums.squares + 2.0 * slope * offset * sums.total + offset * offset * n
+    mu2 = mu_squared(slope, offset, n, sums.total, sums.squares)
     max_mu = slope * sums.largest + offset if n else np.zeros_like(slope)
     return np.full(len(slope), n, dtype=np.int64), mu2, max_mu
 
@@ -149,7 +158,7 @@ def gdp_add(mus: AffineMus, new: np.ndarray) -> np.ndarray:
     total, squares = new @ steps, new @ (steps * steps)
     largest = np.where(new, steps[None, :], 0.0).max(axis=1, initial=0.0)
     a, b = mus.slope, mus.offset
-    mu2 = a * a * squares + 2.0 * a * b * total + b * b * n
+    mu2 = mu_squared(a, b, n, total, squares)
     return np.stack([n.astype(float), mu2, np.where(n > 0, a * largest + b, 0.0)])
 
 
