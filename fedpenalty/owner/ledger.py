@@ -1048,12 +1048,9 @@ class Ledger:
         cap = self._check_gdp_limit(c, slots, add[1])
 
         def record() -> None:
-            totals = self._totals[slots]
-            totals[:, :2] += add[:2].T
-            totals[:, 2] = np.maximum(totals[:, 2], add[2])
-            self._totals[slots] = totals
+            self._add_totals(slots, *add)
             if line is not None:
-                headroom = cap - totals[:, 1]
+                headroom = cap - self._totals[slots, 1]
                 self._pending = PendingLine.start(
                     line, slots, mus, headroom, c.max_mu_squared, self._caps_version
                 )
@@ -1064,12 +1061,17 @@ class Ledger:
         """Add the pending line's charges to its members' totals (they are exact after it)."""
         p, self._pending = self._pending, None
         if p is not None and p.sums.count:
-            answers, mu2, max_mu = p.spend()
-            totals = self._totals[p.slots]
-            totals[:, 0] += answers
-            totals[:, 1] += mu2
-            totals[:, 2] = np.maximum(totals[:, 2], max_mu)
-            self._totals[p.slots] = totals
+            self._add_totals(p.slots, *p.spend())
+
+    def _add_totals(
+        self, slots: np.ndarray, answers: np.ndarray, mu2: np.ndarray, max_mu: np.ndarray
+    ) -> None:
+        """Add answers, Σμ² and max μ ``(K',)`` each to the cached totals of ``slots``."""
+        totals = self._totals[slots]
+        totals[:, 0] += answers
+        totals[:, 1] += mu2
+        totals[:, 2] = np.maximum(totals[:, 2], max_mu)
+        self._totals[slots] = totals
 
     def _check_gdp_limit(self, c: Charge, slots: np.ndarray, add_mu2: np.ndarray) -> np.ndarray:
         """Refuse (``BudgetExhausted``) when some owner's μ² would pass its cap: the lower of
