@@ -190,6 +190,32 @@ def test_a_second_allowed_client_cannot_use_or_close_the_first_clients_session(m
     assert total_answers(first) == 3
 
 
+@pytest.mark.slow
+def test_after_a_restart_another_client_cannot_read_the_sessions_report(mtls, tmp_path, procs):
+    """Until the opener re-opened its session after a restart, another allowed client could
+    read that session's PrivacyReport (the binding was in the server's memory only): the
+    server now takes the session's opener from its ledger."""
+    stubs, files, address = mtls
+    server = procs.running[-1]
+    server.terminate()
+    server.wait(timeout=60)
+    a = files["coordinator-a"]
+    creds = grpc.ssl_channel_credentials(*(p.read_bytes() for p in (a.ca, a.key, a.cert)))
+    procs.owner(tmp_path / "alice.toml", int(address.rsplit(":", 1)[1]), credentials=creds)
+    second = stubs["coordinator-b"]
+    calls = every_owner_rpc(second)
+    calls["PrivacyReport"] = lambda: second.PrivacyReport(
+        pb.PrivacyReportRequest(session="s"), timeout=10
+    )
+    for name in ("PrivacyReport", "LogRatio", "CloseSession"):
+        with pytest.raises(grpc.RpcError) as refused:
+            calls[name]()
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED, name
+        assert "session 's' was opened by another client" in str(refused.value.details())
+    report = stubs["coordinator-a"].PrivacyReport(pb.PrivacyReportRequest(session="s"), timeout=10)
+    assert report.owners[0].session.answers == 1
+
+
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 def test_the_readme_certificates_and_owner_file_work_as_shown(tmp_path):
     """README's deployment section: its openssl commands and its OWNER.toml, verbatim."""

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import hashlib
 import math
+import secrets
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +45,7 @@ from .ledger_rows import AffineMus, span
 from .node import SESSION_EVENTS, OwnerNode, close_sessions, open_sessions, privacy_reports
 from .noise import (
     LATTICE_BITS,
+    MAX_CHAIN,
     SCALE_MAX,
     SeededNormals,
     lattice_sensitivity,
@@ -194,6 +197,7 @@ class OwnerHost:
         self._n = np.array([len(n.records) for n in nodes], dtype=float)
         self._fast = not any(n.per_record for n in nodes)
         self._lattice = self._lattice_noise(nodes, sigma)
+        self._fresh = self._lattice and any(n.fresh_attempts for n in nodes)
         if not self._lattice:
             self._seeded = SeededNormals([seed_material(n.rng) for n in nodes])
         self._plain = _Mechanism(
@@ -225,6 +229,7 @@ class OwnerHost:
     def _noisy(
         self,
         session: str,
+        label: str,
         kind: str,
         owner: int | None,
         exact: np.ndarray,
@@ -233,24 +238,36 @@ class OwnerHost:
     ) -> np.ndarray:
         """Noisy answers ``(K', M, w)`` to keys (chains[j], iterations[j]) from the exact values
         ``exact`` ``(K', M, w)`` of one ``owner`` (K' = 1) or of every owner (None, K' = K):
-        lattice answers (``_lattice_answers``), or seeded float normals × σ_k addressed by the
-        same keys (simulated owners, ``SeededNormals``)."""
+        lattice answers (``_lattice_answers``, noise drawn under ``label``, see
+        ``_noise_label``), or seeded float normals × σ_k addressed by the same keys (simulated
+        owners, ``SeededNormals``)."""
         owners = np.arange(len(self.nodes)) if owner is None else np.array([owner])
         mechanism = self._mechanism(session)
         if mechanism.gamma is not None:
-            return self._lattice_answers(
-                mechanism, session, kind, owners, exact, chains, iterations
-            )
+            return self._lattice_answers(mechanism, label, kind, owners, exact, chains, iterations)
         asked = None if owner is None else owners
         normals = self._seeded.normals(session, kind, asked, chains, iterations, exact.shape[2])
         normals *= self._sigma[:, None, None] if owner is None else self._sigma[owner]
         normals += exact
         return normals
 
+    def _noise_label(self, session: str) -> str:
+        """The label one request's noise and Poisson samples are drawn under. Simulated owners
+        and owners given a key: the session (their noise is a function of the seed or key and
+        the address, so that runs repeat). Deployed owners (``OwnerNode.fresh_attempts``): the
+        session and 128 fresh bits from OS entropy, so every
+        attempt draws fresh randomness — the noise of a key is drawn once, when it is released
+        (a retry replays the stored answer), and the noise of a key never released cannot be
+        recomputed on a client's demand, nor timed over many refused requests
+        (docs/design.md §3, invariant 11)."""
+        if not self._fresh:
+            return session
+        return f"{session}\x00attempt {secrets.token_hex(16)}"
+
     def _lattice_answers(
         self,
         mechanism: _Mechanism,
-        session: str,
+        label: str,
         kind: str,
         owners: np.ndarray,
         exact: np.ndarray,
@@ -259,7 +276,7 @@ class OwnerHost:
         scale: float = 1.0,
     ) -> np.ndarray:
         """Released answers ``(K', M, w)``: ``exact`` ``(K', M, w)`` of ``owners`` rounded to γℤ
-        plus exact discrete-Gaussian noise of scale sd_k·``scale``/γ, keyed (session, kind,
+        plus exact discrete-Gaussian noise of scale sd_k·``scale``/γ, keyed (``label``, kind,
         owner, chain, iteration, component) — every entry an exact multiple of γ; in a secure
         session the masked lattice words ``(K', M, w + 1)`` instead. ``scale``: the answer unit
         (gradients: the clip); γ is the session's step times a power of two no larger than
@@ -271,7 +288,7 @@ class OwnerHost:
         bound = mechanism.limit * gamma
         clipped = np.clip(exact, -bound, bound)
         sigma = mechanism.sd[owners] * scale
-        args = (self._source, session, kind, iterations, clipped, sigma, gamma)
+        args = (self._source, label, kind, iterations, clipped, sigma, gamma)
         if mechanism.secure is None:
             return noisy_lattice_answers(*args, owners=owners, chains=chains)
         multiples = noisy_lattice_multiples(*args, owners=owners, chains=chains)
@@ -408,6 +425,30 @@ class OwnerHost:
     def privacy_reports(self, session: str | None = None) -> list[PrivacyReport]:
         return privacy_reports(self.nodes, session)
 
+    def session_opener(self, session: str) -> str | None:
+        """The client recorded in the ledgers as the opener of ``session`` (None: not recorded,
+        or opened without a client identity) — what binds a session to its client across
+        restarts (``Ledger.session_opener``)."""
+        for part in self._ledgers:
+            opener = part.ledger.session_opener(part.names, session)
+            if opener is not None:
+                return opener
+        return None
+
+    @property
+    def stat_width(self) -> int:
+        """Components of one sufficient-statistic answer (1 for a model without them, whose
+        statistic sessions are refused anyway)."""
+        return self.model.stat_dim if isinstance(self.model, ExpFamModel) else 1
+
+    def reply_values(self, session: str, answers: int, width: int) -> int:
+        """How many numbers the reply to ``answers`` keys of ``width`` carries: every owner's
+        answers, or a secure session's one masked sum with its check words — so that a server
+        bounds a reply before anything is computed (docs/design.md §3, invariant 9)."""
+        if self._mechanism(session).secure is not None:
+            return answers * (width + 1)
+        return len(self.nodes) * answers * width
+
     def node(self, name: str) -> OwnerNode:
         for node in self.nodes:
             if node.name == name:
@@ -443,15 +484,22 @@ class OwnerHost:
         pairs = np.concatenate([theta, theta_prop], axis=1).astype("<f8", copy=False)
         digests = [hashlib.sha256(_LOG_RATIO_TAG + row.tobytes()).digest() for row in pairs]
 
-        exact = self._clipped_log_ratio_sums(theta, theta_prop, step)
         iterations = np.full(len(chains), iteration)
+        label = self._noise_label(session)
+        sums: list[np.ndarray] = []  # computed once, after the charge's checks
+
+        def exact() -> np.ndarray:
+            if not sums:
+                sums.append(self._clipped_log_ratio_sums(theta, theta_prop, step))
+            return sums[0]
 
         def fresh(k: int, new: np.ndarray) -> np.ndarray:
-            one = exact[k : k + 1, new, None]
-            return self._noisy(session, LOG_RATIO, k, one, chains[new], iterations[new])[0]
+            one = exact()[k : k + 1, new, None]
+            return self._noisy(session, label, LOG_RATIO, k, one, chains[new], iterations[new])[0]
 
         def fresh_all() -> np.ndarray:
-            return self._noisy(session, LOG_RATIO, None, exact[:, :, None], chains, iterations)
+            values = exact()[:, :, None]
+            return self._noisy(session, label, LOG_RATIO, None, values, chains, iterations)
 
         mechanism = self._mechanism(session)
         mus = self._mus(mechanism, self._delta_per_step, step, 1)
@@ -487,16 +535,18 @@ class OwnerHost:
         key_chains = np.repeat(chains, block)
         key_iterations = np.tile(start + np.arange(block), len(chains))
 
+        label = self._noise_label(session)
+
         def fresh(k: int, new: np.ndarray) -> np.ndarray:
             exact = np.broadcast_to(self._stat_sum[k], (1, int(new.sum()), s))
             keys = key_chains[new], key_iterations[new]
-            return self._noisy(session, SUFF_STATS, k, exact, *keys)[0]
+            return self._noisy(session, label, SUFF_STATS, k, exact, *keys)[0]
 
         def fresh_all() -> np.ndarray:
             exact = np.broadcast_to(
                 self._stat_sum[:, None, :], (len(self.nodes), len(key_chains), s)
             )
-            return self._noisy(session, SUFF_STATS, None, exact, key_chains, key_iterations)
+            return self._noisy(session, label, SUFF_STATS, None, exact, key_chains, key_iterations)
 
         mechanism = self._mechanism(session)
         out = self._answer(
@@ -562,20 +612,20 @@ class OwnerHost:
             for c in range(len(chains))
         ]
 
+        label = self._noise_label(session)
+
         def fresh(k: int, new: np.ndarray) -> np.ndarray:
             if not self._lattice:
                 return self._seeded_gradient(
                     session, k, q, chains[new], iteration, theta[new], clip
                 )
-            return self._lattice_gradient(session, k, q, chains[new], iteration, theta[new], clip)
+            keys = chains[new], iteration, theta[new], clip
+            return self._lattice_gradient(session, label, k, q, *keys)
 
         mechanism = self._mechanism(session)
         iterations = np.full(len(chains), iteration)
         sampled = SampledCharge(
-            q,
-            mechanism.gradient_multiplier,
-            np.array([o.planned_answers for o in opened]),
-            [n.policy.neighbour for n in self.nodes],
+            q, mechanism.gradient_multiplier, [n.policy.neighbour for n in self.nodes]
         )
         out = self._answer(
             session,
@@ -623,6 +673,7 @@ class OwnerHost:
     def _lattice_gradient(
         self,
         session: str,
+        label: str,
         k: int,
         q: float,
         chains: np.ndarray,
@@ -631,12 +682,12 @@ class OwnerHost:
         clip: float,
     ) -> np.ndarray:
         """Owner k's lattice gradient answers ``(M, d)`` for ``chains`` ``(M,)`` at ``theta``
-        ``(M, d)``: keyed Poisson sample, clipped sum, rounded, exact discrete-Gaussian noise of
-        sd σ_k·clip (docs/design.md §2.7)."""
+        ``(M, d)``: Poisson sample and exact discrete-Gaussian noise of sd σ_k·clip, both keyed
+        under ``label`` (``_noise_label``); clipped sum, rounded (docs/design.md §2.7)."""
         records = self.nodes[k].records
         mask = poisson_sample(
             self._source,
-            session,
+            label,
             SGMCMC,
             q,
             len(records),
@@ -648,7 +699,7 @@ class OwnerHost:
         iterations = np.full(len(chains), iteration)
         mechanism = self._mechanism(session)
         answers = self._lattice_answers(
-            mechanism, session, SGMCMC, np.array([k]), sums[None], chains, iterations, clip
+            mechanism, label, SGMCMC, np.array([k]), sums[None], chains, iterations, clip
         )
         return answers[0]
 
@@ -668,11 +719,13 @@ class OwnerHost:
         """The reply ``(K, M, width)`` of ``dtype`` (float64; masked uint64 words in a secure
         session) to keys (chains[j], iterations[j]) with query ``digests[j]``.
 
-        A key an owner answered before gets its stored answer (nothing drawn, nothing charged);
-        for the others ``fresh(k, new)`` computes owner k's noisy answers ``(Σ new, width)``, and
-        they are charged (``mus``; None: as subsampled-Gaussian releases) — one transaction per
-        ledger — before anything is returned. ``fresh_all()`` does the same for every owner and
-        key at once, for the usual request where nothing was answered before.
+        A key an owner answered before gets its stored answer (nothing drawn, nothing charged).
+        For the others, every ledger's charging transaction first decides every refusal that
+        does not need the answers — budget, plan, caps, replay — and only then does
+        ``fresh(k, new)`` compute owner k's noisy answers ``(Σ new, width)`` (``fresh_all()``:
+        every owner and key at once, for the usual request where nothing was answered
+        before); they are stored and committed before anything is returned (docs/design.md
+        §3, invariants 1 and 11). A refused request draws no noise.
         """
         new = np.ones((len(self.nodes), len(chains)), dtype=bool)
         first, last = span(iterations)
@@ -683,45 +736,65 @@ class OwnerHost:
                 if out is None:
                     out = np.empty((len(self.nodes), len(chains), width), dtype=dtype)
                 self._replay(stored, part, chains, iterations, digests, out, new)
-        if out is None and fresh_all is not None:
-            out = fresh_all()
-        else:
-            if out is None:
-                out = np.empty((len(self.nodes), len(chains), width), dtype=dtype)
-            for k in range(len(self.nodes)):
-                if new[k].any():
-                    out[k, new[k]] = fresh(k, new[k])
-        for part in self._ledgers:
-            rows = part.rows
-            if not new[rows].any():
-                continue
-            sub = None
-            if sampled is not None:
-                sub = SampledCharge(
-                    sampled.q,
-                    sampled.noise_multiplier[rows],
-                    sampled.plan[rows],
-                    [sampled.neighbour[k] for k in part.idx.tolist()],
-                )
-            part.ledger.charge(
-                Charge(
-                    session,
-                    part.names,
-                    chains,
-                    iterations,
-                    digests,
-                    out[rows],
-                    mus[rows] if mus is not None else None,
-                    new[rows],
-                    part.max_mu_squared,
-                    part.budget_epsilon,
-                    part.delta,
-                    sub,
-                    part.renyi,
-                    part.owner_ids,
-                )
-            )
+        charges = [
+            (part, self._charge(part, session, chains, iterations, digests, mus, sampled, new))
+            for part in self._ledgers
+            if new[part.rows].any()
+        ]
+        with ExitStack() as transactions:
+            stores = [
+                (part, transactions.enter_context(part.ledger.charging(charge)))
+                for part, charge in charges
+            ]
+            # every refusal that does not need the answers has been decided: draw them now
+            if out is None and fresh_all is not None:
+                out = fresh_all()
+            else:
+                if out is None:
+                    out = np.empty((len(self.nodes), len(chains), width), dtype=dtype)
+                for k in range(len(self.nodes)):
+                    if new[k].any():
+                        out[k, new[k]] = fresh(k, new[k])
+            for part, store in stores:
+                store(out[part.rows])
         return out
+
+    def _charge(
+        self,
+        part: _LedgerPart,
+        session: str,
+        chains: np.ndarray,
+        iterations: np.ndarray,
+        digests: list[bytes],
+        mus: AffineMus | None,
+        sampled: SampledCharge | None,
+        new: np.ndarray,
+    ) -> Charge:
+        """The charge of ``part``'s owners' ``new`` answers, without the answers themselves."""
+        rows = part.rows
+        sub = None
+        if sampled is not None:
+            sub = SampledCharge(
+                sampled.q,
+                sampled.noise_multiplier[rows],
+                [sampled.neighbour[k] for k in part.idx.tolist()],
+            )
+        return Charge(
+            session,
+            part.names,
+            chains,
+            iterations,
+            digests,
+            None,
+            mus[rows] if mus is not None else None,
+            new[rows],
+            part.max_mu_squared,
+            part.budget_epsilon,
+            part.delta,
+            sub,
+            part.renyi,
+            part.owner_ids,
+        )
 
     def _replay(
         self,
@@ -798,6 +871,10 @@ class OwnerHost:
         ordered = np.sort(arr)  # (np.unique hashes: ~10x slower for a few chains)
         if ordered[0] < 0 or bool((ordered[1:] == ordered[:-1]).any()):
             raise InvalidRequest("chains must be distinct non-negative integers", self.label)
+        if ordered[-1] >= MAX_CHAIN:  # the noise streams' chain address space
+            raise InvalidRequest(
+                f"chain ids must be below 2^29 = {MAX_CHAIN}, got {int(ordered[-1])}", self.label
+            )
         if arr.size * per_chain > self._max_answers:
             raise InvalidRequest(
                 f"request asks for {arr.size * per_chain} answers; this owner answers at most "

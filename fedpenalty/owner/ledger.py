@@ -277,8 +277,10 @@ class Charge:
 
     Gradient answers (``sampled`` set) are Poisson-subsampled Gaussian releases at
     (q, ``sampled.noise_multiplier[k]``) instead of GDP answers: ``mus`` is None and each
-    owner's count in the session may not pass ``sampled.plan[k]`` (its budget was checked for
-    the whole plan when the session opened).
+    owner's count in the session may not pass the plan the ledger admitted against its budget
+    (``sessions.planned_answers``, read in the charging transaction — never a plan held in
+    memory). ``payloads`` may be None for ``Ledger.charging``, which takes them once every
+    check has passed.
     """
 
     session: str
@@ -286,7 +288,7 @@ class Charge:
     chains: np.ndarray
     iterations: np.ndarray
     digests: list[bytes]
-    payloads: np.ndarray
+    payloads: np.ndarray | None
     mus: AffineMus | None
     new: np.ndarray
     max_mu_squared: np.ndarray
@@ -299,12 +301,11 @@ class Charge:
 
 @dataclass(frozen=True)
 class SampledCharge:
-    """Subsampled-Gaussian charge parameters: rate ``q``, per-owner noise multipliers, plans and
+    """Subsampled-Gaussian charge parameters: rate ``q``, per-owner noise multipliers and
     neighbour relations."""
 
     q: float
     noise_multiplier: np.ndarray
-    plan: np.ndarray
     neighbour: list[Neighbour]
 
 
@@ -347,6 +348,7 @@ class Ledger:
         self._pending: PendingLine | None = None  # charges not yet in _totals
         self._lines: dict[tuple[int, int, bytes, bytes], int] = {}  # spend line ids
         self._frontier: dict[int, int] = {}  # session id → highest iteration answered
+        self._plans: dict[str, dict[str, int]] = {}  # open session → owner → admitted plan
         self._lattice_ids: set[int] | None = None  # owners recorded in ``mechanisms``
 
     def _take_file_lock(self) -> int:
@@ -632,8 +634,16 @@ class Ledger:
                     if name not in recorded
                 ],
             )
+            # a resumed session's new plan was admitted in full above (``admit`` saw the other
+            # sessions' reservations and this one's answers): it replaces the recorded plan, so
+            # later admissions reserve it and its charges are held to it (invariant 12)
+            self._db.executemany(
+                "UPDATE sessions SET planned_answers=? WHERE owner=? AND session=?",
+                [(planned_answers, name, session) for name in names if name in recorded],
+            )
             ids = [self._id(name) for name in names]
             self._record_owners(ids, owners, caps, session)
+        self._plans.pop(session, None)
         for i, cap in zip(ids, caps):  # committed: the caches follow
             if cap is not None and i in self._slots:
                 self._caps[self._slots[i]] = cap
@@ -758,6 +768,18 @@ class Ledger:
             views.append(PlanView(current, total, _events(rows), reserved, gaussian_open))
         return views
 
+    def session_opener(self, owners: list[str], session: str) -> str | None:
+        """The client that opened ``session`` for some of ``owners`` (None: not recorded, or
+        opened without a client identity)."""
+        with self._reading():
+            for owner, client in self._db.execute(
+                "SELECT owner, client FROM sessions WHERE session=? AND client IS NOT NULL",
+                (session,),
+            ):
+                if owner in owners:
+                    return client
+        return None
+
     def close_session(self, owner: str, session: str) -> None:
         """Close the session: its plan no longer holds budget."""
         self.close_sessions([owner], session)
@@ -770,6 +792,7 @@ class Ledger:
                 "UPDATE sessions SET closed_at=? WHERE owner=? AND session=? AND closed_at IS NULL",
                 [(now, owner, session) for owner in owners],
             )
+        self._plans.pop(session, None)
 
     def reports(self, owners: list[str], session: str | None) -> list[Report]:
         """Every owner's spend, in all sessions and in ``session`` (None: not asked), in a
@@ -988,14 +1011,28 @@ class Ledger:
         return slots
 
     def charge(self, c: Charge) -> None:
-        """Charge and store the new answers in one transaction: a constant number of statements
-        however many owners. Refuses (``BudgetExhausted``, nothing written for anyone) when some
-        owner's total μ² would exceed its ``max_mu_squared`` (the μ² where ε(δ) meets its budget),
-        and (``ReplayConflict``) a key some owner already answered. A writer keeps each owner's
-        totals and caps in memory (it is the file's only writer) and updates them once the
-        transaction has committed.
+        """Charge and store the new answers ``c.payloads`` in one transaction (``charging``)."""
+        assert c.payloads is not None
+        with self.charging(c) as store:
+            store(c.payloads)
+
+    @contextmanager
+    def charging(self, c: Charge) -> Iterator[Callable[[np.ndarray], None]]:
+        """One charging transaction: every check first, then the answers.
+
+        Refuses — before the caller has computed or drawn anything — when some owner's total
+        μ² would exceed its ``max_mu_squared`` (the μ² where ε(δ) meets its budget) or the cap
+        recorded for its plans (``BudgetExhausted``), when a gradient answer would pass the
+        plan the ledger admitted (``BudgetExhausted``), and when some owner already answered a
+        key (``ReplayConflict``); nothing is written for anyone then. Otherwise it yields
+        ``store``, which the caller calls once with the answers ``(K, M, w)`` it then draws
+        (docs/design.md §3, invariant 11: refuse before you draw); the transaction commits
+        when the block ends, and rolls back if it raises. A constant number of statements
+        however many owners. A writer keeps each owner's totals and caps in memory (it is the
+        file's only writer) and updates them once the transaction has committed.
         """
         every = bool(c.new.all())
+        stored = []
         with self._writing():
             owner_ids = (
                 c.owner_ids
@@ -1012,7 +1049,14 @@ class Ledger:
             committed = None
             if c.mus is not None:  # checked before anything is stored
                 committed = self._admit(c, slots, lines[0] if every else None)
-            self._store_answers(c, session_id, groups, lines)
+
+            def store(payloads: np.ndarray) -> None:
+                self._store_answers(c, session_id, groups, lines, payloads)
+                stored.append(True)
+
+            yield store
+            if not stored:
+                raise RuntimeError("a charge ended without its answers: nothing is recorded")
         if committed is not None:  # the caches follow what was committed
             committed()
         if groups:
@@ -1134,9 +1178,11 @@ class Ledger:
         session_id: int,
         groups: list[tuple[int, Index, Index]],
         lines: list[tuple[int | None, StepSums]],
+        answers: np.ndarray,
     ) -> None:
-        """One answer block per (group id, owners, keys) of ``groups``, with its keys' step
-        sums on its spend line (``lines``, in the same order)."""
+        """One answer block per (group id, owners, keys) of ``groups`` with their ``answers``
+        ``(K, M, w)``, and its keys' step sums on its spend line (``lines``, in the same
+        order)."""
         rows = []
         for (gid, members, keys), (line, sums) in zip(groups, lines):
             digests = (
@@ -1144,7 +1190,7 @@ class Ledger:
                 if isinstance(keys, slice)
                 else [c.digests[j] for j in keys.tolist()]
             )
-            payloads = c.payloads[members][:, keys]
+            payloads = answers[members][:, keys]
             first, last, *blobs = block_fields(
                 c.chains[keys], c.iterations[keys], digests, payloads
             )
@@ -1181,7 +1227,8 @@ class Ledger:
     def _charge_sampled(
         self, c: Charge, owner_ids: np.ndarray, session_id: int, add: np.ndarray
     ) -> None:
-        """Count subsampled-Gaussian answers, refusing past any owner's session plan."""
+        """Count subsampled-Gaussian answers, refusing past any owner's session plan as the
+        ledger admitted it against the budget (docs/design.md §3, invariant 12)."""
         sampled = c.sampled
         assert sampled is not None
         q = float(sampled.q)
@@ -1192,7 +1239,9 @@ class Ledger:
             ).fetchall()
         )
         used = np.array([counts.get(int(i), 0) for i in owner_ids])
-        over = used + add > sampled.plan
+        plans = self._open_plans(c.session)
+        plan = np.array([plans.get(o, 0) for o in c.owners])
+        over = used + add > plan
         if over.any():
             k = int(np.argmax(over))
             spent, _ = owner_epsilon(
@@ -1204,7 +1253,7 @@ class Ledger:
             )
             left = max(float(c.budget_epsilon[k]) - spent, 0.0)
             raise BudgetExhausted(
-                f"privacy budget: this session's plan of {int(sampled.plan[k])} gradient answers "
+                f"privacy budget: this session's plan of {int(plan[k])} gradient answers "
                 f"(the most the "
                 f"owner's budget was checked for when the session opened) is used up "
                 f"({int(used[k])} answered; "
@@ -1223,6 +1272,21 @@ class Ledger:
                 if a > 0
             ],
         )
+
+    def _open_plans(self, session: str) -> dict[str, int]:
+        """Each owner's admitted plan in ``session`` while it is open (an owner without an open
+        session has none: 0 answers). A writer reads them once per session and keeps them until
+        a session opens or closes (call under the lock)."""
+        plans = self._plans.get(session)
+        if plans is None:
+            plans = self._plans[session] = dict(
+                self._db.execute(
+                    "SELECT owner, planned_answers FROM sessions WHERE session=? "
+                    "AND closed_at IS NULL",
+                    (session,),
+                ).fetchall()
+            )
+        return plans
 
     @staticmethod
     def _refuse(

@@ -82,6 +82,11 @@ class OwnerNode:
         from a ChaCha20 stream addressed by (session, chain, iteration). The default when no
         ``rng`` is given is a fresh key from OS entropy (every deployed owner).
     simulation: keep data-dependent diagnostics (clip counts). Off for deployed owners.
+    fresh_attempts: draw every request's noise and Poisson samples under fresh OS entropy as
+        well as the key (``OwnerHost._noise_label``), so that the noise of a key that was never
+        released cannot be recomputed on demand (docs/design.md §3, invariant 11). Default: on
+        for the deployed owner (no ``rng``, no ``noise_key``: a key from OS entropy); off when
+        a key or seed is given, whose noise is then reproducible (tests, audits, simulation).
     seeded_streams: SIMULATION ONLY — lattice noise from seeded Philox streams and secure-
         aggregation masks from a SplitMix64 mixer instead of ChaCha20 (``OwnerNode.simulated``).
     per_record: evaluate log-ratios record by record with the per-record clip. By default
@@ -102,6 +107,7 @@ class OwnerNode:
         per_record: bool | None = None,
         noise_key: NoiseKey | None = None,
         seeded_streams: bool = False,
+        fresh_attempts: bool | None = None,
     ):
         self.name = name
         self.model = model
@@ -113,7 +119,9 @@ class OwnerNode:
         self.seeded = rng is not None
         #: simulation only: seeded Philox noise and SplitMix64 masks instead of ChaCha20
         self.seeded_streams = seeded_streams
-        self.noise_key = NoiseKey.from_os() if rng is None and noise_key is None else noise_key
+        deployed = rng is None and noise_key is None
+        self.noise_key = NoiseKey.from_os() if deployed else noise_key
+        self.fresh_attempts = deployed if fresh_attempts is None else fresh_attempts
         #: account by Rényi DP: this owner gives lattice answers, or its ledger holds some
         self.renyi_accounting = self.lattice or ledger.answered_on_lattice(name)
         self.max_mu_squared = max_gdp_mu_squared(

@@ -61,9 +61,11 @@ class OwnerServicer(pb_grpc.OwnerServicer):
         host: OwnerHost,
         allowed_clients: Sequence[str] = (),
         peers: PeerAuth | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ):
         self.host = host
         self._peers = peers
+        self._max_message_bytes = max_message_bytes
         self._names = [d.name for d in host.describe()]
         self._allowed = tuple(allowed_clients)
         self._opened_by: dict[str, str] = {}  # session → the allowed name that opened it
@@ -146,7 +148,13 @@ class OwnerServicer(pb_grpc.OwnerServicer):
         )
 
     def _own(self, session: str, client: str | None) -> str:
-        """``session``, once sure it is not another client's (``NotPermitted`` otherwise)."""
+        """``session``, once sure it is not another client's (``NotPermitted`` otherwise): the
+        opener this server saw, or after a restart the one its ledger recorded (runs on the
+        host's worker thread)."""
+        if client is not None and session not in self._opened_by:
+            opener = self.host.session_opener(session)
+            if opener is not None:
+                self._opened_by[session] = opener
         if self._opened_by.get(session, client) != client:
             log.warning("refused %s: session %s belongs to another client", client, session)
             raise NotPermitted(f"session {session!r} was opened by another client, not {client!r}")
@@ -170,9 +178,23 @@ class OwnerServicer(pb_grpc.OwnerServicer):
     def _privacy_reports(self, session: str, client: str | None) -> list[PrivacyReport]:
         return self.host.privacy_reports(self._own(session, client) if session else None)
 
+    def _check_reply(self, session: str, answers: int, width: int) -> None:
+        """``InvalidRequest`` before any work when the reply to ``answers`` keys of ``width``
+        would pass ``server.max_message_bytes`` (8 bytes a number, a few kB of framing): a
+        reply that cannot be sent is never computed, charged or stored."""
+        values = self.host.reply_values(session, answers, width)
+        size = 8 * values + 8 * len(self._names) + 4096
+        if size > self._max_message_bytes:
+            raise InvalidRequest(
+                f"the reply would carry {values} numbers (about {size} bytes), above this "
+                f"owner's server.max_message_bytes {self._max_message_bytes}; ask for fewer "
+                "chains (or a smaller block) per request"
+            )
+
     # --- the host's operations on decoded messages -------------------------------------------
     def _log_ratio(self, r: pb.LogRatioRequest, client: str | None) -> pb.Answers:
         chains = np.asarray(r.chains, dtype=np.int64)
+        self._check_reply(r.session, len(chains), 1)
         values = self.host.log_ratio(
             self._own(r.session, client),
             r.iteration,
@@ -183,6 +205,7 @@ class OwnerServicer(pb_grpc.OwnerServicer):
         return wire.answers_message(self.host.reply(r.session, values))
 
     def _suff_stats(self, r: pb.SuffStatsRequest, client: str | None) -> pb.Answers:
+        self._check_reply(r.session, len(r.chains) * r.block, self.host.stat_width)
         values = self.host.suff_stats(
             self._own(r.session, client), np.asarray(r.chains, dtype=np.int64), r.start, r.block
         )
@@ -190,6 +213,7 @@ class OwnerServicer(pb_grpc.OwnerServicer):
 
     def _gradient(self, r: pb.GradientRequest, client: str | None) -> pb.Answers:
         chains = np.asarray(r.chains, dtype=np.int64)
+        self._check_reply(r.session, len(chains), self.host.model.dim)
         values = self.host.gradient(
             self._own(r.session, client),
             r.iteration,
@@ -307,6 +331,13 @@ class OwnerServicer(pb_grpc.OwnerServicer):
             return pb.QueryReply(id=request.id, answers=answers)
         except OwnerError as exc:
             return pb.QueryReply(id=request.id, refusal=wire.refusal(exc))
+        except Exception as exc:  # a bug must not end the stream: refuse this query in-band
+            log.exception("query %d failed inside the owner", request.id)
+            failure = OwnerError(
+                f"the owner failed to answer ({type(exc).__name__}: {exc}); anything it charged "
+                "is replayed, not charged again, when the query is retried"
+            )
+            return pb.QueryReply(id=request.id, refusal=wire.refusal(failure))
 
 
 async def _abort(context: grpc.aio.ServicerContext, exc: OwnerError) -> None:
@@ -388,7 +419,7 @@ async def start(
         ("grpc.so_reuseport", 0),
     ]
     server = grpc.aio.server(options=options)
-    servicer = OwnerServicer(host, allowed_clients, peers)
+    servicer = OwnerServicer(host, allowed_clients, peers, max_message_bytes)
     pb_grpc.add_OwnerServicer_to_server(servicer, server)
     health_pb2_grpc.add_HealthServicer_to_server(servicer.health, server)
     reflection.enable_server_reflection(
