@@ -206,6 +206,35 @@ def mixing_table(diag: dict[str, Any]) -> str:
     return table(headers, rows)
 
 
+def secure_line(privacy: dict[str, Any]) -> str:
+    """The console's line on a secure run: what the owners' ε rests on, from their reports
+    (each owner's ``peers`` in privacy.json)."""
+    s, t = _fmt(privacy["total_noise_sd"]), privacy["colluders"]
+    bases = {o.get("peers", "") for o in privacy.get("owners", [])}
+    words = []
+    if bases & {"authenticated", "simulated"}:
+        which = " and ".join(
+            w
+            for b, w in (("authenticated", "authenticated"), ("simulated", "simulated"))
+            if b in bases
+        )
+        words.append(
+            f"for owners with {which} peers its noise sd s = {s} protects each while at most "
+            f"t = {t} owners collude with the coordinator"
+        )
+    if "own_noise" in bases:
+        words.append(
+            "owners that could not authenticate their peers are charged at their own noise "
+            "alone (eps = eps own noise)"
+        )
+    return (
+        "secure aggregation: the coordinator saw only the owners' masked sum; "
+        + "; ".join(words or ["the owners did not say what their eps rests on"])
+        + " ('eps own noise': its own noise alone, if all others colluded; privacy.json: "
+        "assumption)"
+    )
+
+
 def print_run(title: str, result) -> None:
     """The tables of a finished or stopped run, then where it is."""
     print(title)
@@ -220,12 +249,7 @@ def print_run(title: str, result) -> None:
             f"{privacy['release']}):"
         )
         if privacy.get("aggregation") == "secure":
-            print(
-                f"secure aggregation: the coordinator saw only the owners' masked sum, whose "
-                f"noise sd s = {_fmt(privacy['total_noise_sd'])} protects each owner while at "
-                f"most t = {privacy['colluders']} owners collude with it (eps; 'eps own noise': "
-                "its own noise alone, if all others colluded; privacy.json: assumption)"
-            )
+            print(secure_line(privacy))
         print(privacy_overview(privacy))
         if privacy.get("trusted_curator"):
             print("trusted curator: this baseline pools every owner's records centrally")

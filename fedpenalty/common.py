@@ -19,6 +19,7 @@ from .privacy.subsampled import SubsampledGaussian
 from .schema import (
     Neighbour,
     NonNegativeInt,
+    PeerTrust,
     PositiveFloat,
     PositiveInt,
     Probability,
@@ -66,6 +67,11 @@ class Policy:
         coordinator; the fewest other owners a secure session must have. In a secure session of
         K owners (counted from the peer keys it receives) it adds noise of variance s²/(K − t)
         and charges μ = (Δ + γ√w)/s per answer.
+    unauthenticated_peers: what a deployed owner does with a secure session whose peers its
+        server cannot authenticate (no ``server.peer_ca``/``allowed_peers``): ``"refuse"`` (the
+        default), or ``"charge_own_noise"`` — answer, but charge and enforce the budget at its
+        own noise sd s/√(K − t) alone, which stays true whoever the peers are (it gives up the
+        other owners' noise). Simulated owners' peers are the simulation's own: they ignore it.
     """
 
     sigma: PositiveFloat = 1.0
@@ -82,6 +88,7 @@ class Policy:
     total_noise_sd: PositiveFloat | None = None
     colluders: NonNegativeInt = 0
     min_peers: NonNegativeInt = 0
+    unauthenticated_peers: PeerTrust = "refuse"
 
     def __post_init__(self) -> None:
         check_fields(self, "privacy")
@@ -118,17 +125,40 @@ class SecureTerms:
         """The sd of the noise this owner adds: s/√(K − t)."""
         return self.total_noise_sd / math.sqrt(self.owners - self.colluders)
 
+    def own_noise_only(self) -> SecureTerms:
+        """The same noise, charged as if every other owner colluded (t = K − 1): the owner's own
+        noise sd s/√(K − t) becomes the s its μ divides by. How an owner that cannot
+        authenticate its peers is charged (docs/design.md §2.6); its ledger records these
+        terms, so its own-noise ε equals its ε."""
+        return SecureTerms(self.owners, self.owners - 1, self.owner_noise_sd)
+
+    @property
+    def own_noise_charged(self) -> bool:
+        """Charged at the owner's own noise alone (t = K − 1: no other owner's noise counted)."""
+        return self.colluders >= self.owners - 1
+
+
+#: What an owner's ε in a secure session rests on (``OwnNoise.peers``): its peers' keys were
+#: authenticated to distinct owner identities (charged at s, assuming ≤ t colluders); the
+#: simulation's own owners (charged at s, the simulation's peers are real); or nothing (charged
+#: at its own noise alone, true whoever the peers are).
+PEERS_AUTHENTICATED = "authenticated"
+PEERS_SIMULATED = "simulated"
+PEERS_OWN_NOISE = "own_noise"
+
 
 @dataclass(frozen=True)
 class OwnNoise:
     """What an owner's privacy would be if only its *own* noise protected it in its secure
     sessions (no honest peer's noise counted; noise sd s/√(K − t) instead of s): ``total``
     across every session, ``session`` for the asked one (None when not asked), whose terms are
-    ``terms`` (None when it was not secure)."""
+    ``terms`` (None when it was not secure) and whose ε rests on ``peers`` (``PEERS_*``: ""
+    when not secure)."""
 
     total: SpendReport
     session: SpendReport | None = None
     terms: SecureTerms | None = None
+    peers: str = ""
 
 
 @dataclass(frozen=True)

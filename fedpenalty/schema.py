@@ -78,6 +78,9 @@ Rate = Annotated[float, Field(strict=True, gt=0, le=1), refusal("a number in (0,
 Bool = Annotated[bool, Field(strict=True), refusal("true or false")]
 NonEmptyStr = Annotated[str, Field(strict=True, min_length=1), refusal("a non-empty string")]
 Neighbour = Annotated[base.Neighbour, one_of(*base.NEIGHBOURS)]
+#: A deployed owner's choice for secure sessions whose peers it cannot authenticate
+#: (``Policy.unauthenticated_peers``).
+PeerTrust = Annotated[str, one_of("refuse", "charge_own_noise")]
 Paths = Annotated[
     list[Annotated[str, Field(strict=True, min_length=1)]],
     refusal("a list of file paths (CSV or NPZ, one per owner)"),

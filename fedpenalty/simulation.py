@@ -833,7 +833,7 @@ def privacy_summary(
         "accounting": ACCOUNTING[algorithm.query],
         "trusted_curator": False,
         "release": "each owner's own ledger",
-        **aggregation_fields(requested(scenario["privacy"])),
+        **aggregation_fields(requested(scenario["privacy"]), reports),
         "owners": [
             owner_privacy(r, p, algorithm, scenario)
             for r, p in zip(entries, policies)

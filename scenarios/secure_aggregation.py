@@ -167,7 +167,9 @@ def masking_cost(owners: int, seconds: float, rounds: int, folder: Path) -> dict
         for k in range(1, owners)
     ]
     host.open_session("plain", "penalty", 10**7)
-    host.open_session("secure", "penalty", 10**7, secure=SecureOpen(tuple(peers), SIGMA, 0))
+    # as its server passes the request on once it authenticated the peers (PeerAuth.check)
+    opening = SecureOpen(tuple(peers), SIGMA, 0, authenticated=True)
+    host.open_session("secure", "penalty", 10**7, secure=opening)
     theta = np.zeros((CHAINS, 1))
     counters = {"plain": 0, "secure": 0}
 

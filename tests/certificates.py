@@ -19,9 +19,11 @@ def issue(
     issuer_key: ec.EllipticCurvePrivateKey | None = None,
     ca: bool = False,
     dns: tuple[str, ...] = (),
+    owners: tuple[str, ...] = (),
 ) -> x509.Certificate:
     """A certificate with common name ``subject`` for ``key``: a self-signed CA with ``ca``,
-    else signed by the issuer, with SANs IP 127.0.0.1 and the DNS names ``dns``."""
+    else signed by the issuer, with SANs IP 127.0.0.1, the DNS names ``dns`` and the owner
+    identities ``owners`` (URIs urn:fedpenalty:owner:<name>, secure-aggregation peers)."""
     now = datetime.datetime.now(datetime.UTC)
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
     builder = (
@@ -37,6 +39,7 @@ def issue(
     if not ca:
         sans: list[x509.GeneralName] = [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
         sans += [x509.DNSName(d) for d in dns]
+        sans += [x509.UniformResourceIdentifier(f"urn:fedpenalty:owner:{o}") for o in owners]
         builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
     return builder.sign(issuer_key or key, hashes.SHA256())
 
@@ -66,7 +69,11 @@ class TestCA:
         self.cert = issue(name, self.key, ca=True)
         self.path, _ = write(folder, "ca", self.cert, self.key)
 
-    def leaf(self, stem: str, subject: str, dns: tuple[str, ...] = ()) -> tuple[Path, Path]:
-        """``stem``.crt/.key for common name ``subject`` and SAN DNS names ``dns``."""
+    def leaf(
+        self, stem: str, subject: str, dns: tuple[str, ...] = (), owners: tuple[str, ...] = ()
+    ) -> tuple[Path, Path]:
+        """``stem``.crt/.key for common name ``subject``, SAN DNS names ``dns`` and owner
+        identities ``owners``."""
         key = ec.generate_private_key(ec.SECP256R1())
-        return write(self.folder, stem, issue(subject, key, self.cert, self.key, dns=dns), key)
+        cert = issue(subject, key, self.cert, self.key, dns=dns, owners=owners)
+        return write(self.folder, stem, cert, key)

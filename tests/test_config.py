@@ -418,6 +418,7 @@ def test_policy_is_a_frozen_hashable_dataclass_of_floats():
         "total_noise_sd": None,
         "colluders": 0,
         "min_peers": 0,
+        "unauthenticated_peers": "refuse",
     }
     assert Policy(**policy.to_dict()) == policy
     with pytest.raises(AttributeError):

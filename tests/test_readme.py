@@ -206,3 +206,94 @@ def test_commands_to_fill_in_parse(command):
     """Commands with placeholders (or deployed owners) are at least valid command lines."""
     filled = PLACEHOLDER.sub("x", command)
     build_parser().parse_args(shlex.split(filled)[1:])
+
+
+@pytest.mark.skipif(
+    shutil.which("openssl") is None, reason="the README's certificates need openssl"
+)
+def test_the_authenticated_secure_aggregation_set_up_runs(tmp_path, procs):
+    """The README's deployment set-up, verbatim: its openssl commands make the CA and one
+    certificate per owner naming its owner identity; its OWNER.toml (hospital-a, and hospital-b
+    with the names swapped, both on loopback ports) serves under mutual TLS with peer_ca and
+    allowed_peers; a coordinator with the README's certificate opens a secure session through
+    both, the sum decodes and each owner says its ε rests on authenticated peers. A key the
+    coordinator invents is refused."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_processes import FEDPENALTY, free_port, wait_for
+
+    from fedpenalty.common import PEERS_AUTHENTICATED
+    from fedpenalty.coordinator.oracle import SecureAggregation
+    from fedpenalty.coordinator.secure_sum import combine, secure_open
+    from fedpenalty.owner import wire
+    from fedpenalty.owner.aggregation import PeerKey, public_bytes, session_private_key
+    from fedpenalty.proto import owner_pb2 as pb
+    from fedpenalty.proto import owner_pb2_grpc as pb_grpc
+
+    (certificates,) = [b for b in blocks("bash") if "openssl req -x509" in b]
+    done = subprocess.run(["bash", "-e", "-c", certificates], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (owner_text,) = [b for b in blocks("toml") if "[server]" in b]
+    assert 'allowed_peers = ["hospital-b"]' in owner_text and 'peer_ca = "ca.crt"' in owner_text
+    (tmp_path / "OWNER.toml").write_text(owner_text)
+    model = load_owner_config(tmp_path / "OWNER.toml").model
+    records = model.simulate_records(np.random.default_rng(0), np.zeros(1), 500)
+    save_csv(tmp_path / "records.csv", records, model)
+    swap = {"hospital-a": "hospital-b", "hospital-b": "hospital-a",
+            "a.example.org": "b.example.org"}  # fmt: skip
+    swapped = re.sub("|".join(map(re.escape, swap)), lambda m: swap[m.group(0)], owner_text)
+    ca = (tmp_path / "ca.crt").read_bytes()
+    client = [(tmp_path / f"coordinator.example.org.{x}").read_bytes() for x in ("key", "crt")]
+    creds = grpc.ssl_channel_credentials(ca, *client)
+    stubs, channels = [], []
+    for owner, text in (("a", owner_text), ("b", swapped)):
+        port = free_port()
+        (tmp_path / f"{owner}.toml").write_text(text.replace("0.0.0.0:50051", f"127.0.0.1:{port}"))
+        proc = procs.start(
+            [*FEDPENALTY, "owner", "serve", str(tmp_path / f"{owner}.toml")], f"{owner}.log"
+        )
+        channel = grpc.secure_channel(f"127.0.0.1:{port}", creds, options=[
+            ("grpc.ssl_target_name_override", f"{owner}.example.org")])  # fmt: skip
+        channels.append(channel)
+        health = health_pb2_grpc.HealthStub(channel)
+
+        def serving(health=health, proc=proc, owner=owner) -> bool:
+            assert proc.poll() is None, (tmp_path / f"{owner}.log").read_text()
+            try:
+                return health.Check(health_pb2.HealthCheckRequest(), timeout=1).status == 1
+            except grpc.RpcError:
+                return False
+
+        wait_for(serving, f"owner {owner} serving")
+        stubs.append(pb_grpc.OwnerStub(channel))
+
+    def keys(session: str) -> list[PeerKey]:
+        request = pb.SessionKeysRequest(session=session)
+        return [wire.peer_key(k) for st in stubs for k in st.SessionKeys(request, timeout=30).keys]
+
+    def opening(session: str, peers: list[PeerKey]) -> pb.OpenSessionRequest:
+        request = pb.OpenSessionRequest(session=session, algorithm="penalty", planned_answers=10)
+        request.secure.CopyFrom(wire.secure_message(secure_open(peers, SecureAggregation(1, 0))))
+        return request
+
+    try:
+        request = opening("s", keys("s"))
+        for stub in stubs:
+            stub.OpenSession(request, timeout=30)
+        ask = pb.LogRatioRequest(session="s", iteration=0, chains=[0], theta=[0.1],
+                                 theta_prop=[0.101])  # fmt: skip
+        answers = combine([wire.answers_reply(stub.LogRatio(ask, timeout=30)) for stub in stubs])
+        assert answers.values.shape == (1, 1) and np.isfinite(answers.values).all()
+        for stub in stubs:
+            (report,) = stub.PrivacyReport(pb.PrivacyReportRequest(session="s"), timeout=30).owners
+            own = wire.privacy_report(report).own_noise
+            assert own is not None and own.peers == PEERS_AUTHENTICATED
+        invented = PeerKey("hospital-c", public_bytes(session_private_key(bytes(32), "t")))
+        with pytest.raises(grpc.RpcError) as info:
+            stubs[0].OpenSession(opening("t", [*keys("t"), invented]), timeout=30)
+        assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "hospital-c" in info.value.details()
+    finally:
+        for channel in channels:
+            channel.close()

@@ -30,7 +30,9 @@ def test_a_secure_run_prints_s_t_and_the_own_noise_epsilon(capsys, tmp_path):
     header = next(line for line in lines if line.lstrip().startswith("owner"))
     assert header.split()[:6] == ["owner", "n", "s", "t", "K", "own"]  # "own sd"
     assert "sigma" not in header and "eps own noise" in header
-    assert "s = 1 protects each owner while at most t = 1 owners collude" in out
+    assert "simulated peers its noise sd s = 1 protects each while at most t = 1 owners" in out
+    assert all(o["peers"] == "simulated" for o in privacy["owners"])
+    assert "3 owner(s) on simulated peers" in privacy["assumption"]
     for o in privacy["owners"]:
         row = next(line for line in lines if line.startswith(o["owner"]))
         cells = row.split()

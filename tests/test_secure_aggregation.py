@@ -64,12 +64,13 @@ U64 = np.uint64
 
 
 def make_nodes(count, s=1.0, t=0, ledger=None, tag="n", **policy) -> list[OwnerNode]:
-    """``count`` lattice owners allowing secure sessions at (s, t), on one ledger."""
+    """``count`` lattice owners allowing secure sessions at (s, t), on one ledger; their peers
+    are this test's own owners (``simulated_peers``: charged at s without peer authentication)."""
     ledger = ledger if ledger is not None else Ledger(":memory:")
     settings = {"budget_epsilon": 1e9, "max_step": 0.2, **policy}
     return [
         OwnerNode(f"o{k}", MODEL, RECORDS[k], Policy(total_noise_sd=s, colluders=t, **settings),
-                  ledger, noise_key=NoiseKey.derive(tag.encode(), f"o{k}"))
+                  ledger, noise_key=NoiseKey.derive(tag.encode(), f"o{k}"), simulated_peers=True)
         for k in range(count)
     ]  # fmt: skip
 
@@ -195,7 +196,8 @@ def test_a_single_masked_answer_is_uniform_and_hides_the_data():
     for records in (RECORDS[0], -RECORDS[0]):
         nodes = make_nodes(3)
         nodes[0] = OwnerNode("o0", MODEL, records, nodes[0].policy, nodes[0].ledger,
-                             noise_key=NoiseKey.derive(b"u", "o0"))  # fmt: skip
+                             noise_key=NoiseKey.derive(b"u", "o0"),
+                             simulated_peers=True)  # fmt: skip
         hosts = [OwnerHost([n]) for n in nodes]
         open_hosts(hosts, "s", 1.0, 0)
         words = ask(hosts, "s", 0, np.arange(4000))[0].values.ravel()
@@ -329,7 +331,7 @@ def test_a_dropout_stops_with_a_clear_error_and_the_session_resumes(tmp_path):
     with pytest.raises(AggregationFailed, match="an owner did not answer"):
         combine(first)
     restarted = OwnerNode("o2", MODEL, RECORDS[2], nodes[2].policy, ledgers[1],
-                          noise_key=NoiseKey.from_os())  # fmt: skip
+                          noise_key=NoiseKey.from_os(), simulated_peers=True)  # fmt: skip
     assert restarted.session_key("s") == nodes[2].session_key("s")
     hosts = [OwnerHost(nodes[:2]), OwnerHost([restarted])]
     assert open_hosts(hosts, "s", 1.0, 0) == request
@@ -454,7 +456,7 @@ def test_secure_gradients_and_statistics_decode_with_the_sum_variance(tmp_path, 
     def owners(tag: str) -> list[OwnerNode]:
         ledgers = [Ledger(tmp_path / f"{tag}-{h}.sqlite") for h in range(2)]
         return [OwnerNode(f"o{k}", bern, r, policy, ledgers[k // 2],
-                          noise_key=NoiseKey.derive(b"g", f"o{k}"))
+                          noise_key=NoiseKey.derive(b"g", f"o{k}"), simulated_peers=True)
                 for k, r in enumerate(records)]  # fmt: skip
 
     nodes = owners("gradient")

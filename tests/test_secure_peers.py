@@ -1,8 +1,9 @@
 """Authenticated peer keys for secure aggregation (docs/design.md §2.6, ``owner/peer_auth.py``):
 owner servers sign their session keys with their TLS keys; an owner with ``allowed_peers``
 accepts a secure session only when every other owner's key is signed under a certificate from
-its peer CA that names an allowed peer — so a coordinator can neither invent owners nor swap
-keys. OWNER.toml checks its keys."""
+its peer CA that names *that owner* (SAN URI urn:fedpenalty:owner:<name>), an allowed one — so
+a coordinator can neither invent owners nor swap keys, and one server cannot vouch for owners
+its certificate does not name. OWNER.toml checks its keys."""
 
 from __future__ import annotations
 
@@ -42,11 +43,10 @@ def node(name: str) -> OwnerNode:
 def auths(tmp_path) -> dict[str, PeerAuth]:
     """Each owner's PeerAuth: its certificate from one CA, every owner allowed."""
     ca = TestCA(tmp_path)
-    allowed = [f"{n}.example.org" for n in NAMES]
     out = {}
     for n in NAMES:
-        cert, key = ca.leaf(n, n, dns=(f"{n}.example.org",))
-        out[n] = PeerAuth.load(cert, key, ca.path, allowed)
+        cert, key = ca.leaf(n, n, dns=(f"{n}.example.org",), owners=(n,))
+        out[n] = PeerAuth.load(cert, key, ca.path, NAMES)
     return out
 
 
@@ -69,23 +69,37 @@ def test_a_coordinator_can_neither_invent_nor_swap_nor_replay_peer_keys(auths, t
         return str(info.value)
 
     invented = PeerKey("mallory", public_bytes(session_private_key(bytes(32), "s")))
-    assert "no certificate issued" in refusal([keys[0], invented, keys[2]])
+    assert "'mallory' is not in this owner's server.allowed_peers" in refusal(
+        [keys[0], invented, keys[2]]
+    )
+    impostor = replace(invented, owner="bob")  # an allowed name, but no certificate
+    assert "no certificate issued" in refusal([keys[0], impostor, keys[2]])
     swapped = replace(keys[1], public_key=keys[2].public_key)
     assert "not signed" in refusal([keys[0], swapped, keys[2]])
-    renamed = replace(keys[1], owner="bobby")
-    assert "not signed" in refusal([keys[0], renamed, keys[2]])
     assert "not signed" in refusal(keys, session="t")  # keys signed for "s" replayed in "t"
     (tmp_path / "other").mkdir()
     other = TestCA(tmp_path / "other")
-    cert, key = other.leaf("bob", "bob", dns=("bob.example.org",))
-    foreign = PeerAuth.load(cert, key, other.path, ["alice.example.org"]).sign("s", keys[1])
+    cert, key = other.leaf("bob", "bob", dns=("bob.example.org",), owners=("bob",))
+    foreign = PeerAuth.load(cert, key, other.path, ["alice"]).sign("s", keys[1])
     assert "no certificate issued" in refusal([keys[0], foreign, keys[2]])
 
 
-def test_a_peer_whose_certificate_names_no_allowed_peer_is_refused(auths):
-    only = replace(auths["alice"], allowed=("alice.example.org", "bob.example.org"))
+def test_a_certificate_naming_one_owner_cannot_vouch_for_another(auths):
+    """Bob's server signs a key in carol's name (its certificate names bob only): refused, as is
+    bob's own signed key relabelled as carol's."""
     _, keys = signed_keys(auths)
-    with pytest.raises(NotPermitted, match=r"carol.*none of them in this owner's server\.allowed"):
+    fake = PeerKey("carol", public_bytes(session_private_key(bytes(range(32)), "s")))
+    forged = auths["bob"].sign("s", fake)
+    relabelled = replace(keys[1], owner="carol")
+    for carol in (forged, relabelled):
+        with pytest.raises(NotPermitted, match=r"naming the owners \['bob'\].*not 'carol'"):
+            auths["alice"].check("s", [keys[0], keys[1], carol], ["alice"])
+
+
+def test_a_peer_whose_certificate_names_no_allowed_peer_is_refused(auths):
+    only = replace(auths["alice"], allowed=("alice", "bob"))
+    _, keys = signed_keys(auths)
+    with pytest.raises(NotPermitted, match=r"'carol' is not in this owner's server\.allowed_peers"):
         only.check("s", keys, ["alice"])
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..common import PrivacyReport
+from ..common import PEERS_AUTHENTICATED, PEERS_OWN_NOISE, PEERS_SIMULATED, PrivacyReport
 from ..errors import AggregationFailed, OwnerError
 from ..owner.aggregation import PeerKey, Reply, SecureOpen
 from ..owner.noise import FLOAT_EXACT_LIMIT, from_lattice
@@ -101,35 +101,67 @@ SIMULATED_SECURE_NOISE = (
 )
 
 
-def assumption(secure: SecureAggregation) -> str:
-    """privacy.json's ``assumption``: what ``epsilon`` of a secure run rests on, in words."""
+#: What each owner's ε rests on, by ``OwnNoise.peers`` (docs/design.md §2.6), in words.
+_BASIS = {
+    PEERS_AUTHENTICATED: (
+        "authenticated peers: its server checked that every other owner's key is signed under a "
+        "certificate from its server.peer_ca naming that owner, one of its server.allowed_peers, "
+        "so K counts distinct authenticated owners; each answer is charged mu = (Delta + "
+        "gamma*sqrt(w))/s, which holds if at most t = {t} of them collude with the coordinator "
+        "(revealing their noise and masks) and every other owner follows the protocol"
+    ),
+    PEERS_SIMULATED: (
+        "simulated peers: the simulation's owners are its own, so K is real; each answer is "
+        "charged mu = (Delta + gamma*sqrt(w))/s, which holds if at most t = {t} owners collude "
+        "with the coordinator and every other owner follows the protocol"
+    ),
+    PEERS_OWN_NOISE: (
+        "peers not authenticated (privacy.unauthenticated_peers = 'charge_own_noise'): each "
+        "answer is charged at the owner's own noise sd s/sqrt(K - t) alone, so its epsilon "
+        "holds whoever its peers are, invented ones included (it equals epsilon_own_noise_only)"
+    ),
+}
+
+
+def assumption(secure: SecureAggregation, reports: Sequence[PrivacyReport] = ()) -> str:
+    """privacy.json's ``assumption``: what ``epsilon`` of a secure run rests on, in words, from
+    what the owners' reports say their ε rests on (``OwnNoise.peers``)."""
     s, t = secure.total_noise_sd, secure.colluders
+    counts: dict[str, list[str]] = {}
+    for r in reports:
+        if r.own_noise is not None and r.own_noise.peers:
+            counts.setdefault(r.own_noise.peers, []).append(r.owner)
+    if counts:
+        bases = "; ".join(
+            f"{len(owners)} owner(s) on {_BASIS.get(basis, basis).format(t=t)}"
+            for basis, owners in counts.items()
+        )
+    else:
+        bases = "no owner reported what its epsilon rests on"
     return (
         f"secure aggregation (docs/design.md §2.6): the coordinator sees only the sum of the "
         f"owners' masked answers. Each of the K owners (K counted by each owner from the peer "
         f"keys it received) adds noise of variance s²/(K − t) with s = {s:g}, t = {t}; the sum "
-        f"carries variance K·s²/(K − t), which the sampler accounts for. If at most t = {t} "
-        f"owners collude with the coordinator (revealing their noise and masks) and every other "
-        f"owner follows the protocol, the honest owners' noise (variance ≥ s²) protects each "
-        f"owner, so each answer is charged μ = (Δ + γ√w)/s: 'epsilon' holds under this "
-        f"assumption. 'epsilon_own_noise_only' is what an owner's own noise alone gives (every "
-        f"other owner colluding). Peer keys are relayed by the coordinator and not "
-        f"authenticated: an owner the coordinator invents counts as a colluder. An owner that "
-        f"drops out stops the run (the sum cannot be decoded); recovery by secret sharing is "
-        f"not implemented"
+        f"carries variance K·s²/(K − t), which the sampler accounts for. 'epsilon' rests on, "
+        f"by the owners' own reports: {bases}. 'epsilon_own_noise_only' is what an owner's own "
+        f"noise alone gives (every other owner colluding or invented). An owner that drops out "
+        f"stops the run (the sum cannot be decoded); recovery by secret sharing is not "
+        f"implemented"
     )
 
 
-def aggregation_fields(secure: SecureAggregation | None) -> dict[str, Any]:
+def aggregation_fields(
+    secure: SecureAggregation | None, reports: Sequence[PrivacyReport] = ()
+) -> dict[str, Any]:
     """privacy.json's run-level fields: the aggregation and, when secure, s, t and the
-    assumption ``epsilon`` rests on."""
+    assumption ``epsilon`` rests on (from the owners' ``reports``)."""
     if secure is None:
         return {"aggregation": "none"}
     return {
         "aggregation": "secure",
         "total_noise_sd": secure.total_noise_sd,
         "colluders": secure.colluders,
-        "assumption": assumption(secure),
+        "assumption": assumption(secure, reports),
     }
 
 
@@ -140,6 +172,7 @@ def owner_fields(report: PrivacyReport) -> dict[str, Any]:
     if own is None or own.session is None or own.terms is None:
         return {}
     return {
+        "peers": own.peers,
         "owners_counted": own.terms.owners,
         "colluders": own.terms.colluders,
         "total_noise_sd": own.terms.total_noise_sd,

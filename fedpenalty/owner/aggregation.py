@@ -8,7 +8,11 @@ units. The masks cancel in the sum over the K owners, so the coordinator learns 
   secret and the session id (``session_private_key``), so a restarted owner has the same key
   and can continue the session. Public keys travel through the coordinator (``PeerKey``).
 * **Terms.** Every owner counts K from the distinct peer keys it received and takes s and t
-  from its own policy (``agree``), never from the coordinator's numbers. It binds the session,
+  from its own policy (``agree``), never from the coordinator's numbers. It counts on the other
+  owners' noise only when its server authenticated every peer key to a distinct owner identity
+  (``SecureOpen.authenticated``, ``peer_auth.PeerAuth``) or its peers are a simulation's own;
+  otherwise it refuses, or — by ``privacy.unauthenticated_peers = "charge_own_noise"`` — is
+  charged at its own noise alone (``Agreed.charged``). It binds the session,
   the query kind, s, t, K and every (name, key) into a transcript hash (``transcript``). Owners
   shown different peers or terms derive different pair secrets, so their masks do not cancel
   and nothing decodes.
@@ -46,7 +50,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from ..common import Policy, SecureTerms
-from ..errors import InvalidRequest
+from ..errors import InvalidRequest, NotPermitted
 from .noise import LATTICE_BITS, keyed_words
 
 PROTOCOL = b"fedpenalty.secure-aggregation.v1"
@@ -78,6 +82,30 @@ class SecureOpen:
     peers: tuple[PeerKey, ...]
     total_noise_sd: float
     colluders: int
+    #: set only by the owner's own server once ``PeerAuth.check`` passed — every other key is
+    #: signed under a certificate from its peer CA naming that key's owner, an identity it
+    #: allows — never decoded from the wire (a coordinator cannot claim it)
+    authenticated: bool = False
+
+
+#: The one line a deployed owner refuses an unauthenticated secure session with.
+UNAUTHENTICATED = (
+    "this owner cannot authenticate its secure-aggregation peers (the coordinator relays their "
+    "keys and could invent them): set server.peer_ca and server.allowed_peers in OWNER.toml "
+    "(its server.tls_cert naming each owner it serves as URI urn:fedpenalty:owner:<name>), or "
+    'privacy.unauthenticated_peers = "charge_own_noise" to answer charged at its own noise alone'
+)
+
+
+@dataclass(frozen=True)
+class Agreed:
+    """An owner's terms for a secure session: ``terms`` (K it counted, its t and s), which its
+    noise and the transcript use, and ``charged``, what its μ and budget use — ``terms``, or
+    with peers it could not authenticate ``terms.own_noise_only()`` (same noise, charged as if
+    every other owner colluded)."""
+
+    terms: SecureTerms
+    charged: SecureTerms
 
 
 @dataclass(frozen=True)
@@ -112,12 +140,20 @@ def public_bytes(key: X25519PrivateKey) -> bytes:
     return key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
 
 
-def agree(owner: str, policy: Policy, own_key: bytes, request: SecureOpen) -> SecureTerms:
+def agree(
+    owner: str, policy: Policy, own_key: bytes, request: SecureOpen, simulated: bool = False
+) -> Agreed:
     """The terms ``owner`` accepts for a secure session, from its own policy and the peer keys
     it received; ``InvalidRequest`` (naming what to change) unless its policy allows secure
     sessions, the coordinator asks for the owner's own s and t, the keys are well formed and
     distinct, the owner's own key is among them, and there are at least ``min_peers`` others
-    and more than t owners."""
+    and more than t owners.
+
+    The other owners' noise counts (charged at s) only when the peers are authenticated
+    (``request.authenticated``) or ``simulated`` (SIMULATION ONLY: the simulation's own
+    owners). Otherwise ``NotPermitted`` (``UNAUTHENTICATED``), unless the policy says
+    ``unauthenticated_peers = "charge_own_noise"``: then it is charged at its own noise sd
+    s/√(K − t), which no invented peer can lower (docs/design.md §3, invariant 13)."""
     s, t = policy.total_noise_sd, policy.colluders
     if s is None:
         raise InvalidRequest(
@@ -125,6 +161,9 @@ def agree(owner: str, policy: Policy, own_key: bytes, request: SecureOpen) -> Se
             "secure aggregation",
             owner,
         )
+    trusted = request.authenticated or simulated
+    if not trusted and policy.unauthenticated_peers != "charge_own_noise":
+        raise NotPermitted(UNAUTHENTICATED, owner)
     if (request.total_noise_sd, request.colluders) != (s, t):
         raise InvalidRequest(
             f"the session asks for total_noise_sd {request.total_noise_sd:g} and colluders "
@@ -149,7 +188,8 @@ def agree(owner: str, policy: Policy, own_key: bytes, request: SecureOpen) -> Se
             f"{others + 1}",
             owner,
         )
-    return SecureTerms(others + 1, t, s)
+    terms = SecureTerms(others + 1, t, s)
+    return Agreed(terms, terms if trusted else terms.own_noise_only())
 
 
 def _check_keys(owner: str, peers: Sequence[PeerKey]) -> None:

@@ -34,7 +34,6 @@ from ..common import (
     SUFF_STATS,
     OwnerDescription,
     PrivacyReport,
-    SecureTerms,
 )
 from ..errors import InvalidRequest, ReplayConflict, UnknownSession
 from ..models import ExpFamModel
@@ -90,7 +89,8 @@ class _Mechanism:
     """How one session's answers are noised and charged (docs/design.md §2.6, §2.7).
 
     ``sd`` ``(K,)``: each owner's noise sd per answer unit (σ_k; s/√(K − t) in a secure
-    session); ``accounting_sd`` ``(K,)``: what its μ divides by (σ_k; s); ``gamma``: the lattice
+    session); ``accounting_sd`` ``(K,)``: what its μ divides by (σ_k; s, or s/√(K − t) for an
+    owner charged at its own noise because it cannot authenticate its peers); ``gamma``: the lattice
     step (None: float noise of simulated owners); ``limit``: the largest |exact value| in
     lattice steps; ``gradient_multiplier`` ``(K,)``: the noise multiplier gradient answers are
     accounted at; ``secure``: a secure session's masks (None: plain answers).
@@ -365,30 +365,34 @@ class OwnerHost:
     def _secure_mechanism(self, session: str, algorithm: str, secure: SecureOpen) -> _Mechanism:
         """A secure session's noise, charges and masks, once every hosted owner accepts its
         terms (``aggregation.agree``; all must share them) and every peer key is usable."""
-        terms = {
-            agree(n.name, n.policy, n.session_key(session).public_key, secure) for n in self.nodes
+        agreements = {
+            agree(n.name, n.policy, n.session_key(session).public_key, secure, n.simulated_peers)
+            for n in self.nodes
         }
-        if len(terms) != 1:
+        if len(agreements) != 1:
             raise InvalidRequest(
-                "the owners of one host must share privacy.total_noise_sd and privacy.colluders "
-                "to join a secure session",
+                "the owners of one host must share privacy.total_noise_sd, privacy.colluders "
+                "and privacy.unauthenticated_peers to join a secure session",
                 self.label,
             )
-        agreed: SecureTerms = terms.pop()
+        agreed = agreements.pop()
+        # noise and masks from the terms counted; μ from what is charged (docs/design.md §2.6:
+        # with unauthenticated peers, the owner's own noise sd)
+        terms, charged = agreed.terms, agreed.charged
         if not self._lattice:
             raise InvalidRequest(
                 "secure aggregation needs lattice answers; these owners give float answers",
                 self.label,
             )
         hosted = [(n.name, n.session_private_key(session)) for n in self.nodes]
-        masks = SecureSession(session, algorithm, agreed, secure.peers, hosted, self._simulated)
+        masks = SecureSession(session, algorithm, terms, secure.peers, hosted, self._simulated)
         count = len(self.nodes)
         return _Mechanism(
-            np.full(count, agreed.owner_noise_sd),
-            np.full(count, agreed.total_noise_sd),
+            np.full(count, terms.owner_noise_sd),
+            np.full(count, charged.total_noise_sd),
             masks.gamma,
-            LATTICE_LIMIT / agreed.owners,
-            np.array([n.gradient_multiplier(agreed) for n in self.nodes]),
+            LATTICE_LIMIT / terms.owners,
+            np.array([n.gradient_multiplier(charged) for n in self.nodes]),
             masks,
         )
 

@@ -20,6 +20,9 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from ..common import (
     LOG_RATIO,
+    PEERS_AUTHENTICATED,
+    PEERS_OWN_NOISE,
+    PEERS_SIMULATED,
     QUERY_KINDS,
     SGMCMC,
     SUFF_STATS,
@@ -89,6 +92,10 @@ class OwnerNode:
         a key or seed is given, whose noise is then reproducible (tests, audits, simulation).
     seeded_streams: SIMULATION ONLY — lattice noise from seeded Philox streams and secure-
         aggregation masks from a SplitMix64 mixer instead of ChaCha20 (``OwnerNode.simulated``).
+    simulated_peers: SIMULATION ONLY — its secure sessions' peers are the simulation's own
+        owners, so K is real and it is charged at s without peer authentication
+        (``OwnerNode.simulated``). A deployed owner counts other owners' noise only when its
+        server authenticated them (``SecureOpen.authenticated``; docs/design.md §2.6).
     per_record: evaluate log-ratios record by record with the per-record clip. By default
     exponential-family models use the identity Σ_x ℓ(x,θ') − ℓ(x,θ) = Δηᵀ Σ S(x) − n ΔA, which is
     O(1) per answer and equal to the clipped sum: records are clipped into the data domain
@@ -108,6 +115,7 @@ class OwnerNode:
         noise_key: NoiseKey | None = None,
         seeded_streams: bool = False,
         fresh_attempts: bool | None = None,
+        simulated_peers: bool = False,
     ):
         self.name = name
         self.model = model
@@ -119,6 +127,8 @@ class OwnerNode:
         self.seeded = rng is not None
         #: simulation only: seeded Philox noise and SplitMix64 masks instead of ChaCha20
         self.seeded_streams = seeded_streams
+        #: simulation only: its secure sessions' peers are the simulation's own owners
+        self.simulated_peers = simulated_peers
         deployed = rng is None and noise_key is None
         self.noise_key = NoiseKey.from_os() if deployed else noise_key
         self.fresh_attempts = deployed if fresh_attempts is None else fresh_attempts
@@ -166,6 +176,7 @@ class OwnerNode:
             simulation,
             noise_key=key,
             seeded_streams=True,
+            simulated_peers=True,
         )
 
     @functools.cached_property
@@ -213,7 +224,13 @@ class OwnerNode:
         plain = self.gradient_multiplier()
         if secure is None:
             return plain
-        return min(plain, self.gradient_multiplier(SecureTerms(1, 0, secure)))
+        # sessions charged at the owner's own noise (unauthenticated peers) at theirs
+        charged = [o.secure for o in self._sessions.values() if o.secure is not None]
+        return min(
+            plain,
+            self.gradient_multiplier(SecureTerms(1, 0, secure)),
+            *(self.gradient_multiplier(terms) for terms in charged),
+        )
 
     # --- public facts ------------------------------------------------------------------------
     @property
@@ -305,9 +322,19 @@ class OwnerNode:
                 "secure aggregation needs lattice answers; this owner gives float answers",
                 self.name,
             )
-        terms = agree(self.name, self.policy, self.session_key(session).public_key, secure)
-        record = SecureRecord(terms, transcript(session, algorithm, terms, secure.peers))
-        return replace(opened, max_step=step, secure=terms, record=record)
+        agreed = agree(
+            self.name,
+            self.policy,
+            self.session_key(session).public_key,
+            secure,
+            self.simulated_peers,
+        )
+        # the ledger keeps the terms charged (with unauthenticated peers: t = K − 1 at its own
+        # noise sd), so its plans, budget and own-noise report use them; the transcript binds
+        # the terms every owner counted
+        digest = transcript(session, algorithm, agreed.terms, secure.peers)
+        record = SecureRecord(agreed.charged, digest)
+        return replace(opened, max_step=step, secure=agreed.charged, record=record)
 
     def _check_session_id(self, session: str) -> None:
         if not isinstance(session, str) or not session or len(session) > 128:
@@ -495,13 +522,23 @@ class OwnerNode:
         total, sampled = own_noise_spend(record.total, record.sampled, record.secure, dim)
         mine = [row for row in record.secure if row.session == session]
         session_report = terms = None
+        peers = ""
         if mine:
             spend, events = own_noise_spend(mine[0].spend, mine[0].sampled, mine, dim)
             session_report = SpendReport.of(spend, events, delta, neighbour, True)
             terms = mine[0].terms
+            peers = self.peers_basis(terms)
         return OwnNoise(
-            SpendReport.of(total, sampled, delta, neighbour, True), session_report, terms
+            SpendReport.of(total, sampled, delta, neighbour, True), session_report, terms, peers
         )
+
+    def peers_basis(self, terms: SecureTerms) -> str:
+        """What this owner's ε in a secure session with recorded ``terms`` rests on: the
+        simulation's own peers, its own noise alone (charged at t = K − 1), or peers its server
+        authenticated (the only other way a deployed owner is charged at s)."""
+        if self.simulated_peers:
+            return PEERS_SIMULATED
+        return PEERS_OWN_NOISE if terms.own_noise_charged else PEERS_AUTHENTICATED
 
     def simulation_diagnostics(self) -> SimulationDiagnostics:
         """Clip counts (simulation only): raises for a deployed owner."""

@@ -3,8 +3,8 @@
     [model]    the scenario's [model] table (fedpenalty.models.build_model)
     [data]     path = "records.csv"            one CSV or NPZ file (fedpenalty.data.load_records)
     [privacy]  sigma, max_step, budget_epsilon, delta, neighbour, max_answers_per_request,
-               max_sampling_rate, max_clip, total_noise_sd, colluders, min_peers (the owner's
-               Policy; defaults are Policy's)
+               max_sampling_rate, max_clip, total_noise_sd, colluders, min_peers,
+               unauthenticated_peers (the owner's Policy; defaults are Policy's)
     [server]   name, listen, ledger, tls_cert, tls_key, tls_ca, allowed_clients,
                synchronous, max_message_bytes, peer_ca, allowed_peers
 
@@ -35,6 +35,14 @@ from .peer_auth import PeerAuth
 ClientNames = Annotated[
     list[Annotated[str, Field(strict=True, min_length=1)]],
     refusal('a list of client certificate names (e.g. ["coordinator.example.org"])'),
+]
+
+
+#: Owner identities accepted as secure-aggregation peers (owner names, as their certificates'
+#: SAN URIs urn:fedpenalty:owner:<name> carry them).
+OwnerNames = Annotated[
+    list[Annotated[str, Field(strict=True, min_length=1)]],
+    refusal('a list of owner names (e.g. ["hospital-b", "hospital-c"])'),
 ]
 
 
@@ -73,13 +81,14 @@ class ServerSection(Section):
     )
     peer_ca: NonEmptyStr | None = Field(
         default=None,
-        description="secure aggregation: PEM CA that signs the other owners' server certificates",
+        description="secure aggregation: PEM CA that issues the owners' server certificates, "
+        "each naming its owners as SAN URIs urn:fedpenalty:owner:<name>",
     )
-    allowed_peers: ClientNames = Field(
+    allowed_peers: OwnerNames = Field(
         default=[],
-        description="secure aggregation: the certificate names (SAN DNS name or subject CN) of "
-        "the owners accepted as peers; set, the owner signs its session keys with its TLS key "
-        "and refuses unsigned or unknown peers",
+        description="secure aggregation: the owners (names) accepted as peers; set, the owner "
+        "signs its session keys with its TLS key and joins a secure session only when every "
+        "other owner's key is signed under a peer_ca certificate naming that owner, one of these",
     )
 
 

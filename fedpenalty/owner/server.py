@@ -13,10 +13,13 @@ name that opened it: other clients are refused on it. Without mutual TLS the ser
 on loopback only, unless ``insecure`` (``owner serve --insecure``); there clients have no
 identity and sessions are not bound.
 
-Secure aggregation (docs/design.md §2.6): with ``peers`` (OWNER.toml ``server.allowed_peers``)
-the server signs its owners' session keys with its TLS key and refuses (PERMISSION_DENIED) a
-secure session unless every other owner's key is signed under an allowed peer certificate
-(``peer_auth.PeerAuth``); without it, peer keys are taken as the coordinator relays them.
+Secure aggregation (docs/design.md §2.6): with ``peers`` (OWNER.toml ``server.peer_ca`` and
+``server.allowed_peers``) the server signs its owners' session keys with its TLS key (whose
+certificate must name every owner it serves) and refuses (PERMISSION_DENIED) a secure session
+unless every other owner's key is signed under a peer certificate naming that owner, an allowed
+one (``peer_auth.PeerAuth``); only then are the peers ``authenticated`` for its owners. Without
+it a deployed owner refuses secure sessions, or by its policy is charged at its own noise alone
+(``aggregation.agree``).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import socket
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -167,6 +171,9 @@ class OwnerServicer(pb_grpc.OwnerServicer):
         session = self._own(request.session, client)
         if secure is not None and self._peers is not None:
             self._peers.check(session, secure.peers, self._names)
+            # only here, never from the wire: every other key is of a distinct owner identity
+            # this server allows (docs/design.md §2.6)
+            secure = replace(secure, authenticated=True)
         # the ledger binds the session to ``client`` too, so a restarted server still refuses
         # another client's re-open
         self.host.open_session(
@@ -413,6 +420,8 @@ async def start(
     ``check_exposure`` lets in. Returns the server, the bound port and the owner servicer.
     ``peers``: authenticate secure-aggregation peer keys (``peer_auth.PeerAuth``)."""
     check_exposure(listen, tls, allowed_clients, insecure)
+    if peers is not None:
+        peers.check_hosted([d.name for d in host.describe()])
     options = [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),

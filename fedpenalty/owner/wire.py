@@ -196,6 +196,7 @@ def owner_privacy(r: PrivacyReport) -> pb.OwnerPrivacy:
         msg.own_noise.total.CopyFrom(_spend(own.total))
         if own.session is not None:
             msg.own_noise.session.CopyFrom(_spend(own.session))
+        msg.own_noise.peers = own.peers
         if own.terms is not None:
             t = own.terms
             msg.own_noise.terms.CopyFrom(
@@ -218,6 +219,7 @@ def privacy_report(msg: pb.OwnerPrivacy) -> PrivacyReport:
             SecureTerms(int(terms.owners), int(terms.colluders), terms.total_noise_sd)
             if m.HasField("terms")
             else None,
+            m.peers,
         )
     return PrivacyReport(
         msg.owner,

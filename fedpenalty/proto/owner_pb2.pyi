@@ -251,14 +251,16 @@ class SecureTerms(_message.Message):
     def __init__(self, owners: _Optional[int] = ..., colluders: _Optional[int] = ..., total_noise_sd: _Optional[float] = ...) -> None: ...
 
 class OwnNoise(_message.Message):
-    __slots__ = ("total", "session", "terms")
+    __slots__ = ("total", "session", "terms", "peers")
     TOTAL_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
     TERMS_FIELD_NUMBER: _ClassVar[int]
+    PEERS_FIELD_NUMBER: _ClassVar[int]
     total: Spend
     session: Spend
     terms: SecureTerms
-    def __init__(self, total: _Optional[_Union[Spend, _Mapping]] = ..., session: _Optional[_Union[Spend, _Mapping]] = ..., terms: _Optional[_Union[SecureTerms, _Mapping]] = ...) -> None: ...
+    peers: str
+    def __init__(self, total: _Optional[_Union[Spend, _Mapping]] = ..., session: _Optional[_Union[Spend, _Mapping]] = ..., terms: _Optional[_Union[SecureTerms, _Mapping]] = ..., peers: _Optional[str] = ...) -> None: ...
 
 class OwnerPrivacy(_message.Message):
     __slots__ = ("owner", "n", "delta", "budget_epsilon", "neighbour", "total", "session", "own_noise")
