@@ -239,7 +239,8 @@ def test_refused_request_times_do_not_predict_the_released_noise():
 
     What remains is the one timing of the request that releases a key, whose time includes
     drawing its noise once (ρ with |noise| about 0.1 in process, below what this test flags;
-    docs/design.md §2.7). Measured before the fix: ρ between rounds 0.22 and 0.32 in two runs.
+    docs/design.md §2.7). Measured before the fix: ρ between rounds 0.22, 0.32 and 0.45 in three
+    runs (300, 300 and 400 keys).
 
     Tolerance: with no dependence Spearman's ρ over 400 keys has sd 1/√399 = 0.050; |ρ| < 0.2
     (4 sd) gives a false alarm rate below 1e-4 per correlation."""
