@@ -335,3 +335,21 @@ def test_invalid_requests_change_nothing_in_process():
     with pytest.raises(InvalidRequest, match="chain ids must be below"):
         host.log_ratio("s", 0, np.array([MAX_CHAIN]), np.zeros((1, 1)), np.full((1, 1), 0.01))
     assert host.privacy_reports()[0].total.answers == 0
+
+
+def test_open_gradient_sessions_are_reserved_at_their_recorded_multiplier(tmp_path):
+    """Each sgmcmc session's noise multiplier is recorded with it (a secure session charged at
+    the owner's own noise has a smaller one than the owner's policy implies), so that another
+    session's admission — also after a restart — reserves what it may still give at that
+    multiplier, not at whatever the admitting owner assumes."""
+    from fedpenalty.owner.ledger import Opening
+
+    path = tmp_path / "ledger.sqlite"
+    first = Ledger(path)
+    first.open_sessions([Opening("o", 5.0, session_multiplier=0.5)], "a", "sgmcmc", 100, 0.1)
+    first.close()
+    views: list = []
+    restarted = Ledger(path)
+    opening = Opening("o", 5.0, admit=views.append, session_multiplier=5.0)
+    restarted.open_sessions([opening], "b", "sgmcmc", 10, 0.1)
+    assert views[0].reserved == [SubsampledGaussian(0.1, 0.5, 100)]

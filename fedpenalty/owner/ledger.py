@@ -133,7 +133,11 @@ CREATE TABLE IF NOT EXISTS agreement (owner_id INTEGER PRIMARY KEY, secret BLOB 
 """
 
 #: Columns added after a table first shipped: (table, column, declaration) — added on open.
-_ADDED_COLUMNS = (("sessions", "client", "TEXT"), ("sessions", "max_step", "REAL"))
+_ADDED_COLUMNS = (
+    ("sessions", "client", "TEXT"),
+    ("sessions", "max_step", "REAL"),
+    ("sessions", "noise_multiplier", "REAL"),
+)
 
 
 @dataclass(frozen=True)
@@ -252,15 +256,19 @@ class Report:
 
 @dataclass(frozen=True)
 class Opening:
-    """One owner opening a session: its name, the noise multiplier its other sgmcmc sessions
-    are reserved at, whether it answers with lattice noise, its plan check, and the record of a
-    secure session (None: plain)."""
+    """One owner opening a session: its name, the noise multiplier its other open sgmcmc
+    sessions are reserved at when the ledger did not record theirs (sessions of earlier
+    ledgers), whether it answers with lattice noise, its plan check, the record of a secure
+    session (None: plain), and ``session_multiplier``: the multiplier this session's gradient
+    answers are charged at (sgmcmc sessions; recorded, so that later admissions reserve what the
+    session may still give at that multiplier, also after a restart)."""
 
     owner: str
     noise_multiplier: float = 1.0
     lattice: bool = False
     admit: Admit | None = None
     secure: SecureRecord | None = None
+    session_multiplier: float | None = None
 
 
 @dataclass(frozen=True)
@@ -615,32 +623,8 @@ class Ledger:
             self._check_secure_reopen(owners, session, recorded)
             views = self._plan_views(owners, session, algorithm)
             caps = [None if o.admit is None else o.admit(v) for o, v in zip(owners, views)]
-            now = time.time()
-            self._db.executemany(
-                "INSERT INTO sessions(owner, session, algorithm, planned_answers, opened_at, "
-                "sampling_rate, client, max_step) VALUES (?,?,?,?,?,?,?,?)",
-                [
-                    (
-                        name,
-                        session,
-                        algorithm,
-                        planned_answers,
-                        now,
-                        sampling_rate,
-                        client,
-                        max_step,
-                    )
-                    for name in names
-                    if name not in recorded
-                ],
-            )
-            # a resumed session's new plan was admitted in full above (``admit`` saw the other
-            # sessions' reservations and this one's answers): it replaces the recorded plan, so
-            # later admissions reserve it and its charges are held to it (invariant 12)
-            self._db.executemany(
-                "UPDATE sessions SET planned_answers=? WHERE owner=? AND session=?",
-                [(planned_answers, name, session) for name in names if name in recorded],
-            )
+            row = (algorithm, planned_answers, sampling_rate, client, max_step)
+            self._record_sessions(owners, session, row, set(recorded))
             ids = [self._id(name) for name in names]
             self._record_owners(ids, owners, caps, session)
         self._plans.pop(session, None)
@@ -651,6 +635,36 @@ class Ledger:
         if self._lattice_ids is not None:
             self._lattice_ids.update(i for i, o in zip(ids, owners) if o.lattice)
         return caps
+
+    def _record_sessions(
+        self, owners: list[Opening], session: str, row: tuple, recorded: set[str]
+    ) -> None:
+        """Insert the session of each owner not ``recorded`` (``row``: algorithm, plan,
+        sampling rate, client, max step); give each resumed one its new plan — admitted in full
+        by the caller (``admit`` saw the other sessions' reservations and this one's answers) —
+        so later admissions reserve it and its charges are held to it (invariant 12). Each
+        records the multiplier its gradient answers are charged at (call inside the
+        transaction)."""
+        algorithm, planned_answers, sampling_rate, client, max_step = row
+        now = time.time()
+        self._db.executemany(
+            "INSERT INTO sessions(owner, session, algorithm, planned_answers, opened_at, "
+            "sampling_rate, client, max_step, noise_multiplier) VALUES (?,?,?,?,?,?,?,?,?)",
+            [
+                (o.owner, session, algorithm, planned_answers, now, sampling_rate, client,
+                 max_step, o.session_multiplier)
+                for o in owners
+                if o.owner not in recorded
+            ],
+        )  # fmt: skip
+        self._db.executemany(
+            "UPDATE sessions SET planned_answers=?, noise_multiplier=? WHERE owner=? AND session=?",
+            [
+                (planned_answers, o.session_multiplier, o.owner, session)
+                for o in owners
+                if o.owner in recorded
+            ],
+        )
 
     def _record_owners(
         self, ids: list[int], owners: list[Opening], caps: list[float | None], session: str
@@ -723,8 +737,8 @@ class Ledger:
         session_id = self._id(session)
         open_rows: dict[str, list[tuple]] = defaultdict(list)
         for owner, *rest in self._db.execute(
-            "SELECT owner, session, algorithm, planned_answers, sampling_rate FROM sessions "
-            "WHERE closed_at IS NULL"
+            "SELECT owner, session, algorithm, planned_answers, sampling_rate, noise_multiplier "
+            "FROM sessions WHERE closed_at IS NULL"
         ):
             open_rows[owner].append(tuple(rest))
         sampled: dict[int, list[tuple]] = defaultdict(list)
@@ -747,12 +761,11 @@ class Ledger:
             rows = sampled.get(owner_id, [])
             mine = open_rows.get(opening.owner, [])
             reserved = []
-            for name, kind, planned, rate in mine:
+            for name, kind, planned, rate, recorded_multiplier in mine:
                 if kind == SGMCMC and name != session:
                     used = sum(c for sid, _, _, c in rows if sid == self._id(name))
-                    reserved.append(
-                        SubsampledGaussian(rate, opening.noise_multiplier, max(planned - used, 0))
-                    )
+                    multiplier = recorded_multiplier or opening.noise_multiplier
+                    reserved.append(SubsampledGaussian(rate, multiplier, max(planned - used, 0)))
             record = existing.get(opening.owner)
             current = None
             if record is not None:
@@ -764,7 +777,7 @@ class Ledger:
                     session, record[0], record[1], record[2] is not None, spend, events, record[3]
                 )
             total = GaussianSpend(int(totals[0][k]), float(totals[1][k]), float(totals[2][k]))
-            gaussian_open = algorithm != SGMCMC or any(kind != SGMCMC for _, kind, _, _ in mine)
+            gaussian_open = algorithm != SGMCMC or any(kind != SGMCMC for _, kind, *_ in mine)
             views.append(PlanView(current, total, _events(rows), reserved, gaussian_open))
         return views
 

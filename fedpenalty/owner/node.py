@@ -218,8 +218,9 @@ class OwnerNode:
         return lattice_gradient_multiplier(sigma, self.model.dim) if self.lattice else sigma
 
     def reservation_multiplier(self) -> float:
-        """The multiplier other open sgmcmc sessions are reserved at: the smaller of the plain
-        and the secure one (the larger privacy loss), since either kind may be open."""
+        """The multiplier other open sgmcmc sessions are reserved at when the ledger did not
+        record theirs (earlier ledgers; it records each session's): the smaller of the plain
+        and the secure ones (the larger privacy loss), since either kind may be open."""
         secure = self.policy.total_noise_sd
         plain = self.gradient_multiplier()
         if secure is None:
@@ -638,6 +639,7 @@ def open_sessions(
                 n.lattice,
                 functools.partial(n._admit, opened=o),
                 o.record,
+                n.gradient_multiplier(o.secure) if o.algorithm == SGMCMC else None,
             )
             for n, o in zip(group, opened)
         ]
