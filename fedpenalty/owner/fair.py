@@ -81,7 +81,11 @@ class _Flows:
         flow.waiting -= 1
         self.clock = flow.tag
         flow.tag += cost
-        # forget idle flows that have no more than their share: they would restart at the clock
+        # forget idle flows that have had no more than their share (they would restart at the
+        # clock), and every flow once none waits (idle, the owner owes nobody a turn)
+        if not any(f.waiting for f in self.flows.values()):
+            self.clock = max(f.tag for f in self.flows.values())
+            self.flows.clear()
         for key in [k for k, f in self.flows.items() if not f.waiting and f.tag <= self.clock]:
             del self.flows[key]
         return job, cost

@@ -170,9 +170,7 @@ class OwnerHost:
         self._checked: dict[str, tuple[str, int, list, _StepLimits]] = {}
         self._max_step = np.array([n.policy.max_step for n in nodes])
         self._min_step = np.array([n.policy.min_step for n in nodes])
-        # a log-ratio answer is charged for at least this step (the largest of the owners'
-        # ``charged_step``: one floor for the host's one AffineMus; more is never less private)
-        self._charged_step = max(n.policy.charged_step for n in nodes)
+        self._charged_step = max(n.policy.charged_step for n in nodes)  # see log_ratio
         # per-record terms one chain costs each owner, and the most it computes per request
         self._records = np.array([len(n.records) for n in nodes])
         self._max_work = np.array([n.policy.max_record_evaluations for n in nodes])
@@ -457,7 +455,9 @@ class OwnerHost:
             return self._noisy(session, LOG_RATIO, None, exact[:, :, None], chains, iterations)
 
         mechanism = self._mechanism(session)
-        charged = np.maximum(step, self._charged_step)  # a minimum charge (invariant 13)
+        # a minimum charge (invariant 13): the owners' largest charged_step, one floor for the
+        # host's one AffineMus (charging an owner more is never less private)
+        charged = np.maximum(step, self._charged_step)
         mus = self._mus(mechanism, self._delta_per_step, charged, 1)
         out = self._answer(
             session,
