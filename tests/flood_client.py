@@ -30,7 +30,7 @@ def main() -> None:
     parser.add_argument("address")
     parser.add_argument("session")
     parser.add_argument("seconds", type=float)
-    parser.add_argument("--inflight", type=int, default=2)
+    parser.add_argument("--inflight", type=int, default=4)
     args = parser.parse_args()
     with grpc.insecure_channel(args.address) as channel:
         stub = pb_grpc.OwnerStub(channel)

@@ -29,6 +29,7 @@ import ipaddress
 import logging
 import signal
 import socket
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -52,6 +53,8 @@ from .peer_auth import PeerAuth
 log = logging.getLogger("fedpenalty.owner")
 SERVICE = pb.DESCRIPTOR.services_by_name["Owner"].full_name
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+#: seconds a thread holds the GIL while another waits for it, in an owner server process
+SWITCH_INTERVAL = 0.0005
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 #: who the ledger probes run for in the fair queue (client keys are names or gRPC peers)
 _OWNER = ("owner",)
@@ -539,6 +542,11 @@ def serve(
     """Serve until SIGTERM or SIGINT, then stop cleanly. ``port_file``: written (atomically)
     with the bound port once serving — how a launcher learns a port picked with ``:0``;
     ``allowed_clients`` and ``insecure``: see ``check_exposure``; ``peers``: see ``start``."""
+
+    # the host's worker thread holds the GIL while it computes; the event loop, which receives
+    # requests and sends replies, waits for it up to the switch interval (5 ms by default) at
+    # every step of a call, so other clients' calls would wait several of them (invariant 13)
+    sys.setswitchinterval(SWITCH_INTERVAL)
 
     async def main() -> None:
         stopping = asyncio.Event()
