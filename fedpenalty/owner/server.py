@@ -111,6 +111,8 @@ class OwnerServicer(pb_grpc.OwnerServicer):
         """Probe the unwritable ledgers (on the host's worker thread) until all can be written."""
         while not all(ledger.writable for ledger in self._ledgers):
             await asyncio.sleep(self.probe_seconds)
+            if self._closing:
+                return
             for ledger in self._ledgers:
                 if not ledger.writable:
                     await self._work.submit(_OWNER, "", 1, ledger.probe)
