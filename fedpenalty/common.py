@@ -53,12 +53,18 @@ class Policy:
     budget_epsilon, delta: the owner refuses any answer that would take its cumulative
         ε(δ) past ``budget_epsilon``.
     neighbour: ``replace_one`` or ``add_remove``; sets the sensitivities.
-    max_answers_per_request: refuse larger requests outright (chains × block).
+    max_answers_per_request: refuse larger requests outright (chains × block); small enough
+        that one request keeps the owner's worker busy for milliseconds, not seconds, so that
+        other clients' requests wait little (docs/design.md §3, invariant 14).
     max_sampling_rate, max_clip: the largest Poisson sampling rate q and per-record gradient
         clip norm the owner accepts for gradient answers.
     min_step, min_clip: the smallest ‖θ' − θ‖₂ and gradient clip the owner answers for: below
         them an answer carries (almost) no information yet costs storage and computation, and
         a vanishing noise scale σ·clip must never reach the noise sampler.
+    min_charged_step: a log-ratio answer for a shorter step is charged as if its step were this
+        long (unset: max_step/10), so that every stored answer costs the budget at least
+        μ = Δ(min_charged_step)/σ and the budget bounds how many answers the ledger ever stores;
+        honest proposals are rarely that short, and then cost little more (invariant 14).
     max_record_evaluations: the most per-record terms (chains × records) one request may make
         the owner compute; larger requests are refused before any work.
     total_noise_sd, colluders, min_peers: secure aggregation (docs/design.md §2.6). s, the sd of
@@ -79,12 +85,13 @@ class Policy:
     budget_epsilon: PositiveFloat = 10.0
     delta: Probability = 1e-5
     neighbour: Neighbour = "replace_one"
-    max_answers_per_request: PositiveInt = 1_000_000
+    max_answers_per_request: PositiveInt = 4096
     max_sampling_rate: Rate = 1.0
     max_clip: PositiveFloat = 10.0
     min_step: PositiveFloat = 1e-9
     min_clip: PositiveFloat = 1e-6
     max_record_evaluations: PositiveInt = 50_000_000
+    min_charged_step: PositiveFloat | None = None
     total_noise_sd: PositiveFloat | None = None
     colluders: NonNegativeInt = 0
     min_peers: NonNegativeInt = 0
@@ -96,6 +103,11 @@ class Policy:
             raise ConfigError(
                 f"privacy.min_step = {self.min_step:g} exceeds privacy.max_step = {self.max_step:g}"
             )
+        if self.min_charged_step is not None and self.min_charged_step > self.max_step:
+            raise ConfigError(
+                f"privacy.min_charged_step = {self.min_charged_step:g} exceeds privacy.max_step = "
+                f"{self.max_step:g}"
+            )
         if self.min_clip > self.max_clip:
             raise ConfigError(
                 f"privacy.min_clip = {self.min_clip:g} exceeds privacy.max_clip = {self.max_clip:g}"
@@ -105,6 +117,12 @@ class Policy:
                 f"privacy.sigma × privacy.min_clip = {self.sigma * self.min_clip:g} is below "
                 f"{_SMALLEST_NOISE_SD:g}: gradient noise that small is no noise; raise min_clip"
             )
+
+    @property
+    def charged_step(self) -> float:
+        """The shortest step a log-ratio answer is charged for: ``min_charged_step``, or
+        max_step/10 when unset."""
+        return self.max_step / 10 if self.min_charged_step is None else self.min_charged_step
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

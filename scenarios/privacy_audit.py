@@ -90,7 +90,8 @@ N_RECORDS = 10
 #: the log-ratio owners' σ: a number whose float products fl(σ·ξ) miss some doubles (σ = 1,
 #: or any power of two, makes fl(σ·ξ) = σ·ξ exact, and then this distinguisher sees nothing).
 LOG_RATIO_SIGMA = 0.7
-TINY_STEP = 1e-8  # above the owners' default min_step (1e-9), charged ε ≈ 0
+#: above the owners' default min_step (1e-9); charged for itself (``min_charged_step``), ε ≈ 0
+TINY_STEP = 1e-8
 TINY_ANSWERS = 32
 CLIP = 1.0
 SEED = 0
@@ -328,7 +329,16 @@ def penalty_mechanism(step: float) -> OwnerMechanism:
     """Noisy log-likelihood ratios at θ = 0, θ′ = ``step`` (≤ ``normal_step()``, the owner's
     max_step) from a ``gaussian_mean`` owner whose datasets differ in one record, x = −10 (D)
     against x = +10 (D′)."""
-    policy = Policy(sigma=LOG_RATIO_SIGMA, max_step=normal_step(), budget_epsilon=1e12, delta=DELTA)
+    # charged for ``step`` itself (an owner's default charges at least max_step/10): the audit
+    # weighs each answer against exactly what it claims
+    policy = Policy(
+        sigma=LOG_RATIO_SIGMA,
+        max_step=normal_step(),
+        budget_epsilon=1e12,
+        delta=DELTA,
+        max_answers_per_request=BATCH,
+        min_charged_step=step,
+    )
 
     def ask(host: OwnerHost, session: str, iteration: int, chains: np.ndarray) -> np.ndarray:
         theta = np.zeros((len(chains), 1))
@@ -341,7 +351,7 @@ def penalty_mechanism(step: float) -> OwnerMechanism:
 def suff_stats_mechanism() -> OwnerMechanism:
     """Noisy Σx copies (one per key) from a ``bernoulli`` owner; D and D′ differ in one outcome,
     0 → 1 (sensitivity 1, σ = 1/MU)."""
-    policy = Policy(sigma=1 / MU, budget_epsilon=1e12, delta=DELTA)
+    policy = Policy(sigma=1 / MU, budget_epsilon=1e12, delta=DELTA, max_answers_per_request=BATCH)
 
     def ask(host: OwnerHost, session: str, iteration: int, chains: np.ndarray) -> np.ndarray:
         return host.suff_stats(session, chains, iteration, 1)[0, :, 0, 0]
@@ -356,7 +366,7 @@ def gradient_mechanism() -> OwnerMechanism:
     """Clipped gradients at θ = 0 with sampling rate 1 from a ``gaussian_mean`` owner: x = ∓10
     has gradient ∓10, clipped to ∓``CLIP`` (the other records' gradients are 0), so D and D′
     differ by the full 2·clip; noise multiplier 2/MU."""
-    policy = Policy(sigma=2 / MU, budget_epsilon=1e12, delta=DELTA)
+    policy = Policy(sigma=2 / MU, budget_epsilon=1e12, delta=DELTA, max_answers_per_request=BATCH)
 
     def ask(host: OwnerHost, session: str, iteration: int, chains: np.ndarray) -> np.ndarray:
         theta = np.zeros((len(chains), 1))

@@ -9,7 +9,7 @@ import pytest
 
 from fedpenalty.common import Policy
 from fedpenalty.config import resolve
-from fedpenalty.errors import ConfigError, InvalidRequest
+from fedpenalty.errors import BudgetExhausted, ConfigError, InvalidRequest
 from fedpenalty.models import build_model
 from fedpenalty.owner import Ledger, OwnerHost, OwnerNode
 
@@ -150,3 +150,27 @@ def test_heavy_work_does_not_block_the_server(monkeypatch):
         assert health.status == health_pb2.HealthCheckResponse.SERVING and not opening.done()
         release.set()
         opening.result()
+
+
+def test_a_nearly_free_flood_is_charged_and_stopped_by_the_budget():
+    """Issue 20: requests of the most answers at the smallest step were charged μ ≈ 1e-8 per
+    answer and stored without end (8 MB/s of ledger). Each answer now costs at least the μ of a
+    step max_step/10, so an owner's default budget (ε = 10) stops such a flood after a few
+    thousand stored answers, and its refusals store nothing."""
+    records = GAUSS.simulate_records(np.random.default_rng(5), np.array([0.2]), 200)
+    node = OwnerNode("o", GAUSS, records, Policy(max_step=0.05), Ledger(":memory:"),
+                     np.random.default_rng(0))  # fmt: skip
+    h = OwnerHost([node])
+    h.open_session("s", "penalty", 1)
+    chains = np.arange(256)
+    theta = np.full((len(chains), 1), 0.1)
+    refused = 0
+    for iteration in range(100):
+        try:
+            h.log_ratio("s", iteration, chains, theta, theta + 1.5 * node.policy.min_step)
+        except BudgetExhausted:
+            refused += 1
+    total = h.privacy_reports()[0].total
+    least = GAUSS.log_ratio_sensitivity(0.05 / 10, "replace_one") / node.policy.sigma
+    assert total.mu**2 >= total.answers * least**2 * (1 - 1e-9)
+    assert 0 < total.answers < 10_000 and refused > 80 and total.epsilon <= 10

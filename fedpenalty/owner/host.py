@@ -173,6 +173,7 @@ class OwnerHost:
         self._checked: dict[str, tuple[str, int, list, _StepLimits]] = {}
         self._max_step = np.array([n.policy.max_step for n in nodes])
         self._min_step = np.array([n.policy.min_step for n in nodes])
+        self._charged_step = max(n.policy.charged_step for n in nodes)  # see log_ratio
         # per-record terms one chain costs each owner, and the most it computes per request
         self._records = np.array([len(n.records) for n in nodes])
         self._max_work = np.array([n.policy.max_record_evaluations for n in nodes])
@@ -506,7 +507,10 @@ class OwnerHost:
             return self._noisy(session, label, LOG_RATIO, None, values, chains, iterations)
 
         mechanism = self._mechanism(session)
-        mus = self._mus(mechanism, self._delta_per_step, step, 1)
+        # a minimum charge (invariant 14): the owners' largest charged_step, one floor for the
+        # host's one AffineMus (charging an owner more is never less private)
+        charged = np.maximum(step, self._charged_step)
+        mus = self._mus(mechanism, self._delta_per_step, charged, 1)
         out = self._answer(
             session,
             chains,

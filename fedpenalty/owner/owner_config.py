@@ -3,8 +3,9 @@
     [model]    the scenario's [model] table (fedpenalty.models.build_model)
     [data]     path = "records.csv"            one CSV or NPZ file (fedpenalty.data.load_records)
     [privacy]  sigma, max_step, budget_epsilon, delta, neighbour, max_answers_per_request,
-               max_sampling_rate, max_clip, total_noise_sd, colluders, min_peers,
-               unauthenticated_peers (the owner's Policy; defaults are Policy's)
+               max_sampling_rate, max_clip, min_step, min_clip, max_record_evaluations,
+               min_charged_step, total_noise_sd, colluders, min_peers, unauthenticated_peers
+               (the owner's Policy; defaults are Policy's)
     [server]   name, listen, ledger, tls_cert, tls_key, tls_ca, allowed_clients,
                synchronous, max_message_bytes, peer_ca, allowed_peers
 

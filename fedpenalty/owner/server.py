@@ -4,7 +4,9 @@ Transport only: every answer, refusal and charge comes from the host (one proces
 many owners, each with its own data, noise and ledger). The server adds standard health
 checking and reflection, TLS, one log line per session, and a clean stop on SIGTERM/SIGINT.
 Requests are answered one at a time on one worker thread, off the event loop, so the host is
-never re-entered and the loop stays free for health checks.
+never re-entered and the loop stays free for health checks; the waiting requests are served
+fairly between clients and their sessions (``fair.FairWorker``), so a client that floods the
+owner with large requests does not make the others wait behind its queue.
 
 Who may ask: with mutual TLS (``tls.ca``) a client needs a certificate signed by that CA that
 names (SAN DNS name or subject CN) one of ``allowed_clients``; every Owner RPC of any other
@@ -30,9 +32,9 @@ import ipaddress
 import logging
 import signal
 import socket
+import sys
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -47,6 +49,7 @@ from ..errors import ConfigError, InvalidRequest, NotPermitted, OwnerError
 from ..proto import owner_pb2 as pb
 from ..proto import owner_pb2_grpc as pb_grpc
 from . import wire
+from .fair import FairWorker
 from .host import OwnerHost
 from .owner_config import TlsFiles
 from .peer_auth import PeerAuth
@@ -54,7 +57,11 @@ from .peer_auth import PeerAuth
 log = logging.getLogger("fedpenalty.owner")
 SERVICE = pb.DESCRIPTOR.services_by_name["Owner"].full_name
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+#: seconds a thread holds the GIL while another waits for it, in an owner server process
+SWITCH_INTERVAL = 0.0005
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+#: who the ledger probes run for in the fair queue (client keys are names or gRPC peers)
+_OWNER = ("owner",)
 
 
 class OwnerServicer(pb_grpc.OwnerServicer):
@@ -76,8 +83,9 @@ class OwnerServicer(pb_grpc.OwnerServicer):
         self.health = HealthServicer()  # standard gRPC health, served next to this
         # the host's work (validation, accounting, answers, charges) runs on this one thread:
         # never on the event loop, which stays free for health checks and other calls, and
-        # never two at once, so the host is not re-entered (docs/design.md §3, invariant 9)
-        self._work = ThreadPoolExecutor(max_workers=1, thread_name_prefix="owner-host")
+        # never two at once, so the host is not re-entered (docs/design.md §3, invariant 9);
+        # waiting calls take turns fairly between clients and sessions (invariant 14)
+        self._work = FairWorker()
         self._ledgers = list({id(node.ledger): node.ledger for node in host.nodes}.values())
         self._serving = True
         self._recovery: asyncio.Task | None = None
@@ -107,19 +115,28 @@ class OwnerServicer(pb_grpc.OwnerServicer):
 
     async def _recover(self) -> None:
         """Probe the unwritable ledgers (on the host's worker thread) until all can be written."""
-        loop = asyncio.get_running_loop()
         while not all(ledger.writable for ledger in self._ledgers):
             await asyncio.sleep(self.probe_seconds)
+            if self._closing:
+                return
             for ledger in self._ledgers:
                 if not ledger.writable:
-                    await loop.run_in_executor(self._work, ledger.probe)
+                    await self._work.submit(_OWNER, "", 1, ledger.probe)
         await self._report_storage()
 
-    async def _unary(self, context: grpc.aio.ServicerContext, call: Callable):
-        """Run ``call`` off the event loop (``_work``); an owner refusal becomes its status code
-        with the error's metadata."""
+    async def _unary(
+        self,
+        context: grpc.aio.ServicerContext,
+        client: str | None,
+        session: str,
+        call: Callable,
+        cost: int = 1,
+    ):
+        """Run ``call`` off the event loop, in ``client``'s and ``session``'s turn for ``cost``
+        answers (``_work``); an owner refusal becomes its status code with the error's
+        metadata."""
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._work, call)
+            return await self._work.submit(_who(context, client), session, cost, call)
         except OwnerError as exc:
             await _abort(context, exc)
         finally:
@@ -243,7 +260,7 @@ class OwnerServicer(pb_grpc.OwnerServicer):
 
     async def OpenSession(self, request, context):
         client = await self._client(context)
-        await self._unary(context, lambda: self._open(request, client))
+        await self._unary(context, client, request.session, lambda: self._open(request, client))
         log.info(
             "session %s: %s%s%s, plan of %d answers per owner, %d owner(s) [%s], from %s%s",
             request.session,
@@ -265,35 +282,63 @@ class OwnerServicer(pb_grpc.OwnerServicer):
     async def CloseSession(self, request, context):
         client = await self._client(context)
         await self._unary(
-            context, lambda: self.host.close_session(self._own(request.session, client))
+            context,
+            client,
+            request.session,
+            lambda: self.host.close_session(self._own(request.session, client)),
         )
         return pb.CloseSessionReply()
 
     async def LogRatio(self, request, context):
         client = await self._client(context)
-        return await self._unary(context, lambda: self._log_ratio(request, client))
+        return await self._unary(
+            context,
+            client,
+            request.session,
+            lambda: self._log_ratio(request, client),
+            len(request.chains),
+        )
 
     async def SuffStats(self, request, context):
         client = await self._client(context)
-        return await self._unary(context, lambda: self._suff_stats(request, client))
+        return await self._unary(
+            context,
+            client,
+            request.session,
+            lambda: self._suff_stats(request, client),
+            len(request.chains) * request.block,
+        )
 
     async def Gradient(self, request, context):
         client = await self._client(context)
-        return await self._unary(context, lambda: self._gradient(request, client))
+        return await self._unary(
+            context,
+            client,
+            request.session,
+            lambda: self._gradient(request, client),
+            len(request.chains),
+        )
 
     async def SessionKeys(self, request, context):
         client = await self._client(context)
-        return await self._unary(context, lambda: self._session_keys(request, client))
+        return await self._unary(
+            context, client, request.session, lambda: self._session_keys(request, client)
+        )
 
     async def PrivacyReport(self, request, context):
         client = await self._client(context)
-        reports = await self._unary(context, lambda: self._privacy_reports(request.session, client))
+        reports = await self._unary(
+            context,
+            client,
+            request.session,
+            lambda: self._privacy_reports(request.session, client),
+        )
         return pb.PrivacyReportReply(owners=[wire.owner_privacy(r) for r in reports])
 
     # --- the per-iteration stream ---------------------------------------------------------
     async def Query(self, request_iterator, context):
         client = await self._client(context)
-        loop = asyncio.get_running_loop()
+        who = _who(context, client)
         stream = asyncio.current_task()
         assert stream is not None
         try:
@@ -305,8 +350,9 @@ class OwnerServicer(pb_grpc.OwnerServicer):
                     self._waiting_streams.discard(stream)
                 if request is grpc.aio.EOF:
                     return
+                session, cost = _turn(request)
                 await context.write(
-                    await loop.run_in_executor(self._work, self._answer, request, client)
+                    await self._work.submit(who, session, cost, self._answer, request, client)
                 )
                 await self._report_storage()
         except asyncio.CancelledError:
@@ -323,6 +369,10 @@ class OwnerServicer(pb_grpc.OwnerServicer):
         self._closing = True
         for stream in self._waiting_streams:
             stream.cancel()
+
+    def close(self) -> None:
+        """Stop the worker thread once the calls already waiting have run."""
+        self._work.close()
 
     def _answer(self, request: pb.QueryRequest, client: str | None) -> pb.QueryReply:
         kind = request.WhichOneof("query")
@@ -345,6 +395,22 @@ class OwnerServicer(pb_grpc.OwnerServicer):
                 "is replayed, not charged again, when the query is retried"
             )
             return pb.QueryReply(id=request.id, refusal=wire.refusal(failure))
+
+
+def _who(context: grpc.aio.ServicerContext, client: str | None) -> str:
+    """Whose turn a call takes in the fair queue: the client's allowed name, or (no identity:
+    loopback, ``--insecure``) its connection's peer address."""
+    return client if client is not None else context.peer()
+
+
+def _turn(request: pb.QueryRequest) -> tuple[str, int]:
+    """The session and cost (answers asked: chains, × block for statistics) of a query."""
+    kind = request.WhichOneof("query")
+    if kind is None:
+        return "", 1
+    query = getattr(request, kind)
+    block = query.block if kind == "suff_stats" else 1
+    return query.session, len(query.chains) * block
 
 
 async def _abort(context: grpc.aio.ServicerContext, exc: OwnerError) -> None:
@@ -498,6 +564,7 @@ async def stop(server: grpc.aio.Server, servicer: OwnerServicer, grace: float = 
     await servicer.health.enter_graceful_shutdown()
     servicer.end_streams()
     await server.stop(grace)
+    await asyncio.to_thread(servicer.close)
 
 
 def _bound(listen: str, port: int) -> str:
@@ -517,6 +584,11 @@ def serve(
     """Serve until SIGTERM or SIGINT, then stop cleanly. ``port_file``: written (atomically)
     with the bound port once serving — how a launcher learns a port picked with ``:0``;
     ``allowed_clients`` and ``insecure``: see ``check_exposure``; ``peers``: see ``start``."""
+
+    # the host's worker thread holds the GIL while it computes; the event loop, which receives
+    # requests and sends replies, waits for it up to the switch interval (5 ms by default) at
+    # every step of a call, so other clients' calls would wait several of them (invariant 14)
+    sys.setswitchinterval(SWITCH_INTERVAL)
 
     async def main() -> None:
         stopping = asyncio.Event()

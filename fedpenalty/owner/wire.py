@@ -140,6 +140,7 @@ def owner_info(d: OwnerDescription) -> pb.OwnerInfo:
             total_noise_sd=p.total_noise_sd,
             colluders=p.colluders,
             min_peers=p.min_peers,
+            min_charged_step=p.min_charged_step,
         ),
     )
 
@@ -161,6 +162,7 @@ def owner_description(msg: pb.OwnerInfo) -> OwnerDescription:
         total_noise_sd=p.total_noise_sd if p.HasField("total_noise_sd") else None,
         colluders=int(p.colluders),
         min_peers=int(p.min_peers),
+        min_charged_step=p.min_charged_step if p.HasField("min_charged_step") else None,
     )
     params = json.loads(msg.model_params_json)
     return OwnerDescription(msg.name, msg.model, params, msg.dim, _count(msg.n), policy)

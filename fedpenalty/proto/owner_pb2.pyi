@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Policy(_message.Message):
-    __slots__ = ("sigma", "max_step", "budget_epsilon", "delta", "neighbour", "max_answers_per_request", "max_sampling_rate", "max_clip", "min_step", "min_clip", "max_record_evaluations", "total_noise_sd", "colluders", "min_peers")
+    __slots__ = ("sigma", "max_step", "budget_epsilon", "delta", "neighbour", "max_answers_per_request", "max_sampling_rate", "max_clip", "min_step", "min_clip", "max_record_evaluations", "total_noise_sd", "colluders", "min_peers", "min_charged_step")
     SIGMA_FIELD_NUMBER: _ClassVar[int]
     MAX_STEP_FIELD_NUMBER: _ClassVar[int]
     BUDGET_EPSILON_FIELD_NUMBER: _ClassVar[int]
@@ -22,6 +22,7 @@ class Policy(_message.Message):
     TOTAL_NOISE_SD_FIELD_NUMBER: _ClassVar[int]
     COLLUDERS_FIELD_NUMBER: _ClassVar[int]
     MIN_PEERS_FIELD_NUMBER: _ClassVar[int]
+    MIN_CHARGED_STEP_FIELD_NUMBER: _ClassVar[int]
     sigma: float
     max_step: float
     budget_epsilon: float
@@ -36,7 +37,8 @@ class Policy(_message.Message):
     total_noise_sd: float
     colluders: int
     min_peers: int
-    def __init__(self, sigma: _Optional[float] = ..., max_step: _Optional[float] = ..., budget_epsilon: _Optional[float] = ..., delta: _Optional[float] = ..., neighbour: _Optional[str] = ..., max_answers_per_request: _Optional[int] = ..., max_sampling_rate: _Optional[float] = ..., max_clip: _Optional[float] = ..., min_step: _Optional[float] = ..., min_clip: _Optional[float] = ..., max_record_evaluations: _Optional[int] = ..., total_noise_sd: _Optional[float] = ..., colluders: _Optional[int] = ..., min_peers: _Optional[int] = ...) -> None: ...
+    min_charged_step: float
+    def __init__(self, sigma: _Optional[float] = ..., max_step: _Optional[float] = ..., budget_epsilon: _Optional[float] = ..., delta: _Optional[float] = ..., neighbour: _Optional[str] = ..., max_answers_per_request: _Optional[int] = ..., max_sampling_rate: _Optional[float] = ..., max_clip: _Optional[float] = ..., min_step: _Optional[float] = ..., min_clip: _Optional[float] = ..., max_record_evaluations: _Optional[int] = ..., total_noise_sd: _Optional[float] = ..., colluders: _Optional[int] = ..., min_peers: _Optional[int] = ..., min_charged_step: _Optional[float] = ...) -> None: ...
 
 class OwnerInfo(_message.Message):
     __slots__ = ("name", "model", "model_params_json", "dim", "n", "policy")
