@@ -85,7 +85,7 @@ class Policy:
     budget_epsilon: PositiveFloat = 10.0
     delta: Probability = 1e-5
     neighbour: Neighbour = "replace_one"
-    max_answers_per_request: PositiveInt = 4096
+    max_answers_per_request: PositiveInt = 512
     max_sampling_rate: Rate = 1.0
     max_clip: PositiveFloat = 10.0
     min_step: PositiveFloat = 1e-9

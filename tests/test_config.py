@@ -409,7 +409,7 @@ def test_policy_is_a_frozen_hashable_dataclass_of_floats():
         "budget_epsilon": 10.0,
         "delta": 1e-5,
         "neighbour": "replace_one",
-        "max_answers_per_request": 4096,
+        "max_answers_per_request": 512,
         "max_sampling_rate": 1.0,
         "max_clip": 3.0,
         "min_step": 1e-9,

@@ -244,7 +244,9 @@ def test_refused_request_times_do_not_predict_the_released_noise():
 
     Tolerance: with no dependence Spearman's ρ over 400 keys has sd 1/√399 = 0.050; |ρ| < 0.2
     (4 sd) gives a false alarm rate below 1e-4 per correlation."""
-    policy = Policy(sigma=1.0, max_step=0.5, min_step=1e-6, budget_epsilon=2.0)
+    policy = Policy(
+        sigma=1.0, max_step=0.5, min_step=1e-6, min_charged_step=1e-3, budget_epsilon=2.0
+    )
     host = OwnerHost([OwnerNode("o", MODEL, RECORDS, policy, Ledger(":memory:"))])
     for session in ("warm-up", "attack"):
         host.open_session(session, "penalty", 0)
@@ -353,3 +355,24 @@ def test_open_gradient_sessions_are_reserved_at_their_recorded_multiplier(tmp_pa
     opening = Opening("o", 5.0, admit=views.append, session_multiplier=5.0)
     restarted.open_sessions([opening], "b", "sgmcmc", 10, 0.1)
     assert views[0].reserved == [SubsampledGaussian(0.1, 0.5, 100)]
+
+
+def test_a_block_larger_than_an_owner_answers_at_once_is_asked_in_parts():
+    """Owners answer at most ``max_answers_per_request`` (chains × copies) per request; the
+    coordinator asks a larger block of statistic copies in consecutive parts, keyed as one
+    request would be: the copies equal those of owners that answer the block at once."""
+    from fedpenalty.coordinator.expfam import oracle_stats
+    from fedpenalty.coordinator.inprocess import InProcessOracle
+
+    def stats(limit: int) -> tuple[np.ndarray, float]:
+        policy = Policy(sigma=1e4, max_answers_per_request=limit)
+        seed = np.random.SeedSequence(5)
+        node = OwnerNode.simulated("o", MODEL, RECORDS, policy, Ledger(":memory:"), seed)
+        oracle = InProcessOracle([node])
+        oracle.open_session("penalty_expfam", 100, session="s")
+        return oracle_stats(oracle)(np.arange(3), 4, 7)
+
+    (parts, var), (whole, whole_var) = stats(4), stats(1000)
+    assert parts.shape == whole.shape == (3, 7, 1)
+    np.testing.assert_array_equal(parts, whole)
+    assert var == whole_var

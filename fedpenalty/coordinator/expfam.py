@@ -80,10 +80,20 @@ def step(
 
 
 def oracle_stats(oracle: Oracle) -> StatsFn:
-    """Σ_k of the owners' noisy statistic copies, and Σ_k σ_k²."""
+    """Σ_k of the owners' noisy statistic copies, and Σ_k σ_k². A block larger than the owners
+    answer in one request (chains × copies ≤ every owner's ``max_answers_per_request``) is
+    asked in consecutive parts; copy j of chain c stays keyed (c, start + j)."""
+    limit: list[int] = []
 
     def stats(chains: np.ndarray, start: int, block: int):
-        return oracle.suff_stats(chains, start, block).total()
+        if not limit:
+            limit.append(min(d.policy.max_answers_per_request for d in oracle.describe()))
+        part = max(limit[0] // len(chains), 1)
+        totals = [
+            oracle.suff_stats(chains, first, min(part, start + block - first)).total()
+            for first in range(start, start + block, part)
+        ]
+        return np.concatenate([values for values, _ in totals], axis=1), totals[0][1]
 
     return stats
 

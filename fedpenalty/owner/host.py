@@ -187,10 +187,7 @@ class OwnerHost:
             by_ledger[id(node.ledger)].append(i)
         self._ledgers = [_LedgerPart(self.nodes, idx) for idx in by_ledger.values()]
         if isinstance(self.model, ExpFamModel):
-            sums = [n.stat_sum for n in nodes]
-            assert all(
-                total is not None for total in sums
-            )  # set for every exponential-family owner
+            sums = [n.stat_sum for n in nodes]  # set for every exponential-family owner
             self._stat_sum = np.stack(sums)  # type: ignore[arg-type]
             self._stat_delta = np.array(
                 [self.model.stat_sensitivity(n.policy.neighbour) for n in nodes]
