@@ -45,6 +45,8 @@ def ray_oracle_of(
                 simulation=n.diagnostics is not None,
                 noise_key=n.noise_key,
                 seeded_streams=n.seeded_streams,
+                fresh_attempts=n.fresh_attempts,
+                simulated_peers=n.simulated_peers,
             )
             for n in group
         ]

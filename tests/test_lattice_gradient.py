@@ -35,7 +35,8 @@ RECORDS = MODEL.simulate_records(np.random.default_rng(4), np.array([0.3, -0.2])
 
 
 def owner(key=b"k", records=RECORDS, **policy) -> OwnerHost:
-    policy = {"budget_epsilon": 1e9, "sigma": 0.8, "max_sampling_rate": 1.0, **policy}
+    policy = {"budget_epsilon": 1e9, "sigma": 0.8, "max_sampling_rate": 1.0,
+              "max_answers_per_request": 10**6, **policy}  # fmt: skip
     node = OwnerNode("o", MODEL, records, Policy(**policy), Ledger(":memory:"),
                      noise_key=NoiseKey.derive(key, "o"))  # fmt: skip
     return OwnerHost([node])

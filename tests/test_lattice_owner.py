@@ -22,7 +22,7 @@ RECORDS = MODEL.simulate_records(np.random.default_rng(1), np.array([0.3]), 400)
 
 def owner(records=RECORDS, key=b"k", **policy) -> OwnerHost:
     """One lattice owner whose noise key is derived from ``key`` (reproducible)."""
-    policy = {"budget_epsilon": 1e9, "sigma": 0.7, **policy}
+    policy = {"budget_epsilon": 1e9, "sigma": 0.7, "max_answers_per_request": 10**6, **policy}
     node = OwnerNode("o", MODEL, records, Policy(**policy), Ledger(":memory:"),
                      noise_key=NoiseKey.derive(key, "o"))  # fmt: skip
     return OwnerHost([node])

@@ -305,7 +305,7 @@ def test_suff_stats_blocks(tmp_path):
             "b",
             model,
             records,
-            Policy(sigma=2.0, budget_epsilon=1000.0),
+            Policy(sigma=2.0, budget_epsilon=1000.0, max_answers_per_request=10**6),
             Ledger(":memory:"),
             np.random.default_rng(3),
         )

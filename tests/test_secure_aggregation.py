@@ -67,7 +67,7 @@ def make_nodes(count, s=1.0, t=0, ledger=None, tag="n", **policy) -> list[OwnerN
     """``count`` lattice owners allowing secure sessions at (s, t), on one ledger; their peers
     are this test's own owners (``simulated_peers``: charged at s without peer authentication)."""
     ledger = ledger if ledger is not None else Ledger(":memory:")
-    settings = {"budget_epsilon": 1e9, "max_step": 0.2, **policy}
+    settings = {"budget_epsilon": 1e9, "max_step": 0.2, "max_answers_per_request": 10**6, **policy}
     return [
         OwnerNode(f"o{k}", MODEL, RECORDS[k], Policy(total_noise_sd=s, colluders=t, **settings),
                   ledger, noise_key=NoiseKey.derive(tag.encode(), f"o{k}"), simulated_peers=True)
@@ -451,7 +451,7 @@ def test_secure_gradients_and_statistics_decode_with_the_sum_variance(tmp_path, 
     records = [bern.simulate_records(np.random.default_rng(k), np.array([0.2]), 50)
                for k in range(4)]  # fmt: skip
     policy = Policy(sigma=1.0, total_noise_sd=2.0, colluders=1, budget_epsilon=1e9,
-                    max_sampling_rate=1.0, max_clip=1.0)  # fmt: skip
+                    max_sampling_rate=1.0, max_clip=1.0, max_answers_per_request=10**6)  # fmt: skip
 
     def owners(tag: str) -> list[OwnerNode]:
         ledgers = [Ledger(tmp_path / f"{tag}-{h}.sqlite") for h in range(2)]
@@ -487,7 +487,7 @@ def test_every_transport_decodes_what_the_in_process_one_does(tmp_path, connect)
     agreement secrets and so the masks differ, but cancel) with the same noise sd and own-noise
     reports, for log-likelihood ratios, statistic copies and gradient sums."""
     s, t = 1.2, 1
-    policy = {"max_sampling_rate": 1.0, "max_clip": 1.0}
+    policy = {"max_sampling_rate": 1.0, "max_clip": 1.0, "max_answers_per_request": 10**6}
 
     def owners(tag):
         nodes = make_nodes(3, s=s, t=t, tag="same", **policy)

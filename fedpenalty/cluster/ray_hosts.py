@@ -66,8 +66,8 @@ class OwnerSpec:
     from) and ``policy``; its noise either from ``seed`` — a simulated owner made exactly as
     ``OwnerNode.simulated`` makes it in process (seeded float noise, or with a secure-aggregation
     policy seeded lattice noise and keys) — or else from ``rng`` (None: a deployed-style owner),
-    ``noise_key`` and ``seeded_streams`` as ``OwnerNode`` takes them. ``simulation`` keeps the
-    simulation-only counters."""
+    ``noise_key``, ``seeded_streams``, ``fresh_attempts`` and ``simulated_peers`` as
+    ``OwnerNode`` takes them. ``simulation`` keeps the simulation-only counters."""
 
     name: str
     policy: Policy
@@ -77,6 +77,8 @@ class OwnerSpec:
     noise_key: NoiseKey | None = None
     seeded_streams: bool = False
     seed: np.random.SeedSequence | None = None
+    fresh_attempts: bool | None = None
+    simulated_peers: bool = False
 
     def node(self, model: Model, ledger: Ledger) -> OwnerNode:
         """The owner, its records made or read here."""
@@ -95,6 +97,8 @@ class OwnerSpec:
             simulation=self.simulation,
             noise_key=self.noise_key,
             seeded_streams=self.seeded_streams,
+            fresh_attempts=self.fresh_attempts,
+            simulated_peers=self.simulated_peers,
         )
 
 
