@@ -247,7 +247,16 @@ def test_an_owner_past_its_budget_refuses_and_the_run_stops_resumably(tmp_path, 
     budget = OwnerAccountant("replace_one", GaussianSpend(1, mu * mu, mu), lattice=True).epsilon(
         1e-5
     )
-    owners = deploy(tmp_path, procs, {"sigma": 100.0, "max_step": 0.02, "budget_epsilon": budget})
+    owners = deploy(
+        tmp_path,
+        procs,
+        {
+            "sigma": 100.0,
+            "max_step": 0.02,
+            "budget_epsilon": budget,
+            "max_answers_per_request": 4000,
+        },
+    )
     carol = owners["carol"]
     out = tmp_path / "run"
     other = GrpcOracle([f"127.0.0.1:{carol['port']}"], MODEL, retry_seconds=2)
