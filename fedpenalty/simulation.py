@@ -150,7 +150,8 @@ def pooled_reference(
 
 def owner_policies(scenario: Scenario, owners: int, sigma: float | None = None) -> list[Policy]:
     """The simulated owners' policies from ``[privacy]`` (``sigma`` overrides privacy.sigma).
-    They accept exactly the scenario's sampling rate and clip for gradient answers."""
+    They accept exactly the scenario's sampling rate and clip for gradient answers, and every
+    chain in one request (they answer only this run's coordinator: no flood to bound)."""
     p, sampler = scenario["privacy"], scenario["sampler"]
     given = p["sigma"] if sigma is None else sigma
     sigmas = given if isinstance(given, list) else [given] * owners
@@ -165,6 +166,7 @@ def owner_policies(scenario: Scenario, owners: int, sigma: float | None = None) 
             neighbour=p["neighbour"],
             max_sampling_rate=sampler["sampling_rate"],
             max_clip=sampler["clip"],
+            max_answers_per_request=max(Policy.max_answers_per_request, int(sampler["chains"])),
             total_noise_sd=None if secure is None else secure.total_noise_sd,
             colluders=0 if secure is None else secure.colluders,
         )

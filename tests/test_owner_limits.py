@@ -174,3 +174,15 @@ def test_a_nearly_free_flood_is_charged_and_stopped_by_the_budget():
     least = GAUSS.log_ratio_sensitivity(0.05 / 10, "replace_one") / node.policy.sigma
     assert total.mu**2 >= total.answers * least**2 * (1 - 1e-9)
     assert 0 < total.answers < 10_000 and refused > 80 and total.epsilon <= 10
+
+
+def test_simulated_owners_answer_every_chain_of_the_run_in_one_request():
+    """A deployed owner answers at most 512 answers a request by default (floods); the
+    simulation's own owners answer only its coordinator, so a run with more chains than that
+    still asks each iteration in one request."""
+    from fedpenalty.simulation import owner_policies
+
+    many = owner_policies(resolve({"sampler": {"chains": 600}}), 2)
+    assert [p.max_answers_per_request for p in many] == [600, 600]
+    few = owner_policies(resolve({"sampler": {"chains": 4}}), 1)
+    assert few[0].max_answers_per_request == Policy.max_answers_per_request == 512
