@@ -213,11 +213,7 @@ def secure_line(privacy: dict[str, Any]) -> str:
     bases = {o.get("peers", "") for o in privacy.get("owners", [])}
     words = []
     if bases & {"authenticated", "simulated"}:
-        which = " and ".join(
-            w
-            for b, w in (("authenticated", "authenticated"), ("simulated", "simulated"))
-            if b in bases
-        )
+        which = " and ".join(b for b in ("authenticated", "simulated") if b in bases)
         words.append(
             f"for owners with {which} peers its noise sd s = {s} protects each while at most "
             f"t = {t} owners collude with the coordinator"

@@ -17,6 +17,7 @@ of its owners' masked answers (an ``aggregation.Reply``). Transports turn any an
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import secrets
@@ -488,12 +489,8 @@ class OwnerHost:
 
         iterations = np.full(len(chains), iteration)
         label = self._noise_label(session)
-        sums: list[np.ndarray] = []  # computed once, after the charge's checks
-
-        def exact() -> np.ndarray:
-            if not sums:
-                sums.append(self._clipped_log_ratio_sums(theta, theta_prop, step))
-            return sums[0]
+        # computed once, and only after the charge's checks
+        exact = functools.cache(lambda: self._clipped_log_ratio_sums(theta, theta_prop, step))
 
         def fresh(k: int, new: np.ndarray) -> np.ndarray:
             one = exact()[k : k + 1, new, None]

@@ -225,13 +225,7 @@ class OwnerNode:
         plain = self.gradient_multiplier()
         if secure is None:
             return plain
-        # sessions charged at the owner's own noise (unauthenticated peers) at theirs
-        charged = [o.secure for o in self._sessions.values() if o.secure is not None]
-        return min(
-            plain,
-            self.gradient_multiplier(SecureTerms(1, 0, secure)),
-            *(self.gradient_multiplier(terms) for terms in charged),
-        )
+        return min(plain, self.gradient_multiplier(SecureTerms(1, 0, secure)))
 
     # --- public facts ------------------------------------------------------------------------
     @property

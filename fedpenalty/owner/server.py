@@ -296,7 +296,7 @@ class OwnerServicer(pb_grpc.OwnerServicer):
             client,
             request.session,
             lambda: self._log_ratio(request, client),
-            len(request.chains),
+            _cost(request),
         )
 
     async def SuffStats(self, request, context):
@@ -306,7 +306,7 @@ class OwnerServicer(pb_grpc.OwnerServicer):
             client,
             request.session,
             lambda: self._suff_stats(request, client),
-            len(request.chains) * request.block,
+            _cost(request),
         )
 
     async def Gradient(self, request, context):
@@ -316,7 +316,7 @@ class OwnerServicer(pb_grpc.OwnerServicer):
             client,
             request.session,
             lambda: self._gradient(request, client),
-            len(request.chains),
+            _cost(request),
         )
 
     async def SessionKeys(self, request, context):
@@ -403,14 +403,19 @@ def _who(context: grpc.aio.ServicerContext, client: str | None) -> str:
     return client if client is not None else context.peer()
 
 
+def _cost(query: pb.LogRatioRequest | pb.SuffStatsRequest | pb.GradientRequest) -> int:
+    """What a query costs in the fair queue: the answers it asks (chains, × block for
+    statistics)."""
+    return len(query.chains) * (query.block if isinstance(query, pb.SuffStatsRequest) else 1)
+
+
 def _turn(request: pb.QueryRequest) -> tuple[str, int]:
-    """The session and cost (answers asked: chains, × block for statistics) of a query."""
+    """The session and cost (``_cost``) of a query on the stream."""
     kind = request.WhichOneof("query")
     if kind is None:
         return "", 1
     query = getattr(request, kind)
-    block = query.block if kind == "suff_stats" else 1
-    return query.session, len(query.chains) * block
+    return query.session, _cost(query)
 
 
 async def _abort(context: grpc.aio.ServicerContext, exc: OwnerError) -> None:
