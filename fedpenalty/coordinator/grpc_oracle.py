@@ -7,9 +7,13 @@ deadline; a host that is unreachable, times out or drops its stream is retried w
 safe because every request except ``CloseSession`` is idempotent (owners replay stored answers
 for a re-sent (session, chain, iteration)) — and after ``retry_seconds`` it is reported as
 ``OwnerUnavailable``. Owner refusals come back as the ``fedpenalty.errors`` class the owner
-raised (``BudgetExhausted`` with the owner's name and ε left). ``reachable_reports`` asks each
-host for its owners' reports on its own, so a host that is gone (tried once more, briefly, when
-a query already gave up on it) loses only its owners' reports.
+raised (``BudgetExhausted`` with the owner's name and ε left). An owner host restarted inside
+that window knows the run's session only once it is re-opened: a query it refuses as an unknown
+session re-opens the session at that host (the same ``OpenSession`` as the first, through the
+owner's full admission: a plan it re-admits reserves only what is still unanswered, and keys it
+answered before replay from its ledger uncharged) and is asked once more (``_reopen``).
+``reachable_reports`` asks each host for its owners' reports on its own, so a host that is gone
+(tried once more, briefly, when a query already gave up on it) loses only its owners' reports.
 
 Ctrl-C (SIGINT) while a call runs cancels it at its next await and raises ``KeyboardInterrupt``
 once the event loop is idle (``_run``): an interrupt raised inside the loop would leave
@@ -25,6 +29,7 @@ every host answered, so a host that drops out stops the run (resumably) and noth
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import threading
 import time
@@ -39,7 +44,7 @@ import numpy as np
 
 from ..cluster.local import LocalCluster, default_owner_hosts
 from ..common import OwnerDescription, PrivacyReport
-from ..errors import ConfigError, OwnerError, OwnerUnavailable
+from ..errors import ConfigError, OwnerError, OwnerUnavailable, UnknownSession
 from ..models import Model, build_model
 from ..owner import wire
 from ..owner.owner_config import TlsFiles
@@ -69,6 +74,7 @@ MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 #: Seconds one more report request to a host that a query already gave up on may take.
 LOST_HOST_SECONDS = 5.0
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -146,6 +152,8 @@ class GrpcOracle:
             raise ConfigError("give at least one owner address HOST:PORT")
         self.deadline, self.retry_seconds = deadline, retry_seconds
         self.session: str | None = None
+        #: the run's ``OpenSession`` request, sent again to a host that restarted (``_reopen``)
+        self._opened: pb.OpenSessionRequest | None = None
         self._loop = asyncio.new_event_loop()
         options = [
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -207,7 +215,7 @@ class GrpcOracle:
             request.secure.CopyFrom(wire.secure_message(secure_open(keys, secure)))
         self._run(self._each(lambda h: self._unary(h, h.stub.OpenSession, request)))
         self._noise_sd = owner_noise_sd(secure, self._sigma, len(self._sigma))
-        self.session = session
+        self.session, self._opened = session, request
         return session
 
     def _session_keys(self, session: str) -> list:
@@ -282,7 +290,7 @@ class GrpcOracle:
             if self.session is not None:
                 request = pb.CloseSessionRequest(session=self.session)
                 self._run(self._each(lambda h: h.stub.CloseSession(request, timeout=self.deadline)))
-                self.session = None
+                self.session, self._opened = None, None
         finally:
             self._run(self._close_channels())
             self._loop.close()
@@ -379,10 +387,30 @@ class GrpcOracle:
             return reply
 
         reply = await self._retrying(host, attempt, stream=True)
+        if reply.HasField("refusal") and await self._reopen(host, reply.refusal):
+            reply = await self._retrying(host, attempt, stream=True)
         if reply.HasField("refusal"):
             raise wire.error_from_refusal(reply.refusal, host.address)
         host.answers += keys
         return reply
+
+    async def _reopen(self, host: _Host, refusal: pb.Refusal) -> bool:
+        """Re-open the run's session at ``host`` when ``refusal`` says it does not know it (it
+        restarted and lost its open sessions): True once re-opened, False for any other
+        refusal. The owner admits the re-open as it admits any open (its client check, the
+        same terms, the plan against its budget less what the session already spent); a
+        refusal of it (a session the owner closed, say) is raised."""
+        error = wire.error_from_refusal(refusal, host.address)
+        if self._opened is None or not isinstance(error, UnknownSession):
+            return False
+        await self._unary(host, host.stub.OpenSession, self._opened)
+        log.warning(
+            "%s no longer knew session %s (restarted?): re-opened it; answered queries replay "
+            "from its ledger, uncharged",
+            host.label(),
+            self._opened.session,
+        )
+        return True
 
     async def _unary(self, host: _Host, method, request, quick: float | None = None):
         """``method(request)`` on ``host``, retried; ``quick``: one try of at most that many

@@ -1,0 +1,70 @@
+"""An owner restarted inside the coordinator's retry window (issue 21, item 5): the coordinator
+re-opens the session at the restarted owner itself, as ``--resume`` would, and the run
+completes — each (chain, iteration) charged once, and the chain the one the owners' stored
+answers give (docs/design.md §3 invariants 2, 12)."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+from grpc_processes import Processes
+from owners import kernel
+from test_grpc_deploy import MODEL, LedgerReplay, deploy, report, scenario, start_run
+
+from fedpenalty.config import load_scenario
+from fedpenalty.coordinator.driver import sample
+from fedpenalty.simulation import chain_start
+
+TOTAL = 6000
+
+
+@pytest.mark.slow
+def test_an_owner_killed_and_restarted_mid_run_is_re_opened_and_the_run_completes(
+    tmp_path, procs: Processes
+):
+    owners = deploy(tmp_path, procs, {"sigma": 1.0, "max_step": 0.02, "budget_epsilon": 1000.0})
+    config = Path(scenario(tmp_path, TOTAL))
+    # a retry window the restart fits in (an owner process starts in a few seconds)
+    config.write_text(config.read_text().replace("retry_seconds = 2.0", "retry_seconds = 60.0"))
+    out = tmp_path / "run"
+    coordinator = start_run(procs, owners, str(config), out)
+    bob = owners["bob"]
+    bob["proc"].send_signal(signal.SIGKILL)
+    bob["proc"].wait(timeout=30)
+    at_kill = report(bob, tmp_path)
+    bob["proc"] = procs.owner(bob["toml"], bob["port"])  # same port, same ledger
+
+    assert coordinator.wait(timeout=120) == 0, (tmp_path / "coordinator.log").read_text()
+    log = (tmp_path / "coordinator.log").read_text()
+    assert "(bob) no longer knew session" in log and "re-opened it" in log, log
+    assert 0 < at_kill["answers"] < 2 * TOTAL  # bob was killed mid-run
+    privacy = json.loads((out / "privacy.json").read_text())
+    assert [o["owner"] for o in privacy["owners"]] == ["alice", "bob", "carol"]
+    for o in privacy["owners"]:
+        ledger = report(owners[o["owner"]], tmp_path)
+        # each (chain, iteration) answered and charged exactly once, by the run and the ledger
+        assert o["answers"] == ledger["answers"] == 2 * TOTAL
+        assert ledger["epsilon"] == pytest.approx(o["epsilon"], rel=1e-12)
+    assert not (out / "checkpoint.npz").exists()
+
+    # The chain is the one an uninterrupted run computes from the owners' stored answers.
+    replay = LedgerReplay(owners, json.loads((out / "run.json").read_text())["session"])
+    try:
+        rng, theta0 = chain_start(load_scenario(out / "config.toml"), MODEL)
+        uninterrupted = sample(
+            kernel("penalty", MODEL, oracle=replay, step=0.01),
+            rng,
+            theta0,
+            iterations=TOTAL,
+            warmup=0,
+            progress=False,
+        )
+    finally:
+        replay.close()
+    samples = np.load(out / "samples.npz")
+    np.testing.assert_array_equal(samples["theta"], uninterrupted.theta)
+    np.testing.assert_array_equal(samples["accepted"], uninterrupted.accepted)
