@@ -23,6 +23,16 @@ class Interrupted(FedPenaltyError):
     """The user interrupted a run (Ctrl-C, SIGINT): it stops like a refused run, resumable."""
 
 
+class OutputFailed(FedPenaltyError):
+    """A file of the run could not be written (disk full, read-only, a path under a file); the
+    message says which, and what to do. ``kept``: the run directory was kept because the owners
+    were charged for what it sampled, and ``--resume`` continues it."""
+
+    def __init__(self, message: str, kept: bool = False):
+        super().__init__(message)
+        self.kept = kept
+
+
 class OwnerError(FedPenaltyError):
     """An owner refused a request. ``grpc_code`` is the status name a server reports."""
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -62,7 +62,14 @@ from .coordinator.transport_base import OwnerSetup
 from .coordinator.transports import TRANSPORTS
 from .data import FileRecords, OwnerRecords, synthetic_sources
 from .diagnostics import summarize
-from .errors import BudgetExhausted, ConfigError, Interrupted, InvalidRequest, OwnerError
+from .errors import (
+    BudgetExhausted,
+    ConfigError,
+    Interrupted,
+    InvalidRequest,
+    OutputFailed,
+    OwnerError,
+)
 from .inference_data import POSTERIOR_FILE, SpendTrace, posterior_tree, read_spend, write_posterior
 from .models import ExpFamModel, Model, Reference, build_model
 from .owner.owner_config import TlsFiles
@@ -193,18 +200,36 @@ def chain_start(scenario: Scenario, model: Model) -> tuple[np.random.Generator, 
 
 def _new_run_dir(scenario: Scenario, out: str | Path | None) -> tuple[Path, bool]:
     """The run directory (new, or existing and empty) with the resolved scenario in it, and
-    whether it existed before."""
+    whether it existed before; ``OutputFailed`` (nothing left behind) when it cannot be
+    created or written — checked before any owner is asked."""
     out = Path(out or scenario["run"]["out"] or default_out_dir(scenario))
     if out.exists() and not out.is_dir():
         raise ConfigError(
             f"--out {out} is a file, not a directory: name a new or empty directory (or run.out)"
         )
-    if out.exists() and any(out.iterdir()):
-        raise FileExistsError(f"run directory {out} exists and is not empty; choose another --out")
     existed = out.is_dir()
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.toml").write_text(scenario.to_toml())
+    try:
+        if existed and any(out.iterdir()):
+            raise FileExistsError(
+                f"run directory {out} exists and is not empty; choose another --out"
+            )
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.toml").write_text(scenario.to_toml())
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        if not existed:
+            shutil.rmtree(out, ignore_errors=True)
+        raise OutputFailed(
+            f"cannot write the run directory {out} ({_reason(exc)}): name a directory you can "
+            "write with --out (or run.out)"
+        ) from exc
     return out, existed
+
+
+def _reason(exc: OSError) -> str:
+    """What an ``OSError`` says, without its errno and path (the caller names the path)."""
+    return exc.strerror or str(exc)
 
 
 #: Files that hold draws: a run directory with one of these is kept, whatever happened.
@@ -216,11 +241,13 @@ def _drawless_run_removed(out: Path, existed: bool) -> Iterator[None]:
     """Remove the run directory ``out`` (from ``_new_run_dir``; emptied instead when it
     ``existed``) when what runs inside fails before it holds any draw (a plan refused at
     session open, a launch failure, Ctrl-C during start-up), so that a rerun may use the same
-    ``--out``; a run with draws keeps them with its checkpoint."""
+    ``--out``; a run with draws keeps them with its checkpoint, and one that stopped because a
+    file could not be written after the owners answered is kept for ``--resume``."""
     try:
         yield
-    except BaseException:
-        if not any((out / name).exists() for name in _DRAW_FILES):
+    except BaseException as exc:
+        kept = isinstance(exc, OutputFailed) and exc.kept
+        if not kept and not any((out / name).exists() for name in _DRAW_FILES):
             shutil.rmtree(out, ignore_errors=True)
             if existed:
                 out.mkdir(parents=True, exist_ok=True)
@@ -333,22 +360,25 @@ def _run_owners(
         chains, reports, stopped, spend = _sample_owners(
             scenario, algorithm, model, owners, out, world.n_total, info, resume, theta0
         )
-        extra = _chain_diagnostics(chains)
-        simulated = launched.oracle.simulation_diagnostics()
-        if simulated is not None and algorithm.query != SGMCMC:  # counters of log-ratio answers
-            extra["simulation_only"] = simulated
+        with _settling(launched.oracle, out, info, stopped):
+            extra = _chain_diagnostics(chains)
+            simulated = launched.oracle.simulation_diagnostics()
+            if simulated is not None and algorithm.query != SGMCMC:  # log-ratio counters
+                extra["simulation_only"] = simulated
+            privacy = privacy_summary(reports, policies, algorithm, scenario)
+            if privacy["owners"]:
+                secure = requested(scenario["privacy"])
+                privacy["noise"] = SIMULATED_NOISE if secure is None else SIMULATED_SECURE_NOISE
+            if start is not None:
+                start.privacy(privacy)
+            outputs = _Outputs(
+                model, algorithm.name, world.reference, _sample_stats(chains, scenario, algorithm)
+            )
+            return _finish(
+                out, chains.theta, chains.accepted, privacy, outputs, extra, stopped, spend
+            )
     finally:
         launched.stop()
-    privacy = privacy_summary(reports, policies, algorithm, scenario)
-    if privacy["owners"]:
-        secure = requested(scenario["privacy"])
-        privacy["noise"] = SIMULATED_NOISE if secure is None else SIMULATED_SECURE_NOISE
-    if start is not None:
-        start.privacy(privacy)
-    outputs = _Outputs(
-        model, algorithm.name, world.reference, _sample_stats(chains, scenario, algorithm)
-    )
-    return _finish(out, chains.theta, chains.accepted, privacy, outputs, extra, stopped, spend)
 
 
 @dataclass(frozen=True)
@@ -495,12 +525,7 @@ def run_deployed(
     owners' own policies govern σ and budgets, and their data never leave them."""
     model = build_model(scenario["model"])
     _deployable(ALGORITHMS[scenario["sampler"]["algorithm"]])
-    oracle = GrpcOracle(owners, model, tls, retry_seconds=scenario["run"]["retry_seconds"])
-    try:
-        out, existed = _new_run_dir(scenario, out)
-    except BaseException:
-        oracle.disconnect()
-        raise
+    out, existed = _new_run_dir(scenario, out)  # writable before any owner is asked
     info = {
         "mode": "deployed",
         "owners": list(owners),
@@ -513,6 +538,7 @@ def run_deployed(
         },
     }
     with _drawless_run_removed(out, existed):
+        oracle = GrpcOracle(owners, model, tls, retry_seconds=scenario["run"]["retry_seconds"])
         return _deployed(scenario, model, oracle, out, info, None)
 
 
@@ -579,18 +605,19 @@ def _deployed(
     chains, reports, stopped, spend = _sample_owners(
         scenario, algorithm, model, owners, out, n_total, info, resume
     )
-    privacy = privacy_summary(reports, policies, algorithm, scenario)
-    outputs = _Outputs(model, algorithm.name, None, _sample_stats(chains, scenario, algorithm))
-    return _finish(
-        out,
-        chains.theta,
-        chains.accepted,
-        privacy,
-        outputs,
-        _chain_diagnostics(chains),
-        stopped,
-        spend,
-    )
+    with _settling(oracle, out, info, stopped):
+        privacy = privacy_summary(reports, policies, algorithm, scenario)
+        outputs = _Outputs(model, algorithm.name, None, _sample_stats(chains, scenario, algorithm))
+        return _finish(
+            out,
+            chains.theta,
+            chains.accepted,
+            privacy,
+            outputs,
+            _chain_diagnostics(chains),
+            stopped,
+            spend,
+        )
 
 
 def _sample_owners(
@@ -611,13 +638,14 @@ def _sample_owners(
     host could not report), the owner error that stopped the run early, if any, and the
     owners' running spend. ``theta0`` ``(chains,
     d)`` overrides the data-independent starts (hybrid: the OPS draws). The oracle is closed
-    (session closed) when the run completed or stopped before its first iteration, and only
-    disconnected (session left open for a resume) when it stopped later."""
+    (session closed) when the run stopped before its first iteration, and disconnected
+    (session left open for a resume) when it failed later; else it stays open for
+    ``_settling``. A checkpoint that cannot be written stops the run (``_checkpointer``)."""
     sampler, run, oracle = scenario["sampler"], scenario["run"], owners.oracle
     stopped: OwnerError | Interrupted | None = None
+    save = _checkpointer(out, info, int(sampler["warmup"]) + int(sampler["iterations"]))
     try:
-        info["session"] = _open_session(scenario, algorithm, model, owners, info.get("session"))
-        _write_info(out, info)
+        _open_recorded(scenario, algorithm, model, owners, out, info)
         rng, start = chain_start(scenario, model)
         recorder = _SpendRecorder.start(oracle, algorithm, sampler, out, resume)
         kernel = algorithm.kernel(model, ChainData(oracle=oracle, n_total=n_total), sampler)
@@ -631,7 +659,7 @@ def _sample_owners(
                 progress=run["progress"],
                 description=algorithm.name,
                 resume=resume,
-                checkpoint=lambda p: checkpoint.save(out / CHECKPOINT, p),
+                checkpoint=save,
                 checkpoint_every=run["checkpoint_every"],
             )
             done = int(sampler["warmup"]) + int(sampler["iterations"])
@@ -639,7 +667,7 @@ def _sample_owners(
             if stop.progress.done == 0:  # nothing sampled: nothing to keep or to resume
                 _close_quietly(oracle)
                 raise _unstarted(stop.cause) from stop.cause
-            checkpoint.save(out / CHECKPOINT, stop.progress)
+            save(stop.progress)
             chains, stopped, done = stop.progress.result(), stop.cause, stop.progress.done
         reports: list[PrivacyReport | Unreported] = list(
             oracle.privacy_reports() if stopped is None else oracle.reachable_reports()
@@ -647,14 +675,28 @@ def _sample_owners(
     except BaseException:
         oracle.disconnect()
         raise
-    if stopped is None:
-        oracle.close()
-        (out / CHECKPOINT).unlink(missing_ok=True)
-        info["complete"] = True
-        _write_info(out, info)
-    else:
-        oracle.disconnect()
     return chains, reports, stopped, recorder.finished(done, reports)
+
+
+def _open_recorded(
+    scenario: Scenario,
+    algorithm: ChainAlgorithm,
+    model: Model,
+    owners: _Owners,
+    out: Path,
+    info: dict[str, Any],
+) -> None:
+    """Open (or resume) the run's session and record its id in ``out``'s run.json; when that
+    cannot be written, a session this run opened is closed again (nothing was asked of it yet,
+    and a gradient plan would otherwise stay reserved) and ``OutputFailed`` raised."""
+    recorded = (out / RUN_INFO).exists()
+    info["session"] = _open_session(scenario, algorithm, model, owners, info.get("session"))
+    try:
+        _write_info(out, info)
+    except OutputFailed:
+        if not recorded:
+            _close_quietly(owners.oracle)
+        raise
 
 
 def _open_session(
@@ -688,6 +730,59 @@ def _unstarted(cause: OwnerError | Interrupted) -> Exception:
     """The error of a run stopped before its first iteration: for a request outside an
     owner's policy, what to change (a resume would repeat it); else the owner's error."""
     return ConfigError(policy_refusal(cause)) if isinstance(cause, InvalidRequest) else cause
+
+
+def _checkpointer(out: Path, info: dict[str, Any], total: int) -> Callable[[Progress], None]:
+    """``checkpoint.save`` into ``out``; a write that fails stops the run with ``OutputFailed``
+    (kept): the owners' ledgers hold what they answered, and ``--resume`` re-asks it from the
+    last checkpoint that was written (or the start), replayed uncharged."""
+
+    def save(progress: Progress) -> None:
+        try:
+            checkpoint.save(out / CHECKPOINT, progress)
+        except OSError as exc:
+            raise OutputFailed(
+                f"could not write the checkpoint {out / CHECKPOINT} ({_reason(exc)}) after "
+                f"{progress.done} of {total} iterations; the run stopped and {out} is kept "
+                f"(the owners' ledgers hold what they answered): free space or make the "
+                f"directory writable, then {_resume_command(out, info)} continues it from its "
+                "last checkpoint, charging nothing twice",
+                kept=True,
+            ) from exc
+
+    return save
+
+
+def _resume_command(out: Path, info: dict[str, Any]) -> str:
+    command = "simulate" if info.get("mode") == "simulate" else "run"
+    return f"`fedpenalty {command} --resume {out}`"
+
+
+@contextmanager
+def _settling(
+    oracle: Oracle, out: Path, info: dict[str, Any], stopped: OwnerError | Interrupted | None
+) -> Iterator[None]:
+    """Around writing a run's files: once they are written, a completed run is marked complete
+    in run.json, then closes its session and drops its checkpoint; a stopped one leaves its
+    session open for a resume. A file that cannot be written (``OutputFailed``) leaves the
+    session open and the checkpoint (if any) in place, so ``--resume`` writes them again,
+    charging nothing: the owners replay what they answered."""
+    try:
+        yield
+        if stopped is None:
+            _write_info(out, {**info, "complete": True})
+    except OutputFailed as exc:
+        oracle.disconnect()  # the session stays open: a resume re-asks what it must, uncharged
+        then = f", then {_resume_command(out, info)} writes them again, charging nothing twice"
+        raise OutputFailed(f"{exc}{then}", kept=True) from exc.__cause__
+    except BaseException:
+        oracle.disconnect()
+        raise
+    if stopped is not None:
+        oracle.disconnect()
+        return
+    oracle.close()
+    (out / CHECKPOINT).unlink(missing_ok=True)
 
 
 def _close_quietly(oracle: Oracle) -> None:
@@ -766,9 +861,16 @@ class _SpendRecorder:
 
 
 def _write_info(out: Path, info: dict[str, Any]) -> None:
+    """Replace ``out``'s run.json with ``info`` (``OutputFailed`` when it cannot be written)."""
     tmp = out / (RUN_INFO + ".tmp")
-    tmp.write_text(json.dumps(info, indent=2))
-    tmp.replace(out / RUN_INFO)
+    try:
+        tmp.write_text(json.dumps(info, indent=2))
+        tmp.replace(out / RUN_INFO)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise OutputFailed(
+            f"could not write {out / RUN_INFO} ({_reason(exc)}): free space or make {out} writable"
+        ) from exc
 
 
 def _finish(
@@ -783,7 +885,29 @@ def _finish(
 ) -> RunResult:
     """Write samples, privacy, diagnostics, posterior.nc and the figures of what was sampled:
     ``theta`` ``(chains, draws, d)``, ``accepted`` ``(chains, draws)`` (None without an accept
-    step), the owners' running ``spend`` (None without owners' ledgers)."""
+    step), the owners' running ``spend`` (None without owners' ledgers). A file that cannot be
+    written raises ``OutputFailed`` naming it (or ``out``: a full disk fails a write, which
+    names no file)."""
+    try:
+        return _write_outputs(out, theta, accepted, privacy, outputs, extra, stopped, spend)
+    except OSError as exc:
+        where = exc.filename or f"the run's files in {out}"
+        raise OutputFailed(
+            f"could not write {where} ({_reason(exc)}): free space or make {out} writable"
+        ) from exc
+
+
+def _write_outputs(
+    out: Path,
+    theta: np.ndarray,
+    accepted: np.ndarray | None,
+    privacy: dict[str, Any],
+    outputs: _Outputs,
+    extra: dict[str, Any],
+    stopped: OwnerError | Interrupted | None,
+    spend: SpendTrace | None,
+) -> RunResult:
+    """``_finish`` without its error message."""
     kept = theta.shape[1]
     names = outputs.model.param_names
     diagnostics: dict[str, Any] = {"kept_draws": kept, "param_names": names}

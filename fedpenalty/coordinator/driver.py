@@ -132,14 +132,15 @@ def _iterate(
     checkpoint: Callable[[Progress], None] | None,
     checkpoint_every: int,
 ) -> Progress:
-    """One iteration of every chain after ``run``, checkpointed when due; an owner error
-    becomes ``SamplingStopped`` at ``run``."""
+    """One iteration of every chain after ``run``, checkpointed when due (every
+    ``checkpoint_every`` iterations and after the last, so a run whose outputs then cannot be
+    written is still resumable); an owner error becomes ``SamplingStopped`` at ``run``."""
     try:
         state, record = algorithm.step(rng, run.state)
     except OwnerError as exc:
         raise SamplingStopped(run, exc) from exc
     run = replace(run.advanced(state, record), rng_state=rng.bit_generator.state)
-    due = checkpoint_every and run.done % checkpoint_every == 0 and run.done < total
+    due = checkpoint_every and (run.done % checkpoint_every == 0 or run.done == total)
     if checkpoint is not None and due:
         checkpoint(run)
     return run
@@ -188,8 +189,8 @@ def sample(
     ``resume``: continue from a saved ``Progress`` (``theta0`` is then ignored and ``rng`` is
     reset to the saved state), which gives exactly the chain of an uninterrupted run when the
     owners replay re-asked queries. ``checkpoint`` is called every ``checkpoint_every``
-    iterations. An owner error, or Ctrl-C during an iteration, stops the run with
-    ``SamplingStopped``.
+    iterations and after the last (never when it is 0). An owner error, or Ctrl-C during an
+    iteration, stops the run with ``SamplingStopped``.
     """
     if resume is None:
         run = start(algorithm, rng, theta0, iterations, warmup)
