@@ -348,7 +348,13 @@ def _run_owners(
     policies = owner_policies(scenario, len(records), None if start is None else start.sigma)
     names = [f"owner-{k}" for k in range(len(records))]
     setup = OwnerSetup(out, model, names, records, policies, seeds, scenario["run"])
-    launched = TRANSPORTS[scenario["run"]["transport"]].launch(setup)
+    try:
+        launched = TRANSPORTS[scenario["run"]["transport"]].launch(setup)
+    except OSError as exc:  # their records and ledgers go to the run directory
+        raise OutputFailed(
+            f"could not start the simulated owners ({_reason(exc)}; their files go to {out}): "
+            f"free space or make {out} writable"
+        ) from exc
     try:
         owners = _Owners(launched.oracle, names, policies, deployed=False)
         info = {

@@ -180,3 +180,16 @@ def test_outputs_that_cannot_be_written_after_the_last_iteration_are_written_by_
     monkeypatch.undo()
     assert cli.main(["simulate", "--resume", str(out)]) == 0
     assert_same_run(out, uninterrupted)
+
+
+def test_simulated_owners_whose_files_cannot_be_written_are_one_line(tmp_path, capsys, monkeypatch):
+    # local owner-host processes get their records through a file in the run directory
+    fail_once(monkeypatch, np, "savez", on_call=1)
+    out = tmp_path / "run"
+    grpc = [*SETTINGS, "--set", "run.transport='grpc'"]
+    assert cli.main(["simulate", *grpc, "--out", str(out)]) == 2
+    assert error_lines(capsys) == [
+        f"fedpenalty: error: could not start the simulated owners (No space left on device; "
+        f"their files go to {out}): free space or make {out} writable"
+    ]
+    assert not out.exists()  # no owner was asked anything: nothing to keep
