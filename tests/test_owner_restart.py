@@ -13,20 +13,56 @@ import numpy as np
 import pytest
 from grpc_processes import Processes
 from owners import kernel
-from test_grpc_deploy import MODEL, LedgerReplay, deploy, report, scenario, start_run
+from test_grpc_deploy import MODEL, LedgerReplay, addresses, deploy, report, scenario, start_run
 
 from fedpenalty.config import load_scenario
 from fedpenalty.coordinator.driver import sample
+from fedpenalty.coordinator.grpc_oracle import GrpcOracle
+from fedpenalty.owner import Ledger
 from fedpenalty.simulation import chain_start
 
 TOTAL = 6000
+POLICY = {"sigma": 1.0, "max_step": 0.02, "budget_epsilon": 1000.0}
+
+
+def restart(owner: dict, procs: Processes) -> None:
+    """SIGKILL the owner's process, then serve it again on the same port and ledger."""
+    owner["proc"].send_signal(signal.SIGKILL)
+    owner["proc"].wait(timeout=30)
+    owner["proc"] = procs.owner(owner["toml"], owner["port"])
+
+
+def test_a_restarted_owner_is_re_opened_by_the_next_query_and_by_the_close(tmp_path, procs):
+    owners = deploy(tmp_path, procs, POLICY, n=200)
+    oracle = GrpcOracle(addresses(owners).split(","), MODEL, retry_seconds=60)
+    theta = np.zeros((2, 1))
+    try:
+        session = oracle.open_session("penalty", 100)
+        first = oracle.log_ratio(0, np.arange(2), theta, theta + 0.01)
+        restart(owners["bob"], procs)
+        # the same key again (a retry): bob re-admits the session and replays his answer
+        again = oracle.log_ratio(0, np.arange(2), theta, theta + 0.01)
+        np.testing.assert_array_equal(again.values, first.values)
+        oracle.log_ratio(1, np.arange(2), theta, theta - 0.01)
+        restart(owners["bob"], procs)
+        oracle.close()  # bob restarted again: re-opened, then closed
+    finally:
+        oracle.disconnect()
+    for name in owners:
+        ledger = Ledger(tmp_path / f"{name}.sqlite", read_only=True)
+        try:
+            recorded = ledger.session(name, session)
+        finally:
+            ledger.close()
+        assert recorded is not None and recorded.closed
+        assert recorded.spend.answers == 4  # 2 chains × 2 iterations, each charged once
 
 
 @pytest.mark.slow
 def test_an_owner_killed_and_restarted_mid_run_is_re_opened_and_the_run_completes(
     tmp_path, procs: Processes
 ):
-    owners = deploy(tmp_path, procs, {"sigma": 1.0, "max_step": 0.02, "budget_epsilon": 1000.0})
+    owners = deploy(tmp_path, procs, POLICY)
     config = Path(scenario(tmp_path, TOTAL))
     # a retry window the restart fits in (an owner process starts in a few seconds)
     config.write_text(config.read_text().replace("retry_seconds = 2.0", "retry_seconds = 60.0"))

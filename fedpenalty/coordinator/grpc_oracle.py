@@ -289,11 +289,25 @@ class GrpcOracle:
         try:
             if self.session is not None:
                 request = pb.CloseSessionRequest(session=self.session)
-                self._run(self._each(lambda h: h.stub.CloseSession(request, timeout=self.deadline)))
+                self._run(self._each(lambda h: self._close_at(h, request)))
                 self.session, self._opened = None, None
         finally:
             self._run(self._close_channels())
             self._loop.close()
+
+    async def _close_at(self, host: _Host, request: pb.CloseSessionRequest) -> None:
+        """``CloseSession`` at ``host``, once (closing is not idempotent); a host that restarted
+        and no longer knows the session has it re-opened (``_reopen``) and then closed, so that
+        what its plan reserved is released."""
+        for attempt in range(2):
+            try:
+                await host.stub.CloseSession(request, timeout=self.deadline)
+                return
+            except grpc.aio.AioRpcError as exc:
+                unknown = exc.code() == grpc.StatusCode.NOT_FOUND and self._opened is not None
+                if attempt or not unknown:
+                    raise _owner_error(exc, host) from None
+            await self._unary(host, host.stub.OpenSession, self._opened)
 
     def disconnect(self) -> None:
         """Drop the channels without closing the session (it stays open for a resumed run)."""
