@@ -11,14 +11,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from certificates import TestCA
 from grpc_processes import Processes
 from owners import kernel
 from test_grpc_deploy import MODEL, LedgerReplay, addresses, deploy, report, scenario, start_run
 
+from fedpenalty.common import Policy
 from fedpenalty.config import load_scenario
 from fedpenalty.coordinator.driver import sample
 from fedpenalty.coordinator.grpc_oracle import GrpcOracle
-from fedpenalty.owner import Ledger
+from fedpenalty.coordinator.oracle import SecureAggregation
+from fedpenalty.owner import Ledger, OwnerHost, OwnerNode
+from fedpenalty.owner.noise import NoiseKey
+from fedpenalty.owner.peer_auth import PeerAuth
+from fedpenalty.owner.server import ServerThread
 from fedpenalty.simulation import chain_start
 
 TOTAL = 6000
@@ -104,3 +110,44 @@ def test_an_owner_killed_and_restarted_mid_run_is_re_opened_and_the_run_complete
     samples = np.load(out / "samples.npz")
     np.testing.assert_array_equal(samples["theta"], uninterrupted.theta)
     np.testing.assert_array_equal(samples["accepted"], uninterrupted.accepted)
+
+
+def secure_node(tmp_path, name: str) -> OwnerNode:
+    """A lattice owner of a secure session on its own ledger file (what a restart re-reads)."""
+    records = MODEL.simulate_records(np.random.default_rng(len(name)), np.array([0.2]), 100)
+    policy = Policy(budget_epsilon=1e9, total_noise_sd=1.0, colluders=1)
+    ledger = Ledger(tmp_path / f"{name}.sqlite", synchronous="NORMAL")
+    return OwnerNode(name, MODEL, records, policy, ledger, noise_key=NoiseKey.derive(b"p", name))
+
+
+def test_a_restarted_owner_of_a_secure_session_is_re_opened_with_the_same_peers(tmp_path):
+    """The re-open carries the keys of the first open: the restarted owner derives its own key
+    again from its ledger, its recorded peers and terms match, and its masks still cancel."""
+    ca = TestCA(tmp_path)
+    auths = {}
+    for n in ("alice", "bob", "carol"):
+        cert, key = ca.leaf(n, n, dns=(f"{n}.example.org",), owners=(n,))
+        auths[n] = PeerAuth.load(cert, key, ca.path, ("alice", "bob", "carol"))
+    hosts = {n: OwnerHost([secure_node(tmp_path, n)]) for n in auths}
+    servers = {n: ServerThread(hosts[n], peers=auths[n]) for n in auths}
+    oracle = GrpcOracle([s.address for s in servers.values()], MODEL, retry_seconds=30)
+    theta = np.zeros((3, 1))
+    try:
+        oracle.open_session("penalty", 100, session="s", secure=SecureAggregation(1.0, 1))
+        first = oracle.log_ratio(0, np.arange(3), theta, theta + 0.01)
+        stopped = servers.pop("bob")  # bob's server stops; restarted on its ledger and port
+        stopped.close()
+        hosts["bob"].nodes[0].ledger.close()
+        hosts["bob"] = OwnerHost([secure_node(tmp_path, "bob")])
+        servers["bob"] = ServerThread(hosts["bob"], f"127.0.0.1:{stopped.port}", peers=auths["bob"])
+        again = oracle.log_ratio(0, np.arange(3), theta, theta + 0.01)  # replayed masked words
+        np.testing.assert_array_equal(again.values, first.values)
+        later = oracle.log_ratio(1, np.arange(3), theta, theta - 0.01)  # fresh keys still decode
+        assert later.values.shape == (1, 3) and np.isfinite(later.values).all()
+        oracle.close()
+    finally:
+        oracle.disconnect()
+        for server in servers.values():
+            server.close()
+    recorded = hosts["bob"].nodes[0].ledger.session("bob", "s")
+    assert recorded is not None and recorded.closed and recorded.spend.answers == 6

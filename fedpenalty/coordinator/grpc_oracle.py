@@ -457,6 +457,9 @@ class GrpcOracle:
             except (TimeoutError, _Dropped) as exc:
                 host.drop_stream()
                 failure = str(exc) or f"no reply within {self.deadline:g} s"
+            except asyncio.InvalidStateError:  # a write to a stream the host ended (it stopped)
+                host.drop_stream()
+                failure = "the owner host ended the stream"
             if time.monotonic() + pause > give_up:
                 host.lost = True
                 over = f" over {self.retry_seconds:g} s" if retry else ""
