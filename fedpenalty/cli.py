@@ -324,7 +324,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                 "--resume continues a simulation as it was configured: give no scenario, --set "
                 "or --out"
             )
-        result = resume_simulation(args.resume)
+        result = resume_simulation(args.resume, False if args.no_progress else None)
         scenario = load_scenario(Path(args.resume) / "config.toml")
     else:
         scenario = load_scenario(args.scenario, args.set or [])
@@ -401,7 +401,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise FedPenaltyError(
                 "--resume continues a run as it was configured: give no scenario, --set or --out"
             )
-        result = resume_run(args.resume, owners, _tls(args))
+        result = resume_run(args.resume, owners, _tls(args), False if args.no_progress else None)
     else:
         if not args.scenario or not owners:
             raise FedPenaltyError(

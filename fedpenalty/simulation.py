@@ -266,8 +266,9 @@ def _simulated_world(scenario: Scenario, model: Model) -> _World:
     return _World(records, n_total, seeds, np.random.default_rng(release_seed), reference)
 
 
-def resume_simulation(out: str | Path) -> RunResult:
-    """Continue a stopped or interrupted ``fedpenalty simulate`` in ``out`` from its checkpoint.
+def resume_simulation(out: str | Path, progress: bool | None = None) -> RunResult:
+    """Continue a stopped or interrupted ``fedpenalty simulate`` in ``out`` from its checkpoint
+    (``progress``: show the progress bar; None keeps the run's ``run.progress``).
 
     The owners are built again from the run's seeds on their ledgers: they replay what they
     answered, and their seeded noise is addressed by (session, chain, iteration) (docs/design.md
@@ -281,12 +282,21 @@ def resume_simulation(out: str | Path) -> RunResult:
         )
     if info.get("complete"):
         raise ConfigError(f"{out} holds a finished simulation; nothing to resume")
-    scenario = load_scenario(out / "config.toml")
+    scenario = _resumed_scenario(out, progress)
     model = build_model(scenario["model"])
     algorithm = ALGORITHMS[scenario["sampler"]["algorithm"]]
     assert isinstance(algorithm, ChainAlgorithm)  # only owner-asking chains write a run.json
-    progress = checkpoint.load(out / CHECKPOINT) if (out / CHECKPOINT).exists() else None
-    return _run_owners(scenario, algorithm, model, _simulated_world(scenario, model), out, progress)
+    done = checkpoint.load(out / CHECKPOINT) if (out / CHECKPOINT).exists() else None
+    return _run_owners(scenario, algorithm, model, _simulated_world(scenario, model), out, done)
+
+
+def _resumed_scenario(out: Path, progress: bool | None) -> Scenario:
+    """The run's resolved scenario (its ``config.toml``), with ``run.progress`` set to
+    ``progress`` unless that is None (``--no-progress`` on a resume)."""
+    scenario = load_scenario(out / "config.toml")
+    if progress is not None:
+        scenario["run"]["progress"] = progress
+    return scenario
 
 
 def _run_info(out: Path) -> dict[str, Any]:
@@ -534,11 +544,15 @@ def _deployable(algorithm: Algorithm) -> ChainAlgorithm:
 
 
 def resume_run(
-    out: str | Path, owners: list[str] | None = None, tls: TlsFiles | None = None
+    out: str | Path,
+    owners: list[str] | None = None,
+    tls: TlsFiles | None = None,
+    progress: bool | None = None,
 ) -> RunResult:
     """Continue a stopped or crashed ``fedpenalty run`` in ``out`` from its checkpoint (from the
-    start when it has none). The owners replay what they already answered, so the resumed
-    chain is the chain of an uninterrupted run, and nothing is charged twice."""
+    start when it has none; ``progress`` as in ``resume_simulation``). The owners replay what
+    they already answered, so the resumed chain is the chain of an uninterrupted run, and
+    nothing is charged twice."""
     out = Path(out)
     info = _run_info(out)
     if info.get("mode") != "deployed":
@@ -549,9 +563,9 @@ def resume_run(
         raise ConfigError(
             f"{out} holds a finished run (or one that never opened a session); nothing to resume"
         )
-    scenario = load_scenario(out / "config.toml")
+    scenario = _resumed_scenario(out, progress)
     model = build_model(scenario["model"])
-    progress = checkpoint.load(out / CHECKPOINT) if (out / CHECKPOINT).exists() else None
+    done = checkpoint.load(out / CHECKPOINT) if (out / CHECKPOINT).exists() else None
     if tls is None and info["tls"] is not None:
         saved = info["tls"]
         tls = TlsFiles(
@@ -559,7 +573,7 @@ def resume_run(
         )
     info["owners"] = owners or info["owners"]
     oracle = GrpcOracle(info["owners"], model, tls, retry_seconds=scenario["run"]["retry_seconds"])
-    return _deployed(scenario, model, oracle, out, info, progress)
+    return _deployed(scenario, model, oracle, out, info, done)
 
 
 def _deployed(
