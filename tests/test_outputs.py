@@ -16,7 +16,7 @@ from fedpenalty.cli import main, stop_message
 from fedpenalty.diagnostics import mixing_warnings
 from fedpenalty.errors import InvalidRequest
 from fedpenalty.inference_data import SpendTrace
-from fedpenalty.plots import MAX_PARAMS, privacy_plot, shown_params
+from fedpenalty.plots import MAX_PARAMS, privacy_figure, privacy_plot, shown_params
 from fedpenalty.simulation import RunResult
 
 INPROCESS = ["--set", "run.transport='inprocess'", "--no-progress"]
@@ -245,6 +245,51 @@ def test_privacy_plot_of_many_owners_draws_a_band(tmp_path):
     )
     privacy_plot(tmp_path / "p.png", trace)
     assert (tmp_path / "p.png").stat().st_size > 0
+
+
+def _spend_trace(paper_after_start: float, k: int = 3, p: int = 6) -> SpendTrace:
+    """k owners' running spend over p points; the paper's bound is 0 at iteration 0 (nothing
+    spent) and ``paper_after_start`` × ε after it (inf: a deployed owner's lattice answers,
+    which the classical bound does not cover)."""
+    eps = np.linspace(0, 1, p)[None, :] * np.linspace(1, 2, k)[:, None]
+    paper = eps * paper_after_start if np.isfinite(paper_after_start) else np.full_like(eps, np.inf)
+    paper[:, 0] = 0.0
+    return SpendTrace(
+        tuple(f"o{i}" for i in range(k)),
+        np.full(k, 1e-5),
+        np.full(k, 5.0),
+        np.arange(p) * 10,
+        np.zeros((k, p), dtype=np.int64),
+        eps,
+        eps,
+        paper,
+    )
+
+
+def _drawn_dashed_lines(ax) -> int:
+    """Dashed lines of ``ax`` with at least two finite points (what a reader can see)."""
+    return sum(
+        1
+        for line in ax.get_lines()
+        if line.get_linestyle() == "--" and np.isfinite(np.asarray(line.get_ydata())).sum() >= 2
+    )
+
+
+@pytest.mark.parametrize("owners", [3, 40])
+def test_privacy_plot_legend_names_only_what_it_draws(owners):
+    """A deployed run's owners give lattice answers: the paper's bound is 0 at iteration 0 and
+    does not apply after. privacy.png drew no bound but its legend named one; now the legend
+    names the bound exactly when a bound is drawn (one line per owner, or the band)."""
+    for paper, shown in ((np.inf, False), (20.0, True)):
+        fig = privacy_figure(_spend_trace(paper, k=owners))
+        (ax,) = fig.axes
+        labels = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert any("paper" in label for label in labels) == shown, labels
+        if owners <= 3:
+            assert (_drawn_dashed_lines(ax) == owners) == shown
+        else:
+            assert (len(ax.collections) == 2) == shown  # the ε band, and the bound's band
+        fig.clf()
 
 
 def test_large_runs_show_the_worst_mixed_parameters():
