@@ -15,9 +15,7 @@ from . import __version__
 from .errors import FedPenaltyError
 
 if TYPE_CHECKING:
-    from .common import SpendReport
     from .models.base import Neighbour
-    from .owner.owner_config import OwnerConfig
     from .privacy.subsampled import Accountant
 
 
@@ -472,64 +470,16 @@ def cmd_owner_serve(args: argparse.Namespace) -> int:
 
 def cmd_owner_report(args: argparse.Namespace) -> int:
     from .owner.owner_config import load_owner_config
+    from .owner.report import owner_report, report_text
 
     config = load_owner_config(args.owner_file, ledger=args.ledger)
     if not config.ledger.is_file():
         raise FedPenaltyError(
             f"no ledger at {config.ledger}: owner {config.name!r} has never served from it"
         )
-    policy = config.policy
-    spend, own = _ledger_spend(config)
-    report = {
-        "owner": config.name,
-        "answers": spend.answers,
-        "mu": spend.mu,
-        "epsilon": spend.epsilon,
-        "accountant": spend.accountant,
-        "epsilon_paper_bound": spend.epsilon_paper_bound
-        if math.isfinite(spend.epsilon_paper_bound)
-        else None,
-        "delta": policy.delta,
-        "budget_epsilon": policy.budget_epsilon,
-        "budget_left": max(policy.budget_epsilon - spend.epsilon, 0.0),
-        "ledger": str(config.ledger),
-        "epsilon_own_noise_only": None if own is None else own.epsilon,
-    }
-    if args.json:
-        print(json.dumps(report))
-    else:
-        print(
-            f"owner {config.name!r} (ledger {config.ledger}): {spend.answers} answers, μ = "
-            f"{spend.mu:.6g}, "
-            f"ε = {spend.epsilon:.6g} at δ = {policy.delta:g} (paper's bound: "
-            f"{_fmt(spend.epsilon_paper_bound)}); "
-            f"budget ε = {policy.budget_epsilon:g}, {report['budget_left']:.6g} left"
-            + ("" if own is None else f"; its own noise alone: ε = {own.epsilon:.6g}")
-        )
+    report = owner_report(config)
+    print(json.dumps(report) if args.json else report_text(report, config))
     return 0
-
-
-def _ledger_spend(config: OwnerConfig) -> tuple[SpendReport, SpendReport | None]:
-    """An owner's spend read offline from its ledger, and with secure aggregation what its own
-    noise alone would give (None: no secure session; docs/design.md §2.6)."""
-    from .common import SpendReport
-    from .owner import Ledger
-    from .owner.node import own_noise_report
-
-    ledger = Ledger(config.ledger, read_only=True)  # no lock: works while a server runs
-    try:
-        policy = config.policy
-        # accounted as the serving owner accounts: by Rényi DP once it gave lattice answers
-        spend = SpendReport.of(
-            ledger.total(config.name),
-            ledger.sampled(config.name),
-            policy.delta,
-            policy.neighbour,
-            lattice=ledger.answered_on_lattice(config.name),
-        )
-        return spend, own_noise_report(ledger, config.name, config.model.dim, policy)
-    finally:
-        ledger.close()
 
 
 def _positive_args(args: argparse.Namespace, *names: str) -> None:
