@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import arviz_base
 import arviz_stats
@@ -318,3 +319,49 @@ def test_runs_without_owner_ledgers_write_posterior_nc(capsys, tmp_path, algorit
     assert "privacy_spend" not in tree.children
     with np.load(out / "samples.npz") as samples:
         np.testing.assert_array_equal(tree["posterior"]["theta"].values, samples["theta"])
+
+
+def readme_outputs() -> list[re.Pattern[str]]:
+    """The files README.md's "Outputs (the run directory)" list names, as patterns of paths
+    relative to the run directory (``<h>``: a host or actor number; files listed after
+    "in `owners/`" live in that folder)."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = text.split("### Outputs (the run directory)")[1].split("\nPast 20 owners")[0]
+    patterns = []
+    for item in section.split("\n* ")[1:]:
+        folder = ""
+        for piece in re.split(r"(in `owners/`)", " ".join(item.split())):
+            if piece == "in `owners/`":
+                folder = "owners/"
+                continue
+            for name in re.findall(
+                r"`([\w<>.-]+\.(?:npz|json|nc|png|toml|sqlite|lock|log|port))`", piece
+            ):
+                body = re.escape(folder + name).replace(re.escape("<h>"), r"\d+")
+                patterns.append(re.compile(body))
+    return patterns
+
+
+def files_not_in_readme(run_dir: Path) -> list[str]:
+    """The files under ``run_dir`` that README.md's outputs list does not name."""
+    patterns = readme_outputs()
+    found = [p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*") if p.is_file()]
+    return sorted(f for f in found if not any(p.fullmatch(f) for p in patterns))
+
+
+@pytest.mark.parametrize("transport", ["grpc", "inprocess"])
+def test_readme_outputs_list_names_every_file_a_run_writes(capsys, tmp_path, transport):
+    """The default scenario with few iterations, as a user first runs it (owner host processes
+    over gRPC, the default; and in process): every file it leaves is in the README's list. The
+    list missed run.json and the owners' ledgers, specs, logs and ports."""
+    out = tmp_path / "run"
+    code, _, err = run_cli(
+        capsys, "simulate", "--no-progress", "--set", f"run.transport='{transport}'",
+        "--set", "sampler.iterations=200", "--set", "sampler.warmup=50", "--out", str(out),
+    )  # fmt: skip
+    assert code == 0, err
+    assert len(list(out.rglob("*"))) >= 10  # samples, privacy, diagnostics, nc, 3 plots, …
+    assert files_not_in_readme(out) == []
+    assert readme_outputs()  # the parser found the list
+    (out / "unlisted.txt").write_text("")  # a file the README does not name is caught
+    assert files_not_in_readme(out) == ["unlisted.txt"]

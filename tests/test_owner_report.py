@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from grpc_processes import free_port, run_cli, write_owner
 from owners import save_csv
+from test_outputs import files_not_in_readme
 
 from fedpenalty.models import build_model
 
@@ -97,3 +98,4 @@ def test_owner_report_gives_each_session_and_the_clipped_records(tmp_path, procs
     for out in ("run1", "run2"):
         for name in ("privacy.json", "diagnostics.json"):
             assert "clipped" not in (tmp_path / out / name).read_text()
+        assert files_not_in_readme(tmp_path / out) == []  # a deployed run's files are listed
