@@ -196,7 +196,8 @@ def write_report(
     }
     json_path, png_path = out / f"{name}.json", out / f"{name}.png"
     json_path.write_text(json.dumps(jsonable(payload), indent=2, allow_nan=False) + "\n")
-    fig.tight_layout()
+    if fig.get_layout_engine() is None:  # a figure laid out its own way keeps it
+        fig.tight_layout()
     fig.savefig(png_path, dpi=110)
     plt.close(fig)
     return json_path, png_path

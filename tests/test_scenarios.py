@@ -138,6 +138,35 @@ def test_mixing_owner_count_sweep_spends_equal_epsilon(mixing):
     assert own == sorted(own) and own[-1] > 2 * own[0]
 
 
+@pytest.mark.parametrize("quick_settings", [True, False])
+def test_mixing_figure_has_no_blank_panels(quick_settings):
+    """privacy_mixing.png at the quick settings (one owner configuration, one method in the
+    owner-count sweep) had 4 hidden panels of 9 — white space in a 3 × 3 grid; the full
+    settings had 1 of 9. Every panel is now drawn, and every one holds data (rows as the
+    sweeps make them: W1, ESS/s, acceptance per method, target and K)."""
+    module = load("privacy_mixing")
+    setup = module.QUICK if quick_settings else module.FULL
+    sweep = module.QUICK_OWNERS if quick_settings else module.FULL_OWNERS
+    rows = [
+        {"config": c, "method": m, "target_epsilon": None if m == "exact_mh" else e,
+         "w1_in_sd": 0.5 / e, "ess_per_second_vs_exact": 0.1 * e}
+        for c in setup.configs
+        for m in ("exact_mh", *module.METHODS)
+        for e in setup.epsilons
+    ]  # fmt: skip
+    owner_rows = [
+        {"method": m, "mode": mode, "owners": k, "acceptance": 0.5 / k**0.1,
+         "w1_in_sd": 0.1 * k**0.2, "ess_per_second_vs_exact": 0.5 / k**0.5}
+        for m in ("exact_mh", *sweep.methods)
+        for mode in module.MODES
+        for k in sweep.owners
+    ]  # fmt: skip
+    fig = module.figure(rows, setup, owner_rows, sweep, module.SWEEPS)
+    panels = 2 * len(setup.configs) + 3 * len(sweep.methods)
+    assert len(fig.axes) == panels
+    assert all(ax.get_visible() and ax.has_data() for ax in fig.axes)
+
+
 # ------------------------------------------------------------------ penalty_paper
 
 
