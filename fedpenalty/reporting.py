@@ -24,6 +24,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from . import __version__
+from .cli import table
 from .config import Scenario, resolve
 from .simulation import RunResult, run_scenario
 
@@ -169,6 +170,29 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, Path):
         return str(value)
     return value
+
+
+def cell(value: Any) -> str:
+    """One table cell: numbers to 4 significant digits, a ``spread`` as mean ± sd, None as —."""
+    if isinstance(value, Mapping) and "mean" in value:
+        if value["mean"] is None:
+            return "—"
+        mean = cell(value["mean"])
+        return mean if not value.get("sd") else f"{mean} ± {value['sd']:.2g}"
+    if value is None:
+        return "—"
+    if isinstance(value, (float, np.floating)):
+        return f"{value:.4g}" if math.isfinite(value) else "—"
+    return str(value)
+
+
+def headline(
+    title: str, rows: Sequence[Mapping[str, Any]], columns: Sequence[tuple[str, str]]
+) -> str:
+    """``title`` over a text table of ``rows``: ``columns`` are (key, header) pairs, each cell
+    as ``cell`` writes it. What a scenario prints besides the path of its files."""
+    body = [[cell(r.get(key)) for key, _ in columns] for r in rows]
+    return f"{title}\n{table([header for _, header in columns], body)}\n"
 
 
 def write_report(

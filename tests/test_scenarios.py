@@ -294,3 +294,30 @@ def test_wang_tight_dp_sgld_predicts_better(wang):
     tight, loose = rows_of(wang, "sgld")[eps], rows_of(wang, "sgld_wang")[eps]
     assert loose["lpd"] < -0.6
     assert tight["lpd"] > loose["lpd"] + 0.03 and tight["accuracy"] >= 0.8
+
+
+# ------------------------------------------------------------------ secure_aggregation
+
+
+def test_secure_aggregation_prints_tables_and_writes_where_the_others_write(
+    tmp_path, monkeypatch, capsys
+):
+    """A user runs ``python scenarios/secure_aggregation.py --quick`` (here K = 1, 4 and one
+    masking cost, to keep it short): it printed JSON lines on stderr and a JSON goal, and wrote
+    into runs/secure_aggregation; now it prints tables (chains, masking cost, goal), no JSON,
+    and writes NAME.json and NAME.png into runs/scenarios like every scenario."""
+    monkeypatch.chdir(tmp_path)
+    module = load("secure_aggregation")
+    argv = ["--quick", "--no-progress", "--owners", "1,4", "--cost-owners", "2"]
+    assert module.main(argv) == 0
+    out, err = capsys.readouterr()
+    folder = tmp_path / "runs" / "scenarios"
+    report = json.loads((folder / "secure_aggregation.json").read_text())
+    assert report["scenario"] == "secure_aggregation" and report["notes"]
+    assert (folder / "secure_aggregation.png").read_bytes()[:4] == b"\x89PNG"
+    assert [r["owners"] for r in report["results"]["chains"]] == [1, 1, 1, 4, 4, 4]
+    for stream in (out, err):
+        assert not any(line.lstrip().startswith(("{", "[")) for line in stream.splitlines())
+    assert "Penalty MH at equal per-owner ε" in out and "Cost of masking" in out
+    assert "secure t=K/2" in out and "relative change" in out
+    assert f"wrote {Path('runs/scenarios/secure_aggregation.json')}" in out
