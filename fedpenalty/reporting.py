@@ -195,6 +195,21 @@ def headline(
     return f"{title}\n{table([header for _, header in columns], body)}\n"
 
 
+def over_repeats(
+    rows: Sequence[Mapping[str, Any]], by: Sequence[str], keys: Sequence[str]
+) -> list[dict[str, Any]]:
+    """One row per distinct setting of the ``by`` keys (in the order first met), holding those
+    keys and, for each of ``keys``, the ``spread`` of its values over the rows (repeats) of
+    that setting."""
+    groups: dict[tuple, list[Mapping[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(tuple(r[k] for k in by), []).append(r)
+    return [
+        {**dict(zip(by, setting)), **{k: spread(r.get(k) for r in mine) for k in keys}}
+        for setting, mine in groups.items()
+    ]
+
+
 def write_report(
     out: Path,
     name: str,

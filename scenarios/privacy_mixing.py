@@ -765,8 +765,52 @@ def main(argv: list[str] | None = None) -> int:
         notes=notes,
         fig=figure(rows, setup, owner_rows, sweep, sweeps),
     )
+    print(headlines(results))
     print(f"wrote {json_path} and {png_path}")
     return 0
+
+
+def headlines(results: dict[str, Any]) -> str:
+    """Each sweep's summary as a table (mean ± sd over repeats)."""
+    tables = []
+    if "summary" in results:
+        tables.append(
+            reporting.headline(
+                "ε sweep: error and mixing per method and per-owner target ε (δ = 1e-5; ledger "
+                "ε of the owner that spent most)",
+                results["summary"],
+                [
+                    ("config", "owners"),
+                    ("method", "method"),
+                    ("target_epsilon", "target ε"),
+                    ("w1_in_sd", "W1 / sd"),
+                    ("rhat", "R-hat"),
+                    ("acceptance", "acceptance"),
+                    ("ess_per_second_vs_exact", "ESS/s ÷ exact"),
+                    ("epsilon_max", "ledger ε"),
+                ],
+            )
+        )
+    if "owner_count" in results:
+        tables.append(
+            reporting.headline(
+                "Owner-count sweep: penalty MH at one per-owner ε, with and without secure "
+                "aggregation",
+                results["owner_count"]["summary"],
+                [
+                    ("method", "method"),
+                    ("mode", "mode"),
+                    ("owners", "K"),
+                    ("transport", "transport"),
+                    ("acceptance", "acceptance"),
+                    ("rhat", "R-hat"),
+                    ("w1_in_sd", "W1 / sd"),
+                    ("epsilon_max", "ledger ε"),
+                    ("epsilon_own_noise_only_median", "ε own noise only"),
+                ],
+            )
+        )
+    return "\n".join(tables)
 
 
 @contextlib.contextmanager

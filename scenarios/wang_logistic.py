@@ -371,17 +371,52 @@ def main(argv: list[str] | None = None) -> int:
         "error bars: ± one sd over repeats (new owner split, noise and chains per repeat; fixed "
         "test set)",
     ]
+    results = {"summary": summary(rows, setup), "step_curve": curve, "runs": rows}
     json_path, png_path = reporting.write_report(
         args.out,
         NAME,
         argv=list(argv if argv is not None else sys.argv[1:]),
         settings=settings,
-        results={"summary": summary(rows, setup), "step_curve": curve, "runs": rows},
+        results=results,
         notes=notes,
         fig=plot(rows, curve, setup),
     )
+    print(headlines(results))
     print(f"wrote {json_path} and {png_path}")
     return 0
+
+
+def headlines(results: dict[str, Any]) -> str:
+    """Test accuracy and LPD per method and target (mean ± sd over repeats), and Li et al.'s
+    admissible steps, as tables."""
+    return "\n".join(
+        [
+            reporting.headline(
+                "Test accuracy and log predictive density per method and per-owner target ε "
+                "(ledger ε of the owner that spent most)",
+                results["summary"],
+                [
+                    ("method", "method"),
+                    ("target_epsilon", "target ε"),
+                    ("accuracy", "accuracy"),
+                    ("lpd", "LPD"),
+                    ("epsilon_max", "ledger ε"),
+                    ("rhat_max", "R-hat (max)"),
+                ],
+            ),
+            reporting.headline(
+                "Li et al. Fig. 1: the DP-SGLD step each calibration admits",
+                results["step_curve"],
+                [
+                    ("epsilon", "ε"),
+                    ("wang_step", "Wang et al. η"),
+                    ("accountant_step", "accountant η"),
+                    ("gain", "gain"),
+                    ("wang_exact_epsilon", "Wang's noise really spends ε"),
+                ],
+            ),
+        ]
+    )
 
 
 if __name__ == "__main__":
