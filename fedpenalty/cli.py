@@ -684,9 +684,10 @@ def _subsampled_figure(
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from .deployment import OWNERS, RECORDS, SCENARIO, write_deployment
+    from .deployment import DEFAULT_PORT, OWNERS, RECORDS, SCENARIO, write_deployment
 
-    done = write_deployment(Path(args.folder), args.port, args.force)
+    port = DEFAULT_PORT if args.port is None else args.port
+    done = write_deployment(Path(args.folder), port, args.force)
     sampler = SCENARIO["sampler"]
     kept = "".join(
         f"kept {ledger}: its spend still counts against its owner's budget (delete it to start "
@@ -722,7 +723,6 @@ def _add_init(sub: argparse._SubParsersAction) -> None:
     init.add_argument(
         "--port",
         type=int,
-        default=50051,
         help="the first owner's port; the others serve on the next ones (default 50051)",
     )
     init.add_argument(

@@ -4,6 +4,7 @@ name. The README's one-machine commands run verbatim in tests/test_readme.py."""
 
 from __future__ import annotations
 
+import asyncio
 import stat
 import time
 
@@ -15,9 +16,10 @@ from grpc_processes import FEDPENALTY, free_port, wait_for, write_owner
 from fedpenalty import deployment
 from fedpenalty.cli import main
 from fedpenalty.config import load_scenario
+from fedpenalty.coordinator.tls_names import mismatch_message, names
 from fedpenalty.data import load_records, save_csv
 from fedpenalty.models import build_model
-from fedpenalty.owner.owner_config import load_owner_config
+from fedpenalty.owner.owner_config import TlsFiles, load_owner_config
 from fedpenalty.owner.peer_auth import PeerAuth
 
 
@@ -127,6 +129,19 @@ def test_dialling_an_address_the_certificate_does_not_name_is_said_at_once(tmp_p
     assert f"--owners a.example.org:{port}" in err and "unreachable" not in err
     assert took < 15, took
     assert not (tmp_path / "run").exists()
+
+
+def test_the_mismatch_message_without_the_certificate_still_says_what_to_change(tmp_path):
+    """When the names cannot be read (the owner went away meanwhile), the message still says
+    the certificate does not name the address; a certificate without SANs is named by its
+    common name."""
+    ca = TestCA(tmp_path)
+    cert, key = ca.leaf("coordinator", "coordinator")
+    address = f"127.0.0.1:{free_port()}"  # nobody listens
+    message = asyncio.run(mismatch_message(address, TlsFiles(cert, key, ca.path)))
+    assert message.startswith(f"owner host {address}: its certificate does not name 127.0.0.1")
+    assert "could not be read" in message and "a SAN DNS name or IP address" in message
+    assert names(ca.cert) == ["fedpenalty test CA"]
 
 
 def _serving(address: str, ca: TestCA, cert, key, name: str) -> bool:
