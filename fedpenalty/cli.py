@@ -1,4 +1,5 @@
-"""Command line: ``fedpenalty simulate``, ``run``, ``owner serve``/``report``, ``account``."""
+"""Command line: ``fedpenalty simulate``, ``run``, ``owner serve``/``report``, ``account``,
+``init``."""
 
 from __future__ import annotations
 
@@ -632,6 +633,56 @@ def _subsampled_figure(
     return out, text
 
 
+def cmd_init(args: argparse.Namespace) -> int:
+    from .deployment import DEFAULT_PORT, OWNERS, RECORDS, SCENARIO, write_deployment
+
+    port = DEFAULT_PORT if args.port is None else args.port
+    done = write_deployment(Path(args.folder), port, args.force)
+    sampler = SCENARIO["sampler"]
+    kept = "".join(
+        f"kept {ledger}: its spend still counts against its owner's budget (delete it to start "
+        "afresh)\n"
+        for ledger in done.kept_ledgers
+    )
+    servers = "".join(f"  fedpenalty owner serve {n}.toml > {n}.log 2>&1 &\n" for n in OWNERS)
+    files = {
+        "ca.crt, ca.key": "the study's CA",
+        f"{OWNERS[0]}.toml, …": f"{len(OWNERS)} owners on {', '.join(done.addresses)}, each "
+        f"with its certificate (localhost, 127.0.0.1) and {RECORDS:,} records (.csv)",
+        "coordinator.crt, .key": "the coordinator's client certificate",
+        "scenario.toml": f"the coordinator's scenario: {sampler['algorithm']}, "
+        f"{sampler['chains']} chains × {sampler['iterations']:,} draws",
+    }
+    print(
+        f"fedpenalty init: a deployment on this machine, under mutual TLS, in {done.folder}/\n"
+        + "".join(f"  {name:<22} {what}\n" for name, what in files.items())
+        + f"Private keys (*.key) are readable by you only.\n{kept}"
+        f"Next, in {done.folder}/: start the owners, run the coordinator, stop the owners:\n"
+        f"{servers}  {done.run_command()} --out runs/first\n"
+        "  kill %1 %2 %3"
+    )
+    return 0
+
+
+def _add_init(sub: argparse._SubParsersAction) -> None:
+    init = sub.add_parser(
+        "init",
+        help="write a deployment on this machine: CA, certificates, three owners, a scenario",
+    )
+    init.add_argument("folder", metavar="DIR", help="a new or empty folder")
+    init.add_argument(
+        "--port",
+        type=int,
+        help="the first owner's port; the others serve on the next ones (default 50051)",
+    )
+    init.add_argument(
+        "--force",
+        action="store_true",
+        help="write into a non-empty DIR, replacing the files init writes (ledgers are kept)",
+    )
+    init.set_defaults(func=cmd_init)
+
+
 def _add_simulate(sub: argparse._SubParsersAction) -> None:
     sim = sub.add_parser(
         "simulate", help="run a local multi-owner simulation (default: the embedded scenario)"
@@ -746,7 +797,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedpenalty", description=__doc__)
     parser.add_argument("--version", action="version", version=f"fedpenalty {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_simulate, _add_run, _add_owner, _add_account):
+    for add in (_add_simulate, _add_run, _add_owner, _add_account, _add_init):
         add(sub)
     return parser
 

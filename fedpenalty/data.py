@@ -92,6 +92,19 @@ def _read_csv(path: Path, columns: list[str]) -> np.ndarray:
     return np.asarray(rows, dtype=float)
 
 
+def save_csv(path: str | Path, records: np.ndarray, model: Model, digits: int = 17) -> None:
+    """Write ``records`` ``(n, p)`` with the model's column header, ``digits`` significant
+    digits each (17: exactly), in the format ``load_records`` reads."""
+    np.savetxt(
+        path,
+        records,
+        delimiter=",",
+        header=",".join(model.column_names),
+        comments="",
+        fmt=f"%.{digits}g",
+    )
+
+
 def _read_npz(path: Path, columns: list[str]) -> np.ndarray:
     try:
         with np.load(path, allow_pickle=False) as npz:
