@@ -36,7 +36,7 @@ def sample(
     running spend), ``reference``, ``privacy`` (privacy.json: ε per owner at δ, from its own
     ledger) and ``diagnostics`` (diagnostics.json). Unmixed chains, excess SG-MCMC noise and a
     run an owner stopped early (kept, resumable with ``fedpenalty simulate --resume DIR``) are
-    reported as ``RuntimeWarning``\\ s; a scenario that is refused raises the error
+    reported as ``RuntimeWarning`` warnings; a scenario that is refused raises the error
     ``fedpenalty simulate`` prints (a ``fedpenalty.errors.FedPenaltyError``).
     """
     result = simulate(scenario, overrides, out, progress)

@@ -14,7 +14,8 @@ both connect through an oracle, run the sampler with checkpoints and write
 * ``diagnostics.json`` — acceptance (MH), bulk ESS, split R-hat, moments, error vs reference,
   and for SG-MCMC ``excess_noise_ratio`` (0 when the owners' noise fits under the design noise);
 * ``posterior.nc`` — the draws as ArviZ data (posterior, sample_stats, the owners' running
-  privacy spend; ``inference_data``);
+  privacy spend, and privacy.json's and diagnostics.json's content; ``inference_data``), which
+  ``RunResult.tree`` holds and ``fedpenalty.sample`` returns;
 * ``config.toml`` — the fully resolved scenario; ``trace.png``, ``rank.png`` and
   ``privacy.png`` — the figures of ``plots``;
 * ``run.json`` — how to reach the owners again and the session id; ``checkpoint.npz`` — while
