@@ -315,7 +315,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from .config import load_scenario
     from .coordinator.algorithms import ALGORITHMS
     from .coordinator.base import ReleaseAlgorithm
-    from .simulation import resume_simulation, run_scenario
+    from .simulation import resume_simulation, simulate
 
     if args.resume:
         if args.scenario or args.set or args.out:
@@ -324,12 +324,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                 "or --out"
             )
         result = resume_simulation(args.resume, False if args.no_progress else None)
-        scenario = load_scenario(Path(args.resume) / "config.toml")
     else:
-        scenario = load_scenario(args.scenario, args.set or [])
-        if args.no_progress:
-            scenario["run"]["progress"] = False
-        result = run_scenario(scenario, args.out)
+        progress = False if args.no_progress else None
+        result = simulate(args.scenario, args.set or [], args.out, progress)
+    scenario = load_scenario(result.out / "config.toml")
     model, sampler = scenario["model"], scenario["sampler"]
     algorithm = ALGORITHMS[sampler["algorithm"]]
     transport = "" if algorithm.query is None else f", {scenario['run']['transport']} transport"
@@ -349,24 +347,28 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 MAX_WARNING_LINES = 5
 
 
-def _exit_status(result, resumable: bool, command: str = "run") -> int:
-    """Warn about unmixed chains and excess noise; 3 (with the one-line reason) when the run
-    stopped early, else 0."""
+def run_warnings(result, resumable: bool, command: str = "run") -> list[str]:
+    """The lines that warn about a run: unmixed chains, excess noise and, last, the one-line
+    reason when it stopped early (``stop_message``)."""
     warnings = result.diagnostics.get("warnings", [])
-    for line in warnings[:MAX_WARNING_LINES]:
-        print(f"warning: {line}", file=sys.stderr)
+    lines = [f"warning: {line}" for line in warnings[:MAX_WARNING_LINES]]
     if len(warnings) > MAX_WARNING_LINES:
-        print(
+        lines.append(
             f"warning: {len(warnings) - MAX_WARNING_LINES} more parameters have not mixed "
-            "(diagnostics.json: warnings)",
-            file=sys.stderr,
+            "(diagnostics.json: warnings)"
         )
     if warning := excess_warning(result.diagnostics):
-        print(warning, file=sys.stderr)
+        lines.append(warning)
     if result.stopped is not None:
-        print(stop_message(result, resumable, command), file=sys.stderr)
-        return 3
-    return 0
+        lines.append(stop_message(result, resumable, command))
+    return lines
+
+
+def _exit_status(result, resumable: bool, command: str = "run") -> int:
+    """Print ``run_warnings`` to stderr; 3 when the run stopped early, else 0."""
+    for line in run_warnings(result, resumable, command):
+        print(line, file=sys.stderr)
+    return 3 if result.stopped is not None else 0
 
 
 def _tls(args: argparse.Namespace):

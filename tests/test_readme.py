@@ -12,7 +12,8 @@ blocks are parsed, so this fails when they drift:
   verbatim, in bash: real owners and a real coordinator on this machine (slow).
 * ```toml blocks: the scenario file runs, and the OWNER.toml policy (with the certificates of
   the README's openssl commands) admits that scenario's plan.
-* ```python blocks: run against the scenario file's run directory.
+* ```python blocks: run against the scenario file's run directory; the block of the Python API
+  (``fedpenalty.sample``) runs with the same small settings as the commands.
 * ```text blocks are synopses (placeholders in brackets) and are not run.
 """
 
@@ -26,6 +27,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -160,19 +162,49 @@ def test_each_fedpenalty_command_runs(capsys, tmp_path, command):
     assert (tmp_path / "run" / "posterior.nc").is_file()
 
 
-def test_the_scenario_file_runs_and_the_python_block_reads_it(capsys, tmp_path):
+def test_the_scenario_file_runs_and_the_python_blocks_read_it(capsys, tmp_path):
+    """Each block that reads the run prints its summary and per-owner ε, or writes its plot."""
     path = scenario_file(tmp_path)
     assert_owners_admit(load_scenario(path))
     out = tmp_path / "runs" / "my-run"  # the file's run.out
     assert load_scenario(path)["run"]["out"] == "runs/my-run"
     code = main(["simulate", str(path), *FEW_RECORDS, *SMALL, "--out", str(out)])
     assert code == 0, capsys.readouterr().err
-    for block in blocks("python"):
+    reading = [b for b in blocks("python") if "runs/my-run/" in b]
+    assert len(reading) == 2 and any("savefig(" in b for b in reading)
+    for block in reading:
         done = subprocess.run(
             [sys.executable, "-c", block], cwd=tmp_path, capture_output=True, text=True, timeout=120
         )
         assert done.returncode == 0, done.stderr
-        assert "theta[mu]" in done.stdout and "owner-3" in done.stdout
+        for png in re.findall(r'savefig\("([^"]+)"\)', block):
+            assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        if "print(" in block:
+            assert "theta[mu]" in done.stdout and "owner-3" in done.stdout
+
+
+def test_the_python_api_example_runs(capsys, monkeypatch, tmp_path):
+    """The README's ``fedpenalty.sample`` block, as written, with the commands' small settings
+    after its own overrides (so these win): it prints the summary and each owner's ε."""
+    import fedpenalty
+
+    (block,) = [b for b in blocks("python") if "fedpenalty.sample(" in b]
+    real = fedpenalty.sample
+    small = {"data.n_per_owner": 2000, "sampler.iterations": 40, "sampler.warmup": 10}
+    small["run.transport"] = "inprocess"
+
+    def sample_small(scenario=None, *, overrides=(), **options):
+        assert isinstance(overrides, dict)  # the README passes a dict
+        return real(scenario, overrides={**overrides, **small}, **{**options, "progress": False})
+
+    monkeypatch.setattr(fedpenalty, "sample", sample_small)
+    monkeypatch.chdir(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # 40 draws: the chains have not mixed
+        exec(compile(block, "README.md", "exec"), {})
+    printed = capsys.readouterr().out
+    assert "theta[mu]" in printed and "owner-3" in printed
+    assert (tmp_path / "runs" / "notebook" / "posterior.nc").is_file()
 
 
 @pytest.mark.skipif(
