@@ -1,4 +1,5 @@
-"""Command line: ``fedpenalty simulate``, ``run``, ``owner serve``/``report``, ``account``."""
+"""Command line: ``fedpenalty simulate``, ``run``, ``owner serve``/``report``, ``account``,
+``init``."""
 
 from __future__ import annotations
 
@@ -15,9 +16,7 @@ from . import __version__
 from .errors import FedPenaltyError
 
 if TYPE_CHECKING:
-    from .common import SpendReport
     from .models.base import Neighbour
-    from .owner.owner_config import OwnerConfig
     from .privacy.subsampled import Accountant
 
 
@@ -316,7 +315,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from .config import load_scenario
     from .coordinator.algorithms import ALGORITHMS
     from .coordinator.base import ReleaseAlgorithm
-    from .simulation import resume_simulation, run_scenario
+    from .simulation import resume_simulation, simulate
 
     if args.resume:
         if args.scenario or args.set or args.out:
@@ -324,13 +323,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                 "--resume continues a simulation as it was configured: give no scenario, --set "
                 "or --out"
             )
-        result = resume_simulation(args.resume)
-        scenario = load_scenario(Path(args.resume) / "config.toml")
+        result = resume_simulation(args.resume, False if args.no_progress else None)
     else:
-        scenario = load_scenario(args.scenario, args.set or [])
-        if args.no_progress:
-            scenario["run"]["progress"] = False
-        result = run_scenario(scenario, args.out)
+        progress = False if args.no_progress else None
+        result = simulate(args.scenario, args.set or [], args.out, progress)
+    scenario = load_scenario(result.out / "config.toml")
     model, sampler = scenario["model"], scenario["sampler"]
     algorithm = ALGORITHMS[sampler["algorithm"]]
     transport = "" if algorithm.query is None else f", {scenario['run']['transport']} transport"
@@ -350,24 +347,28 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 MAX_WARNING_LINES = 5
 
 
-def _exit_status(result, resumable: bool, command: str = "run") -> int:
-    """Warn about unmixed chains and excess noise; 3 (with the one-line reason) when the run
-    stopped early, else 0."""
+def run_warnings(result, resumable: bool, command: str = "run") -> list[str]:
+    """The lines that warn about a run: unmixed chains, excess noise and, last, the one-line
+    reason when it stopped early (``stop_message``)."""
     warnings = result.diagnostics.get("warnings", [])
-    for line in warnings[:MAX_WARNING_LINES]:
-        print(f"warning: {line}", file=sys.stderr)
+    lines = [f"warning: {line}" for line in warnings[:MAX_WARNING_LINES]]
     if len(warnings) > MAX_WARNING_LINES:
-        print(
+        lines.append(
             f"warning: {len(warnings) - MAX_WARNING_LINES} more parameters have not mixed "
-            "(diagnostics.json: warnings)",
-            file=sys.stderr,
+            "(diagnostics.json: warnings)"
         )
     if warning := excess_warning(result.diagnostics):
-        print(warning, file=sys.stderr)
+        lines.append(warning)
     if result.stopped is not None:
-        print(stop_message(result, resumable, command), file=sys.stderr)
-        return 3
-    return 0
+        lines.append(stop_message(result, resumable, command))
+    return lines
+
+
+def _exit_status(result, resumable: bool, command: str = "run") -> int:
+    """Print ``run_warnings`` to stderr; 3 when the run stopped early, else 0."""
+    for line in run_warnings(result, resumable, command):
+        print(line, file=sys.stderr)
+    return 3 if result.stopped is not None else 0
 
 
 def _tls(args: argparse.Namespace):
@@ -401,7 +402,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise FedPenaltyError(
                 "--resume continues a run as it was configured: give no scenario, --set or --out"
             )
-        result = resume_run(args.resume, owners, _tls(args))
+        result = resume_run(args.resume, owners, _tls(args), False if args.no_progress else None)
     else:
         if not args.scenario or not owners:
             raise FedPenaltyError(
@@ -472,64 +473,16 @@ def cmd_owner_serve(args: argparse.Namespace) -> int:
 
 def cmd_owner_report(args: argparse.Namespace) -> int:
     from .owner.owner_config import load_owner_config
+    from .owner.report import owner_report, report_text
 
     config = load_owner_config(args.owner_file, ledger=args.ledger)
     if not config.ledger.is_file():
         raise FedPenaltyError(
             f"no ledger at {config.ledger}: owner {config.name!r} has never served from it"
         )
-    policy = config.policy
-    spend, own = _ledger_spend(config)
-    report = {
-        "owner": config.name,
-        "answers": spend.answers,
-        "mu": spend.mu,
-        "epsilon": spend.epsilon,
-        "accountant": spend.accountant,
-        "epsilon_paper_bound": spend.epsilon_paper_bound
-        if math.isfinite(spend.epsilon_paper_bound)
-        else None,
-        "delta": policy.delta,
-        "budget_epsilon": policy.budget_epsilon,
-        "budget_left": max(policy.budget_epsilon - spend.epsilon, 0.0),
-        "ledger": str(config.ledger),
-        "epsilon_own_noise_only": None if own is None else own.epsilon,
-    }
-    if args.json:
-        print(json.dumps(report))
-    else:
-        print(
-            f"owner {config.name!r} (ledger {config.ledger}): {spend.answers} answers, μ = "
-            f"{spend.mu:.6g}, "
-            f"ε = {spend.epsilon:.6g} at δ = {policy.delta:g} (paper's bound: "
-            f"{_fmt(spend.epsilon_paper_bound)}); "
-            f"budget ε = {policy.budget_epsilon:g}, {report['budget_left']:.6g} left"
-            + ("" if own is None else f"; its own noise alone: ε = {own.epsilon:.6g}")
-        )
+    report = owner_report(config)
+    print(json.dumps(report) if args.json else report_text(report, config))
     return 0
-
-
-def _ledger_spend(config: OwnerConfig) -> tuple[SpendReport, SpendReport | None]:
-    """An owner's spend read offline from its ledger, and with secure aggregation what its own
-    noise alone would give (None: no secure session; docs/design.md §2.6)."""
-    from .common import SpendReport
-    from .owner import Ledger
-    from .owner.node import own_noise_report
-
-    ledger = Ledger(config.ledger, read_only=True)  # no lock: works while a server runs
-    try:
-        policy = config.policy
-        # accounted as the serving owner accounts: by Rényi DP once it gave lattice answers
-        spend = SpendReport.of(
-            ledger.total(config.name),
-            ledger.sampled(config.name),
-            policy.delta,
-            policy.neighbour,
-            lattice=ledger.answered_on_lattice(config.name),
-        )
-        return spend, own_noise_report(ledger, config.name, config.model.dim, policy)
-    finally:
-        ledger.close()
 
 
 def _positive_args(args: argparse.Namespace, *names: str) -> None:
@@ -682,6 +635,56 @@ def _subsampled_figure(
     return out, text
 
 
+def cmd_init(args: argparse.Namespace) -> int:
+    from .deployment import DEFAULT_PORT, OWNERS, RECORDS, SCENARIO, write_deployment
+
+    port = DEFAULT_PORT if args.port is None else args.port
+    done = write_deployment(Path(args.folder), port, args.force)
+    sampler = SCENARIO["sampler"]
+    kept = "".join(
+        f"kept {ledger}: its spend still counts against its owner's budget (delete it to start "
+        "afresh)\n"
+        for ledger in done.kept_ledgers
+    )
+    servers = "".join(f"  fedpenalty owner serve {n}.toml > {n}.log 2>&1 &\n" for n in OWNERS)
+    files = {
+        "ca.crt, ca.key": "the study's CA",
+        f"{OWNERS[0]}.toml, …": f"{len(OWNERS)} owners on {', '.join(done.addresses)}, each "
+        f"with its certificate (localhost, 127.0.0.1) and {RECORDS:,} records (.csv)",
+        "coordinator.crt, .key": "the coordinator's client certificate",
+        "scenario.toml": f"the coordinator's scenario: {sampler['algorithm']}, "
+        f"{sampler['chains']} chains × {sampler['iterations']:,} draws",
+    }
+    print(
+        f"fedpenalty init: a deployment on this machine, under mutual TLS, in {done.folder}/\n"
+        + "".join(f"  {name:<22} {what}\n" for name, what in files.items())
+        + f"Private keys (*.key) are readable by you only.\n{kept}"
+        f"Next, in {done.folder}/: start the owners, run the coordinator, stop the owners:\n"
+        f"{servers}  {done.run_command()} --out runs/first\n"
+        "  kill %1 %2 %3"
+    )
+    return 0
+
+
+def _add_init(sub: argparse._SubParsersAction) -> None:
+    init = sub.add_parser(
+        "init",
+        help="write a deployment on this machine: CA, certificates, three owners, a scenario",
+    )
+    init.add_argument("folder", metavar="DIR", help="a new or empty folder")
+    init.add_argument(
+        "--port",
+        type=int,
+        help="the first owner's port; the others serve on the next ones (default 50051)",
+    )
+    init.add_argument(
+        "--force",
+        action="store_true",
+        help="write into a non-empty DIR, replacing the files init writes (ledgers are kept)",
+    )
+    init.set_defaults(func=cmd_init)
+
+
 def _add_simulate(sub: argparse._SubParsersAction) -> None:
     sim = sub.add_parser(
         "simulate", help="run a local multi-owner simulation (default: the embedded scenario)"
@@ -796,7 +799,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedpenalty", description=__doc__)
     parser.add_argument("--version", action="version", version=f"fedpenalty {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_simulate, _add_run, _add_owner, _add_account):
+    for add in (_add_simulate, _add_run, _add_owner, _add_account, _add_init):
         add(sub)
     return parser
 

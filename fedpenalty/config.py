@@ -8,8 +8,9 @@ section.key=value`` overrides are parsed as TOML values (falling back to a bare 
 
 from __future__ import annotations
 
+import copy
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -298,26 +299,39 @@ def parse_override(text: str) -> tuple[str, str, Any]:
     return section, key, value
 
 
-def load_scenario(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Scenario:
-    """Read a scenario file (or the embedded default), apply overrides, validate, resolve.
+def parse_overrides(overrides: Sequence[str] | Mapping[str, Any]) -> list[tuple[str, str, Any]]:
+    """(section, key, value) of each override: ``--set`` strings (``parse_override``), or a
+    mapping ``{"section.key": value}`` whose values are taken as they are."""
+    if isinstance(overrides, str):
+        overrides = [overrides]
+    if not isinstance(overrides, Mapping):
+        return [parse_override(item) for item in overrides]
+    parsed = []
+    for name, value in overrides.items():
+        section, dot, key = str(name).partition(".")
+        if not dot or not section or not key:
+            raise ConfigError(f"overrides: {name!r} is not 'section.key' (e.g. 'sampler.step')")
+        parsed.append((section, key, value))
+    return parsed
+
+
+def load_scenario(
+    path: str | Path | Mapping[str, Any] | None = None,
+    overrides: Sequence[str] | Mapping[str, Any] = (),
+) -> Scenario:
+    """Read a scenario file (or take a mapping of its sections, or the embedded default), apply
+    overrides (``parse_overrides``), validate, resolve.
 
     ``--set model.name=NAME`` switches the model: a [model] table's other keys belong to the
     model it names, so they are dropped (NAME's defaults apply, then any ``model.*`` given);
     the embedded default also takes NAME's data and sampler sizes (``model_defaults.toml``)."""
-    parsed = [parse_override(item) for item in overrides]
+    parsed = parse_overrides(overrides)
     names = [v for section, key, v in parsed if (section, key) == ("model", "name")]
     chosen = names[-1] if names and isinstance(names[-1], str) else None
     if path is None:
         raw = default_scenario_for(chosen)
     else:
-        try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise ConfigError(f"cannot read scenario {path}: {exc.strerror}") from exc
-        try:
-            raw = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
+        raw = copy.deepcopy(dict(path)) if isinstance(path, Mapping) else _read_scenario(path)
         model = raw.get("model")
         if chosen is not None and isinstance(model, dict) and model.get("name") != chosen:
             raw["model"] = {"name": chosen}
@@ -327,6 +341,18 @@ def load_scenario(path: str | Path | None = None, overrides: Sequence[str] = ())
             raise ConfigError(f"[{section}] must be a table")
         raw[section][key] = value
     return resolve(raw)
+
+
+def _read_scenario(path: str | Path) -> dict[str, Any]:
+    """The parsed TOML of the scenario file ``path`` (a ``ConfigError`` when it cannot be)."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read scenario {path}: {exc.strerror}") from exc
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
 
 
 def resolve(raw: dict[str, Any]) -> Scenario:

@@ -25,8 +25,24 @@ from .errors import DataError
 from .models import ExpFamModel, Model
 
 
+@dataclass(frozen=True)
+class LoadedRecords:
+    """An owner's records as loaded: ``records`` ``(n, p)``, validated and clipped into the
+    model's data domain, and ``clipped``, how many of them clipping changed. The count is the
+    owner's to read (its log, ``fedpenalty owner report``): it is data-dependent and never
+    leaves the owner (docs/design.md §3, invariant 4)."""
+
+    records: np.ndarray
+    clipped: int
+
+
 def load_records(path: str | Path, model: Model) -> np.ndarray:
     """Records ``(n, p)`` for ``model`` from one CSV or NPZ file, validated and clipped."""
+    return read_records(path, model).records
+
+
+def read_records(path: str | Path, model: Model) -> LoadedRecords:
+    """``load_records`` with the number of records clipped into the model's data domain."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"data file {path} does not exist")
@@ -38,9 +54,11 @@ def load_records(path: str | Path, model: Model) -> np.ndarray:
     else:
         raise DataError(f"data file {path} must be .csv or .npz")
     try:
-        return model.prepare_records(raw)
+        records = model.prepare_records(raw)
     except DataError as exc:
         raise DataError(f"{path}: {exc}") from exc
+    changed = np.asarray(raw, dtype=float).reshape(records.shape) != records
+    return LoadedRecords(records, int(changed.any(axis=1).sum()))
 
 
 def _read_csv(path: Path, columns: list[str]) -> np.ndarray:
@@ -72,6 +90,19 @@ def _read_csv(path: Path, columns: list[str]) -> np.ndarray:
     if not rows:
         raise DataError(f"{path}: no records")
     return np.asarray(rows, dtype=float)
+
+
+def save_csv(path: str | Path, records: np.ndarray, model: Model, digits: int = 17) -> None:
+    """Write ``records`` ``(n, p)`` with the model's column header, ``digits`` significant
+    digits each (17: exactly), in the format ``load_records`` reads."""
+    np.savetxt(
+        path,
+        records,
+        delimiter=",",
+        header=",".join(model.column_names),
+        comments="",
+        fmt=f"%.{digits}g",
+    )
 
 
 def _read_npz(path: Path, columns: list[str]) -> np.ndarray:

@@ -11,11 +11,20 @@ Groups:
 * ``privacy_spend`` — each owner's running spend in this session as its own ledger reported
   it, ``(owner, iteration)``: ``answers``, ``mu``, ``epsilon`` at ``delta``,
   ``epsilon_paper_bound`` (NaN where it does not apply) and ``budget_epsilon`` ``(owner,)``;
-* ``reference`` — the reference posterior's ``mean`` and ``sd`` ``(param,)`` when known.
+* ``reference`` — the reference posterior's ``mean`` and ``sd`` ``(param,)`` when known;
+* ``privacy`` — privacy.json: each owner's entry over ``owner`` (``epsilon``, ``delta``,
+  ``answers``, ``mu``, ``budget_left``, …; numbers as floats with NaN for null, text as
+  strings), the run's own fields (``algorithm``, ``accounting``, ``unreported``, …) as
+  attributes (text as it is, anything else as JSON);
+* ``diagnostics`` — diagnostics.json: ``posterior_mean``, ``posterior_sd``, ``ess_bulk``,
+  ``rhat``, ``mcse_mean`` and ``error_*`` over ``param``, ``acceptance_rate_per_chain`` over
+  ``chain``, ``warnings`` over ``warning``, its numbers (``acceptance_rate``, ``kept_draws``,
+  …) as scalars and the rest as attributes.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,10 +145,13 @@ def posterior_tree(
     spend: SpendTrace | None,
     reference: Reference | None,
     attrs: Mapping[str, Any],
+    privacy: Mapping[str, Any] | None = None,
+    diagnostics: Mapping[str, Any] | None = None,
 ) -> xr.DataTree:
     """The DataTree of a run: ``theta`` ``(chains, draws, d)``, ``sample_stats`` name →
-    ``(chains, draws)`` array, the owners' ``spend`` and the ``reference`` (each may be
-    absent), ``attrs`` added to the posterior's (algorithm, model, ...)."""
+    ``(chains, draws)`` array, the owners' ``spend``, the ``reference``, the run's
+    ``privacy`` (privacy.json) and ``diagnostics`` (diagnostics.json) (each may be absent),
+    ``attrs`` added to the posterior's (algorithm, model, ...)."""
     chains, draws, _ = theta.shape
     coords = {"chain": np.arange(chains), "draw": np.arange(draws), "param": list(param_names)}
     common = {"created_by": f"fedpenalty {__version__}", "inference_library": "fedpenalty"}
@@ -164,7 +176,76 @@ def posterior_tree(
             coords={"param": list(param_names)},
             attrs={"source": reference.source},
         )
+    if privacy:
+        groups["privacy"] = privacy_dataset(privacy)
+    if diagnostics:
+        groups["diagnostics"] = diagnostics_dataset(diagnostics)
     return xr.DataTree.from_dict(groups)
+
+
+def privacy_dataset(privacy: Mapping[str, Any]) -> xr.Dataset:
+    """privacy.json as a Dataset: each owner's entry over ``owner`` (``_column``), the run's
+    other fields as attributes (``_attribute``)."""
+    owners = privacy.get("owners", [])
+    keys = dict.fromkeys(k for o in owners for k in o if k != "owner")
+    return xr.Dataset(
+        {k: ("owner", _column([o.get(k) for o in owners])) for k in keys},
+        coords={"owner": [str(o["owner"]) for o in owners]},
+        attrs={k: _attribute(v) for k, v in privacy.items() if k != "owners"},
+    )
+
+
+#: diagnostics.json's arrays and the dimension each runs over (the rest: scalars, attributes).
+DIAGNOSTIC_DIMS = {
+    **dict.fromkeys(("posterior_mean", "posterior_sd", "ess_bulk", "rhat", "mcse_mean"), "param"),
+    **dict.fromkeys(("error_mean_abs", "error_mean_in_sd", "error_sd_ratio"), "param"),
+    "acceptance_rate_per_chain": "chain",
+    "warnings": "warning",
+}
+
+
+def diagnostics_dataset(diagnostics: Mapping[str, Any]) -> xr.Dataset:
+    """diagnostics.json as a Dataset: the arrays of ``DIAGNOSTIC_DIMS`` (``error`` flattened to
+    ``error_*``) over their dimension, numbers as scalars, the rest as attributes
+    (``_attribute``); ``param`` named by ``param_names``."""
+    flat = {k: v for k, v in diagnostics.items() if k not in ("error", "param_names")}
+    flat.update({f"error_{k}": v for k, v in diagnostics.get("error", {}).items()})
+    data: dict[str, Any] = {}
+    attrs: dict[str, Any] = {}
+    for key, value in flat.items():
+        if key in DIAGNOSTIC_DIMS and value is not None:
+            data[key] = (DIAGNOSTIC_DIMS[key], _column(list(value)))
+        elif _number(value):
+            data[key] = ((), value)
+        else:
+            attrs[key] = _attribute(value)
+    coords = {"param": list(diagnostics["param_names"])}
+    if "acceptance_rate_per_chain" in data:
+        coords["chain"] = list(range(len(diagnostics["acceptance_rate_per_chain"])))
+    return xr.Dataset(data, coords=coords, attrs=attrs)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+
+
+def _column(values: Sequence[Any]) -> np.ndarray:
+    """One variable from JSON values: integers as int64, numbers (null: NaN) as float64, text
+    (null: "") as strings, booleans as bool, anything else as JSON text."""
+    present = [v for v in values if v is not None]
+    if present and all(isinstance(v, bool) for v in values):
+        return np.array(values, dtype=bool)
+    if all(_number(v) for v in present):
+        whole = bool(values) and all(isinstance(v, (int, np.integer)) for v in values)
+        return np.array([np.nan if v is None else v for v in values], dtype=int if whole else float)
+    if all(isinstance(v, str) for v in present):
+        return np.array(["" if v is None else v for v in values], dtype=str)
+    return np.array([json.dumps(v) for v in values], dtype=str)
+
+
+def _attribute(value: Any) -> str | int | float:
+    """A NetCDF attribute from a JSON value: text and numbers as they are, else JSON text."""
+    return value if isinstance(value, str) or _number(value) else json.dumps(value)
 
 
 def write_posterior(path: Path, tree: xr.DataTree) -> None:

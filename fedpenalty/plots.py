@@ -163,12 +163,22 @@ def rank_plot(
 
 
 def privacy_plot(path: Path, spend: SpendTrace) -> None:
-    """privacy.png: each owner's ε at its δ against iterations, exact (solid) and the paper's
-    bound (dashed) where it applies; many owners as median and min–max band."""
+    """privacy.png of ``privacy_figure(spend)``."""
+    _save(_pyplot(), privacy_figure(spend), path)
+
+
+def privacy_figure(spend: SpendTrace) -> Any:
+    """Each owner's ε at its δ against iterations, exact (solid) and the paper's bound (dashed)
+    where it applies over at least two points; many owners as median and min–max band. The
+    legend names only what is drawn."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4))
     x = spend.iterations
     paper = np.where(np.isfinite(spend.epsilon_paper_bound), spend.epsilon_paper_bound, np.nan)
+    # a bound that applies at one point only (iteration 0 of a lattice owner: nothing spent
+    # yet) draws no line
+    paper[np.isfinite(paper).sum(axis=1) < 2] = np.nan
+    drawn = np.isfinite(paper).any()
     k = len(spend.owners)
     if k <= MAX_OWNER_LINES:
         for i, owner in enumerate(spend.owners):
@@ -177,17 +187,17 @@ def privacy_plot(path: Path, spend: SpendTrace) -> None:
             if np.isfinite(paper[i]).any():
                 ax.plot(x, paper[i], color=color, ls="--", lw=1)
         ax.plot([], [], "k-", lw=1.5, label="ε, exact (owner's ledger)")
-        if np.isfinite(paper).any():
+        if drawn:
             ax.plot([], [], "k--", lw=1, label="ε, the penalty paper's bound")
     else:
         _band(ax, x, spend.epsilon, "C0", f"ε over {k} owners (ledger)")
-        if np.isfinite(paper).any():
+        if drawn:
             _band(ax, x, paper, "C1", f"paper's bound over {k} owners")
     budgets = np.unique(spend.budget_epsilon)
     for b in budgets:
         ax.axhline(b, color="k", ls=":", lw=1)
     ax.plot([], [], "k:", label="budget ε" if len(budgets) == 1 else "budgets ε")
-    if np.isfinite(paper).any() and np.nanmax(paper) > 20 * max(np.nanmax(spend.epsilon), 1e-12):
+    if drawn and np.nanmax(paper) > 20 * max(np.nanmax(spend.epsilon), 1e-12):
         ax.set_yscale("log")
     deltas = np.unique(spend.delta)
     at = f"δ = {deltas[0]:g}" if len(deltas) == 1 else "each owner's δ"
@@ -195,7 +205,7 @@ def privacy_plot(path: Path, spend: SpendTrace) -> None:
     ax.set_xlabel("iterations done (warmup included)")
     ax.set_ylabel("ε")
     ax.legend(fontsize=7, framealpha=0.7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    _save(plt, fig, path)
+    return fig
 
 
 def _band(ax: Any, x: np.ndarray, values: np.ndarray, color: str, label: str) -> None:

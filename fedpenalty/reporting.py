@@ -24,6 +24,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from . import __version__
+from .cli import table
 from .config import Scenario, resolve
 from .simulation import RunResult, run_scenario
 
@@ -171,6 +172,44 @@ def jsonable(value: Any) -> Any:
     return value
 
 
+def cell(value: Any) -> str:
+    """One table cell: numbers to 4 significant digits, a ``spread`` as mean ± sd, None as —."""
+    if isinstance(value, Mapping) and "mean" in value:
+        if value["mean"] is None:
+            return "—"
+        mean = cell(value["mean"])
+        return mean if not value.get("sd") else f"{mean} ± {value['sd']:.2g}"
+    if value is None:
+        return "—"
+    if isinstance(value, (float, np.floating)):
+        return f"{value:.4g}" if math.isfinite(value) else "—"
+    return str(value)
+
+
+def headline(
+    title: str, rows: Sequence[Mapping[str, Any]], columns: Sequence[tuple[str, str]]
+) -> str:
+    """``title`` over a text table of ``rows``: ``columns`` are (key, header) pairs, each cell
+    as ``cell`` writes it. What a scenario prints besides the path of its files."""
+    body = [[cell(r.get(key)) for key, _ in columns] for r in rows]
+    return f"{title}\n{table([header for _, header in columns], body)}\n"
+
+
+def over_repeats(
+    rows: Sequence[Mapping[str, Any]], by: Sequence[str], keys: Sequence[str]
+) -> list[dict[str, Any]]:
+    """One row per distinct setting of the ``by`` keys (in the order first met), holding those
+    keys and, for each of ``keys``, the ``spread`` of its values over the rows (repeats) of
+    that setting."""
+    groups: dict[tuple, list[Mapping[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(tuple(r[k] for k in by), []).append(r)
+    return [
+        {**dict(zip(by, setting)), **{k: spread(r.get(k) for r in mine) for k in keys}}
+        for setting, mine in groups.items()
+    ]
+
+
 def write_report(
     out: Path,
     name: str,
@@ -196,7 +235,8 @@ def write_report(
     }
     json_path, png_path = out / f"{name}.json", out / f"{name}.png"
     json_path.write_text(json.dumps(jsonable(payload), indent=2, allow_nan=False) + "\n")
-    fig.tight_layout()
+    if fig.get_layout_engine() is None:  # a figure laid out its own way keeps it
+        fig.tight_layout()
     fig.savefig(png_path, dpi=110)
     plt.close(fig)
     return json_path, png_path

@@ -14,7 +14,8 @@ both connect through an oracle, run the sampler with checkpoints and write
 * ``diagnostics.json`` — acceptance (MH), bulk ESS, split R-hat, moments, error vs reference,
   and for SG-MCMC ``excess_noise_ratio`` (0 when the owners' noise fits under the design noise);
 * ``posterior.nc`` — the draws as ArviZ data (posterior, sample_stats, the owners' running
-  privacy spend; ``inference_data``);
+  privacy spend, and privacy.json's and diagnostics.json's content; ``inference_data``), which
+  ``RunResult.tree`` holds and ``fedpenalty.sample`` returns;
 * ``config.toml`` — the fully resolved scenario; ``trace.png``, ``rank.png`` and
   ``privacy.png`` — the figures of ``plots``;
 * ``run.json`` — how to reach the owners again and the session id; ``checkpoint.npz`` — while
@@ -33,13 +34,14 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import xarray as xr
 
 from . import plots
 from .common import LOG_RATIO, SGMCMC, SUFF_STATS, Policy, PrivacyReport
@@ -119,13 +121,15 @@ NEIGHBOUR_MEANING = {
 class RunResult:
     """A finished or stopped run. ``theta`` ``(chains, draws, d)`` is what was sampled;
     ``privacy`` is privacy.json's content (``unreported``: owners that could not report);
-    ``stopped`` is the owner error that ended the run early (None when it completed)."""
+    ``stopped`` is the owner error that ended the run early (None when it completed);
+    ``tree`` is the run as ArviZ data (posterior.nc's content, ``inference_data``)."""
 
     out: Path
     privacy: dict[str, Any]
     diagnostics: dict[str, Any]
     theta: np.ndarray
     stopped: OwnerError | Interrupted | None = None
+    tree: xr.DataTree | None = None
 
 
 def owner_records(scenario: Scenario, model: Model, seed: np.random.SeedSequence) -> OwnerRecords:
@@ -254,11 +258,29 @@ def _drawless_run_removed(out: Path, existed: bool) -> Iterator[None]:
         raise
 
 
+def simulate(
+    scenario: str | Path | Mapping[str, Any] | None = None,
+    overrides: Sequence[str] | Mapping[str, Any] = (),
+    out: str | Path | None = None,
+    progress: bool | None = None,
+) -> RunResult:
+    """``fedpenalty simulate`` and ``fedpenalty.sample``: the scenario (a file's path, a mapping
+    of its sections, or None for the embedded default) with ``overrides`` (``--set`` strings
+    or ``{"section.key": value}``; ``config.load_scenario``), ``progress`` replacing
+    run.progress when given, run into ``out`` (default run.out, else runs/<algorithm>-<time>)."""
+    resolved = load_scenario(scenario, overrides)
+    if progress is not None:
+        resolved["run"]["progress"] = bool(progress)
+    return run_scenario(resolved, out)
+
+
 def run_scenario(scenario: Scenario, out: str | Path | None = None) -> RunResult:
     """Simulate: build the scenario's owners (``run.transport``: in this process, or as local
     gRPC owner hosts), run the algorithm and write the run directory."""
     model = build_model(scenario["model"])
     algorithm = ALGORITHMS[scenario["sampler"]["algorithm"]]
+    if isinstance(algorithm, ChainAlgorithm) and algorithm.query is not None:
+        TRANSPORTS[scenario["run"]["transport"]].check_installed()  # before any run directory
     out, existed = _new_run_dir(scenario, out)
     with _drawless_run_removed(out, existed):
         world = _simulated_world(scenario, model)
@@ -293,8 +315,9 @@ def _simulated_world(scenario: Scenario, model: Model) -> _World:
     return _World(records, n_total, seeds, np.random.default_rng(release_seed), reference)
 
 
-def resume_simulation(out: str | Path) -> RunResult:
-    """Continue a stopped or interrupted ``fedpenalty simulate`` in ``out`` from its checkpoint.
+def resume_simulation(out: str | Path, progress: bool | None = None) -> RunResult:
+    """Continue a stopped or interrupted ``fedpenalty simulate`` in ``out`` from its checkpoint
+    (``progress``: show the progress bar; None keeps the run's ``run.progress``).
 
     The owners are built again from the run's seeds on their ledgers: they replay what they
     answered, and their seeded noise is addressed by (session, chain, iteration) (docs/design.md
@@ -308,12 +331,22 @@ def resume_simulation(out: str | Path) -> RunResult:
         )
     if info.get("complete"):
         raise ConfigError(f"{out} holds a finished simulation; nothing to resume")
-    scenario = load_scenario(out / "config.toml")
+    scenario = _resumed_scenario(out, progress)
     model = build_model(scenario["model"])
     algorithm = ALGORITHMS[scenario["sampler"]["algorithm"]]
     assert isinstance(algorithm, ChainAlgorithm)  # only owner-asking chains write a run.json
-    progress = checkpoint.load(out / CHECKPOINT) if (out / CHECKPOINT).exists() else None
-    return _run_owners(scenario, algorithm, model, _simulated_world(scenario, model), out, progress)
+    TRANSPORTS[scenario["run"]["transport"]].check_installed()
+    done = checkpoint.load(out / CHECKPOINT) if (out / CHECKPOINT).exists() else None
+    return _run_owners(scenario, algorithm, model, _simulated_world(scenario, model), out, done)
+
+
+def _resumed_scenario(out: Path, progress: bool | None) -> Scenario:
+    """The run's resolved scenario (its ``config.toml``), with ``run.progress`` set to
+    ``progress`` unless that is None (``--no-progress`` on a resume)."""
+    scenario = load_scenario(out / "config.toml")
+    if progress is not None:
+        scenario["run"]["progress"] = progress
+    return scenario
 
 
 def _run_info(out: Path) -> dict[str, Any]:
@@ -566,11 +599,15 @@ def _deployable(algorithm: Algorithm) -> ChainAlgorithm:
 
 
 def resume_run(
-    out: str | Path, owners: list[str] | None = None, tls: TlsFiles | None = None
+    out: str | Path,
+    owners: list[str] | None = None,
+    tls: TlsFiles | None = None,
+    progress: bool | None = None,
 ) -> RunResult:
     """Continue a stopped or crashed ``fedpenalty run`` in ``out`` from its checkpoint (from the
-    start when it has none). The owners replay what they already answered, so the resumed
-    chain is the chain of an uninterrupted run, and nothing is charged twice."""
+    start when it has none; ``progress`` as in ``resume_simulation``). The owners replay what
+    they already answered, so the resumed chain is the chain of an uninterrupted run, and
+    nothing is charged twice."""
     out = Path(out)
     info = _run_info(out)
     if info.get("mode") != "deployed":
@@ -581,9 +618,9 @@ def resume_run(
         raise ConfigError(
             f"{out} holds a finished run (or one that never opened a session); nothing to resume"
         )
-    scenario = load_scenario(out / "config.toml")
+    scenario = _resumed_scenario(out, progress)
     model = build_model(scenario["model"])
-    progress = checkpoint.load(out / CHECKPOINT) if (out / CHECKPOINT).exists() else None
+    done = checkpoint.load(out / CHECKPOINT) if (out / CHECKPOINT).exists() else None
     if tls is None and info["tls"] is not None:
         saved = info["tls"]
         tls = TlsFiles(
@@ -591,7 +628,7 @@ def resume_run(
         )
     info["owners"] = owners or info["owners"]
     oracle = GrpcOracle(info["owners"], model, tls, retry_seconds=scenario["run"]["retry_seconds"])
-    return _deployed(scenario, model, oracle, out, info, progress)
+    return _deployed(scenario, model, oracle, out, info, done)
 
 
 def _deployed(
@@ -926,8 +963,10 @@ def _write_outputs(
     np.savez_compressed(out / "samples.npz", **arrays)  # type: ignore[arg-type]  # numpy's stub
     if privacy:
         (out / "privacy.json").write_text(json.dumps(privacy, indent=2))
-    attrs = {"algorithm": outputs.algorithm, "model": outputs.model.name}
-    tree = posterior_tree(theta, names, outputs.sample_stats, spend, outputs.reference, attrs)
+    attrs = {"algorithm": outputs.algorithm, "model": outputs.model.name, "run": str(out)}
+    tree = posterior_tree(
+        theta, names, outputs.sample_stats, spend, outputs.reference, attrs, privacy, diagnostics
+    )
     try:
         write_posterior(out / POSTERIOR_FILE, tree)
     except ImportError as exc:  # an install without the NetCDF writer: keep the rest of the run
@@ -942,7 +981,7 @@ def _write_outputs(
             plots.rank_plot(out / "rank.png", theta, names, rhat)
     if spend is not None and len(spend.iterations) > 1:
         plots.privacy_plot(out / "privacy.png", spend)
-    return RunResult(out, privacy, diagnostics, theta, stopped)
+    return RunResult(out, privacy, diagnostics, theta, stopped, tree)
 
 
 def privacy_summary(

@@ -1,7 +1,7 @@
 """Per-owner ε and posterior error of penalty MH, DP-SGLD, OPS and noisy statistics on one
 logistic scenario, at one δ and one target ε.
 
-    python scenarios/compare_methods.py [--epsilon 2] [--delta 1e-5] [--json FILE]
+    python scenarios/compare_methods.py [--epsilon 2] [--delta 1e-5] [--json FILE] [--no-progress]
 
 Data: logistic regression (d = 2), 4 owners × 5,000 records, true θ = (1, −0.5); every method
 starts its chains at the same data-independent points and runs through ``fedpenalty
@@ -33,6 +33,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from fedpenalty import reporting
 from fedpenalty.cli import table
 from fedpenalty.config import resolve
 from fedpenalty.coordinator.algorithms import ALGORITHMS
@@ -77,7 +78,7 @@ def base(
             "warmup": WARMUP,
             "init_scale": 0.1,
         },
-        "run": {"transport": "inprocess", "progress": False, "seed": args.seed},
+        "run": {"transport": "inprocess", "progress": not args.no_progress, "seed": args.seed},
     }
 
 
@@ -160,15 +161,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="also write the rows as JSON")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for label, raw in scenarios(args):
-            print(f"running {label} ...", file=sys.stderr, flush=True)
+    methods = scenarios(args)
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        reporting.progress(len(methods), "compare_methods", not args.no_progress) as bar,
+    ):
+        for label, raw in methods:
+            bar.set_postfix_str(label)
             scenario = resolve(raw)
             rows.append(
                 row(label, raw, run_scenario(scenario, Path(tmp) / raw["sampler"]["algorithm"]))
             )
+            bar.update()
     print(
         f"logistic d=2, {OWNERS} owners × {N_PER_OWNER} records; target ε = {args.epsilon:g} per "
         f"owner, "

@@ -2,6 +2,7 @@
 
     python scenarios/dp_sgld_step.py [--epsilon 1] [--delta 1e-5] [--sampling-rate 0.02]
                                      [--iterations 1500] [--warmup 1000] [--json FILE]
+                                     [--no-progress]
 
 Setting: logistic regression (d = 2), 4 owners × 2,500 records, 4 chains, each owner answering
 one gradient per chain per iteration (Poisson sampling at q, clip 1, so the clip never binds:
@@ -17,6 +18,10 @@ charge every answer and report ε), starting from the same data-independent poin
 table shows each owner's ε as its ledger reports it, the bulk ESS and the error of the
 posterior mean against the exact-MH reference. Wang et al.'s noise fits under a step ~600×
 smaller, so in the same number of iterations that chain barely leaves its starting points.
+
+Progress bars on stderr (``--no-progress`` hides them): the script's three phases (the two
+calibrations, then each run), and inside each run the logistic reference posterior (a long
+exact-MH run, the first time only: then cached) and the DP-SGLD chains.
 """
 
 from __future__ import annotations
@@ -26,12 +31,15 @@ import json
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
+from fedpenalty import reporting
 from fedpenalty.cli import table
 from fedpenalty.config import resolve
 from fedpenalty.privacy.wang import compare_admissible_steps
 from fedpenalty.simulation import run_scenario
 
+NAME = "dp_sgld_step"
 OWNERS, N_PER_OWNER, CHAINS, CLIP = 4, 5000, 2, 1.0
 
 
@@ -56,8 +64,52 @@ def scenario(args: argparse.Namespace, sigma: float, step: float) -> dict:
             "clip": CLIP,
             "init_scale": 0.1,
         },
-        "run": {"transport": "inprocess", "progress": False, "seed": args.seed},
+        "run": {"transport": "inprocess", "progress": not args.no_progress, "seed": args.seed},
     }
+
+
+def intro(args: argparse.Namespace, c: Any, answers: int) -> str:
+    """The setting and both calibrations, in words."""
+    return (
+        f"logistic d=2, {OWNERS} owners × {N_PER_OWNER} records, {CHAINS} chains × "
+        f"({args.warmup} + {args.iterations}) iterations = {answers} gradient answers per owner, "
+        f"q = {args.sampling_rate:g}, clip {CLIP:g}, target ε = {args.epsilon:g} at δ = "
+        f"{args.delta:g} per owner ({c.neighbour}: one record replaced; sensitivity 2·clip)\n\n"
+        f"Wang et al. (Thm 4): noise multiplier {c.wang_noise_multiplier:.4g}, admissible step "
+        f"{c.wang_step:.4g}; the exact accountant says that noise spends only ε = "
+        f"{c.wang_exact_epsilon:.4g}\n"
+        f"PLD accountant:      noise multiplier {c.accountant_noise_multiplier:.4g}, admissible "
+        f"step {c.accountant_step:.4g}  (gain {c.gain:.1f}×)\n"
+    )
+
+
+def runs(args: argparse.Namespace, c: Any, bar: Any) -> list[dict[str, Any]]:
+    """DP-SGLD at each calibration's noise and step (in-process owners): one row each."""
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, sigma, step in (
+            ("Wang et al.", c.wang_noise_multiplier, c.wang_step),
+            ("PLD", c.accountant_noise_multiplier, c.accountant_step),
+        ):
+            bar.set_postfix_str(f"DP-SGLD at the {name} step")
+            result = run_scenario(resolve(scenario(args, sigma, step)), Path(tmp) / name.split()[0])
+            diag, owners = result.diagnostics, result.privacy["owners"]
+            rows.append(
+                {
+                    "calibration": name,
+                    "noise_multiplier": sigma,
+                    "step": step,
+                    "epsilon_per_owner": max(o["epsilon"] for o in owners),
+                    "accountant": owners[0]["accountant"],
+                    "excess_noise_ratio": diag["excess_noise_ratio"],
+                    "ess_bulk": min(diag["ess_bulk"]),
+                    "rhat": max(diag["rhat"]),
+                    "error_mean_in_sd": max(diag["error"]["mean_in_sd"]),
+                    "sd_ratio": diag["error"]["sd_ratio"],
+                }
+            )
+            bar.update()
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,52 +129,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="also write the rows as JSON")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
 
     answers = CHAINS * (args.iterations + args.warmup)
-    c = compare_admissible_steps(
-        args.epsilon, args.delta, args.sampling_rate, answers, CLIP, owners=OWNERS
-    )
-    print(
-        f"logistic d=2, {OWNERS} owners × {N_PER_OWNER} records, {CHAINS} chains × "
-        f"({args.warmup} + {args.iterations}) iterations = {answers} gradient answers per owner, "
-        f"q = {args.sampling_rate:g}, clip {CLIP:g}, target ε = {args.epsilon:g} at δ = "
-        f"{args.delta:g} "
-        f"per owner ({c.neighbour}: one record replaced; sensitivity 2·clip)\n"
-    )
-    print(
-        f"Wang et al. (Thm 4): noise multiplier {c.wang_noise_multiplier:.4g}, admissible step "
-        f"{c.wang_step:.4g}; the exact accountant says that noise spends only ε = "
-        f"{c.wang_exact_epsilon:.4g}"
-    )
-    print(
-        f"PLD accountant:      noise multiplier {c.accountant_noise_multiplier:.4g}, admissible "
-        f"step "
-        f"{c.accountant_step:.4g}  (gain {c.gain:.1f}×)\n"
-    )
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, sigma, step in (
-            ("Wang et al.", c.wang_noise_multiplier, c.wang_step),
-            ("PLD", c.accountant_noise_multiplier, c.accountant_step),
-        ):
-            print(f"running DP-SGLD at the {name} step ...", file=sys.stderr, flush=True)
-            result = run_scenario(resolve(scenario(args, sigma, step)), Path(tmp) / name.split()[0])
-            diag, owners = result.diagnostics, result.privacy["owners"]
-            rows.append(
-                {
-                    "calibration": name,
-                    "noise_multiplier": sigma,
-                    "step": step,
-                    "epsilon_per_owner": max(o["epsilon"] for o in owners),
-                    "accountant": owners[0]["accountant"],
-                    "excess_noise_ratio": diag["excess_noise_ratio"],
-                    "ess_bulk": min(diag["ess_bulk"]),
-                    "rhat": max(diag["rhat"]),
-                    "error_mean_in_sd": max(diag["error"]["mean_in_sd"]),
-                    "sd_ratio": diag["error"]["sd_ratio"],
-                }
-            )
+    with reporting.progress(3, NAME, not args.no_progress) as bar:
+        bar.set_postfix_str("calibrating the noise (Wang et al.; PLD)")
+        c = compare_admissible_steps(
+            args.epsilon, args.delta, args.sampling_rate, answers, CLIP, owners=OWNERS
+        )
+        bar.update()
+        print(intro(args, c, answers), flush=True)
+        rows = runs(args, c, bar)
     print(
         table(
             [

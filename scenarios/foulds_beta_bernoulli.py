@@ -362,8 +362,46 @@ def main(argv: list[str] | None = None) -> int:
         notes=notes,
         fig=plot(table, setup.sizes, eff),
     )
+    print(headlines(table, setup.sizes, eff))
     print(f"wrote {json_path} and {png_path}")
     return 0
+
+
+def headlines(table: dict[str, dict[int, dict]], sizes: tuple[int, ...], eff: list[dict]) -> str:
+    """Figure 2 (mean L1 error ± one SE per method and N) and §3's efficiencies as tables."""
+    errors = [
+        {
+            "n": f"{n:,}",
+            **{m: f"{table[m][n]['mean']:.4g} ± {table[m][n]['se']:.2g}" for m in METHODS},
+        }
+        for n in sizes
+    ]
+    efficiency = [
+        {**e, "measured": f"{e['relative_to_posterior_sampling']:.3g} ± "
+         f"{e['se'] * e['relative_to_posterior_sampling'] / e['are']:.2g}"}
+        for e in eff
+    ]  # fmt: skip
+    return "\n".join(
+        [
+            reporting.headline(
+                f"Figure 2: mean L1 error |p̂ − p| ± one SE (p = {P_TRUE}, ε = {EPSILON})",
+                errors,
+                [("n", "N"), *((m, m.replace("_", " ")) for m in METHODS)],
+            ),
+            reporting.headline(
+                "§3: asymptotic relative efficiency, relative to posterior sampling "
+                "(theory: 1 for Laplace, (1 + T)/2 for OPS)",
+                efficiency,
+                [
+                    ("method", "method"),
+                    ("epsilon", "ε"),
+                    ("ops_temperature_T", "OPS T"),
+                    ("measured", "measured ± SE"),
+                    ("theory_relative_to_posterior_sampling", "theory"),
+                ],
+            ),
+        ]
+    )
 
 
 if __name__ == "__main__":

@@ -341,8 +341,74 @@ def main(argv: list[str] | None = None) -> int:
         notes=notes,
         fig=plot(prop, thm, owners, setup),
     )
+    print(headlines(prop, thm, owners))
     print(f"wrote {json_path} and {png_path}")
     return 0
+
+
+def headlines(prop: list[dict], thm: list[dict], owners: list[dict]) -> str:
+    """The three results as tables, each figure the mean (± sd) over repeats."""
+    prop, thm, owners = (
+        [{**r, "ledger_epsilon_max": max(r["ledger_epsilon_per_owner"], default=None)} for r in rs]
+        for rs in (prop, thm, owners)
+    )
+    mixing = ["acceptance", "ess_per_1000_draws", "rhat"]
+    return "\n".join(
+        [
+            reporting.headline(
+                "Proposition 1: acceptance falls in the penalty noise s² (expected: exact formula)",
+                reporting.over_repeats(prop, ["noise_var"], ["expected_acceptance", *mixing]),
+                [
+                    ("noise_var", "s²"),
+                    ("expected_acceptance", "expected"),
+                    ("acceptance", "acceptance"),
+                    ("ess_per_1000_draws", "ESS/1000 draws"),
+                    ("rhat", "R-hat"),
+                ],
+            ),
+            reporting.headline(
+                "Theorem 1: ε for T = n answers at δ = n^-1.5, exact against the paper's bound",
+                reporting.over_repeats(
+                    thm,
+                    ["n"],
+                    [
+                        "epsilon_exact",
+                        "epsilon_paper_bound",
+                        "paper_over_exact",
+                        *mixing,
+                        "ledger_epsilon_max",
+                    ],
+                ),
+                [
+                    ("n", "n"),
+                    ("epsilon_exact", "ε exact"),
+                    ("epsilon_paper_bound", "paper bound"),
+                    ("paper_over_exact", "bound ÷ exact"),
+                    ("acceptance", "acceptance"),
+                    ("ess_per_1000_draws", "ESS/1000"),
+                    ("rhat", "R-hat"),
+                    ("ledger_epsilon_max", "ledger ε of the run"),
+                ],
+            ),
+            reporting.headline(
+                "Algorithm 2: more owners at a fixed per-owner σ (ledger ε at δ = 1e-5)",
+                reporting.over_repeats(
+                    owners,
+                    ["owners"],
+                    ["noise_var", "expected_acceptance", *mixing, "ledger_epsilon_max"],
+                ),
+                [
+                    ("owners", "K"),
+                    ("noise_var", "s² = Kσ²"),
+                    ("expected_acceptance", "expected"),
+                    ("acceptance", "acceptance"),
+                    ("ess_per_1000_draws", "ESS/1000"),
+                    ("rhat", "R-hat"),
+                    ("ledger_epsilon_max", "ledger ε per owner (max)"),
+                ],
+            ),
+        ]
+    )
 
 
 if __name__ == "__main__":

@@ -765,8 +765,52 @@ def main(argv: list[str] | None = None) -> int:
         notes=notes,
         fig=figure(rows, setup, owner_rows, sweep, sweeps),
     )
+    print(headlines(results))
     print(f"wrote {json_path} and {png_path}")
     return 0
+
+
+def headlines(results: dict[str, Any]) -> str:
+    """Each sweep's summary as a table (mean ± sd over repeats)."""
+    tables = []
+    if "summary" in results:
+        tables.append(
+            reporting.headline(
+                "ε sweep: error and mixing per method and per-owner target ε (δ = 1e-5; ledger "
+                "ε of the owner that spent most)",
+                results["summary"],
+                [
+                    ("config", "owners"),
+                    ("method", "method"),
+                    ("target_epsilon", "target ε"),
+                    ("w1_in_sd", "W1 / sd"),
+                    ("rhat", "R-hat"),
+                    ("acceptance", "acceptance"),
+                    ("ess_per_second_vs_exact", "ESS/s ÷ exact"),
+                    ("epsilon_max", "ledger ε"),
+                ],
+            )
+        )
+    if "owner_count" in results:
+        tables.append(
+            reporting.headline(
+                "Owner-count sweep: penalty MH at one per-owner ε, with and without secure "
+                "aggregation",
+                results["owner_count"]["summary"],
+                [
+                    ("method", "method"),
+                    ("mode", "mode"),
+                    ("owners", "K"),
+                    ("transport", "transport"),
+                    ("acceptance", "acceptance"),
+                    ("rhat", "R-hat"),
+                    ("w1_in_sd", "W1 / sd"),
+                    ("epsilon_max", "ledger ε"),
+                    ("epsilon_own_noise_only_median", "ε own noise only"),
+                ],
+            )
+        )
+    return "\n".join(tables)
 
 
 @contextlib.contextmanager
@@ -786,25 +830,25 @@ def ray_session(sweep: OwnerSweep, wanted: bool) -> Iterator[None]:
 def figure(
     rows: list[dict], setup: Setup, owner_rows: list[dict], sweep: OwnerSweep, sweeps: tuple
 ) -> Any:
-    """One figure: the ε sweep's two rows of panels, then the owner-count sweep's row per
-    method (unused panels hidden)."""
-    shapes = []
+    """One figure, every panel drawn: the ε sweep's panels (error and ESS/s, per configuration:
+    2 × C, or one row of two for one configuration), then the owner-count sweep's row of three
+    per method, each block as wide as the figure."""
+    blocks = []
     if "epsilon" in sweeps:
-        shapes.append(("epsilon", 2, len(setup.configs)))
+        configs = len(setup.configs)
+        blocks.append(("epsilon", (1, 2) if configs == 1 else (2, configs)))
     if "owners" in sweeps:
-        shapes.append(("owners", len(sweep.methods), 3))
-    cols = max(c for _, _, c in shapes)
-    fig, axes = reporting.figure(sum(r for _, r, _ in shapes), cols, width=5.5, height=4.2)
-    top = 0
-    for name, nrows, ncols in shapes:
-        block = axes[top : top + nrows]
-        for ax in block[:, ncols:].flat:
-            ax.set_visible(False)
+        blocks.append(("owners", (len(sweep.methods), 3)))
+    cols = max(c for _, (_, c) in blocks)
+    heights = [r for _, (r, _) in blocks]
+    fig = reporting.plt.figure(figsize=(5.5 * cols, 4.2 * sum(heights)), layout="constrained")
+    subfigures = fig.subfigures(len(blocks), 1, height_ratios=heights, squeeze=False)[:, 0]
+    for sub, (name, shape) in zip(subfigures, blocks):
+        axes = sub.subplots(*shape, squeeze=False)
         if name == "epsilon":
-            plot(rows, setup, block[:, :ncols])
+            plot(rows, setup, axes.T if shape[0] == 1 else axes)  # plot wants (2, configs)
         else:
-            plot_owner_count(owner_rows, sweep, block[:, :ncols])
-        top += nrows
+            plot_owner_count(owner_rows, sweep, axes)
     return fig
 
 

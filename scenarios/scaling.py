@@ -193,7 +193,17 @@ def _sample(model: Model, oracle, reference, n_total: int, sampler: dict, seed) 
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    """Iterations/s and acceptance against K (log x), one line per model and transport."""
+    """Write ``figure(rows)`` to ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(rows)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+
+
+def figure(rows: list[dict]) -> Any:
+    """Iterations/s and acceptance against K (log x), one line per model and transport; one
+    legend for both panels, below them, so that it covers no data."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -215,10 +225,12 @@ def plot(rows: list[dict], path: Path) -> None:
     accept.set(xscale="log", xlabel="owners K", ylabel="acceptance rate", ylim=(0, None))
     speed.set_title("penalty MH, 4 chains")
     accept.set_title("acceptance at fixed per-owner σ")
-    accept.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    handles, labels = accept.get_legend_handles_labels()
+    columns = min(len(labels), 3) or 1
+    fig.legend(handles, labels, loc="lower center", ncols=columns, fontsize=8, frameon=False)
+    legend_rows = -(-len(labels) // columns)
+    fig.tight_layout(rect=(0, (0.15 + 0.2 * legend_rows) / fig.get_figheight(), 1, 1))
+    return fig
 
 
 def _child(row: tuple[str, int, str], args: argparse.Namespace) -> dict:

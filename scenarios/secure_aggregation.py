@@ -1,7 +1,7 @@
 """Secure aggregation against the number of owners (issue 12, docs/design.md §2.6).
 
     python scenarios/secure_aggregation.py [--owners 1,10,100,1000] [--ray-from 1000] [--out DIR]
-        [--quick]
+        [--quick] [--seed 0] [--no-progress]
 
 Penalty MH on one Gaussian mean (d = 1, Θ = [−1, 1]), n = 1,000,000 records split evenly among
 K owners, K = 1, 10, 100, 1,000, 4 chains started from draws of the exact posterior, in three
@@ -32,13 +32,14 @@ masks, its own ledger file) in a session of K owners: requests of 4 chains, secu
 plain lattice answers, interleaved rounds, the median ratio over rounds (absolute times drift
 on a shared machine).
 
-Writes ``secure_aggregation.json`` and ``secure_aggregation.png`` into ``--out``.
+Prints the tables (chains per K and mode, masking cost, the goal) and writes
+``secure_aggregation.json`` and ``secure_aggregation.png`` into ``--out`` (default
+runs/scenarios, as every scenario).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -48,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from fedpenalty.cli import table
+from fedpenalty import reporting
 from fedpenalty.cluster.ray_hosts import connect_ray
 from fedpenalty.common import Policy
 from fedpenalty.config import resolve
@@ -68,6 +69,18 @@ MODEL = build_model({"name": "gaussian_mean", "dim": 1, "theta_bound": 1.0})
 N_TOTAL, TRUE_THETA, SIGMA, STEP, CHAINS = 1_000_000, 0.3, 1.0, 0.002, 4
 MODES = ("none", "secure t=0", "secure t=K/2")
 
+NAME = "secure_aggregation"
+FULL = {"owners": "1,10,100,1000", "cost_owners": "2,10,100,1000"}
+QUICK = {"owners": "1,10,100", "cost_owners": "2,10"}
+NOTES = [
+    "every owner is a simulated lattice owner: each mode is accounted by Rényi DP at the same "
+    "per-owner μ, so epsilon_per_owner is equal across modes up to the lattice term",
+    "secure aggregation: epsilon_per_owner holds if at most t owners collude with the "
+    "coordinator; epsilon_own_noise_only if all do",
+    "ess_per_second and the masking cost are timings of this machine: compare them within "
+    "one run only",
+]
+
 
 def colluders(mode: str, owners: int) -> int | None:
     """t of a mode (None: no secure aggregation)."""
@@ -81,18 +94,20 @@ def iterations_for(owners: int, quick: bool) -> tuple[int, int]:
     return (200, 600) if owners >= 1000 else (500, 2500)
 
 
-def owner_records(owners: int) -> list[np.ndarray]:
-    rng = np.random.default_rng(7)
+def owner_records(owners: int, seed: int) -> list[np.ndarray]:
+    """n records split evenly among ``owners``, drawn from seed 7 + ``seed``."""
+    rng = np.random.default_rng(7 + seed)
     sizes = np.full(owners, N_TOTAL // owners)
     sizes[: N_TOTAL - sizes.sum()] += 1
     return [MODEL.simulate_records(rng, np.array([TRUE_THETA]), n) for n in sizes]
 
 
 def run_mode(
-    mode: str, records: list[np.ndarray], folder: Path, quick: bool, transport: str
+    mode: str, records: list[np.ndarray], folder: Path, quick: bool, transport: str, seed: int
 ) -> dict[str, Any]:
     """One chain run through ``transport``: acceptance, ESS/s, error vs exact, per-owner ε
-    (median over owners)."""
+    (median over owners). The owners' noise derives from seed 11 + ``seed``, the chains' from
+    3 + ``seed``."""
     owners = len(records)
     t = colluders(mode, owners)
     policy = Policy(sigma=SIGMA, max_step=STEP, budget_epsilon=1e6, total_noise_sd=SIGMA,
@@ -103,7 +118,7 @@ def run_mode(
         [f"owner-{k}" for k in range(owners)],
         records,
         [policy] * owners,
-        np.random.SeedSequence(11).spawn(owners),
+        np.random.SeedSequence(11 + seed).spawn(owners),
         resolve({"run": {"transport": transport}})["run"],
     )
     setup.folder.mkdir(parents=True)
@@ -116,7 +131,7 @@ def run_mode(
         oracle.open_session("penalty", CHAINS * (warmup + kept), max_step=STEP, secure=secure)
         opened = time.perf_counter() - start
         reference = MODEL.reference_posterior(np.concatenate(records))
-        rng = np.random.default_rng(3)
+        rng = np.random.default_rng(3 + seed)
         theta0 = reference.mean + reference.sd * rng.standard_normal((CHAINS, 1))
         algorithm = ALGORITHMS["penalty"].kernel(MODEL, ChainData(oracle=oracle), {"step": STEP})
         start = time.perf_counter()
@@ -198,19 +213,15 @@ def masking_cost(owners: int, seconds: float, rounds: int, folder: Path) -> dict
 # --------------------------------------------------------------------------- output
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def figure(rows: list[dict[str, Any]]) -> Any:
+    """Acceptance, ESS/s and error against K (log x), one line per mode."""
     panels = (
         ("acceptance", "acceptance rate", False),
         ("ess_per_second", "bulk ESS per second", True),
         ("mean_error_in_sd", "|mean − exact| / exact sd", True),
     )
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-    for ax, (key, label, log) in zip(axes, panels):
+    fig, axes = reporting.figure(1, 3, width=4.4, height=3.8)
+    for ax, (key, label, log) in zip(axes[0], panels):
         for mode in MODES:
             mine = [r for r in rows if r["mode"] == mode]
             ks = [r["owners"] for r in mine]
@@ -221,15 +232,16 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
             ax.set_yscale("log")
         ax.set_xlabel("owners K")
         ax.set_title(label)
-    axes[0].legend()
+    axes[0, 0].legend()
     fig.suptitle("penalty MH, n = 10⁶ records split among K owners, equal per-owner ε")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return fig
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = reporting.scenario_parser(
+        __doc__ or NAME,
+        "K = 1, 10, 100 in process, 100 + 300 iterations, masking cost at K = 2, 10",
+    )
     parser.add_argument("--owners", help="default 1,10,100,1000 (--quick: 1,10,100)")
     parser.add_argument("--cost-owners", help="default 2,10,100,1000 (--quick: 2,10)")
     parser.add_argument(
@@ -238,57 +250,99 @@ def main(argv: list[str] | None = None) -> int:
         default=1000,
         help="K from which owners run on Ray actors (0: never)",
     )
-    parser.add_argument("--out", default="runs/secure_aggregation")
     parser.add_argument("--seconds", type=float, default=6.0, help="masking cost: per method")
-    parser.add_argument("--quick", action="store_true", help="short chains (a smoke run)")
-    args = parser.parse_args(argv)
-    full = {"owners": "1,10,100,1000", "cost_owners": "2,10,100,1000"}
-    quick = {"owners": "1,10,100", "cost_owners": "2,10"}
-    default = quick if args.quick else full
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    default = QUICK if args.quick else FULL
     owner_counts = [int(k) for k in (args.owners or default["owners"]).split(",")]
     cost_counts = [int(k) for k in (args.cost_owners or default["cost_owners"]).split(",")]
     ray_from = 0 if args.quick else args.ray_from  # --quick: in-process only
     seconds = min(args.seconds, 1.0) if args.quick else args.seconds
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     uses_ray = [0 < ray_from <= k for k in owner_counts]
     runtime = connect_ray("") if any(uses_ray) else None  # one local Ray for every Ray run
     rows, costs = [], []
+    runs = len(owner_counts) * len(MODES) + len(cost_counts)
     try:
-        with tempfile.TemporaryDirectory() as tmp:
+        with (
+            tempfile.TemporaryDirectory() as tmp,
+            reporting.progress(runs, NAME, not args.no_progress) as bar,
+        ):
             for owners, ray in zip(owner_counts, uses_ray):
-                records = owner_records(owners)
+                records = owner_records(owners, args.seed)
                 transport = "ray" if ray else "inprocess"
                 for mode in MODES:
-                    rows.append(run_mode(mode, records, Path(tmp), args.quick, transport))
-                    print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+                    rows.append(
+                        run_mode(mode, records, Path(tmp), args.quick, transport, args.seed)
+                    )
+                    bar.update()
             for owners in cost_counts:
                 costs.append(masking_cost(owners, seconds, 5, Path(tmp)))
-                print(json.dumps(costs[-1]), file=sys.stderr, flush=True)
+                bar.update()
     finally:
         if runtime is not None:
             runtime.stop()
-    result = {"chains": rows, "masking_cost": costs, "ray_from": ray_from, "goal": goal(rows)}
-    (out / "secure_aggregation.json").write_text(json.dumps(result, indent=2))
-    plot(rows, out / "secure_aggregation.png")
-    print(show(rows, COLUMNS))
-    print(show(costs, list(costs[0]) if costs else []))
-    print(json.dumps(result["goal"]))
+    results = {"chains": rows, "masking_cost": costs, "goal": goal(rows)}
+    settings = {"owners": owner_counts, "cost_owners": cost_counts, "ray_from": ray_from,
+                "seconds": seconds, "n": N_TOTAL, "true_theta": TRUE_THETA, "sigma": SIGMA,
+                "step": STEP, "chains": CHAINS, "seed": args.seed}  # fmt: skip
+    json_path, png_path = reporting.write_report(
+        args.out,
+        NAME,
+        argv=list(argv if argv is not None else sys.argv[1:]),
+        settings=settings,
+        results=results,
+        notes=NOTES,
+        fig=figure(rows),
+    )
+    print(headlines(results))
+    print(f"wrote {json_path} and {png_path}")
     return 0
+
+
+def headlines(results: dict[str, Any]) -> str:
+    """The tables a reader wants: the chains per K and mode, the masking cost per K, and
+    the goal (secure acceptance at the largest K against K = 1's)."""
+    goal_rows = [{"mode": mode, **g} for mode, g in results["goal"].items()]
+    for g in goal_rows:
+        g["from_to"] = f"K = {g['owners'][0]} → {g['owners'][1]}"
+        g["acceptance_from_to"] = " → ".join(f"{a:.3f}" for a in g["acceptance"])
+    return "\n".join(
+        [
+            reporting.headline(
+                "Penalty MH at equal per-owner ε (ε at δ = 1e-5, median over owners):",
+                results["chains"],
+                [(c, c.replace("_", " ")) for c in COLUMNS],
+            ),
+            reporting.headline(
+                "Cost of masking for one deployed owner (4-chain requests; ratio of medians):",
+                results["masking_cost"],
+                [
+                    ("owners", "K"),
+                    ("plain_requests_per_second", "plain req/s"),
+                    ("secure_requests_per_second", "secure req/s"),
+                    ("secure_cost_vs_plain", "secure cost ÷ plain"),
+                ],
+            ),
+            reporting.headline(
+                "Acceptance as owners join (goal: secure within 10% of K = 1):",
+                goal_rows,
+                [
+                    ("mode", "mode"),
+                    ("from_to", "owners"),
+                    ("acceptance_from_to", "acceptance"),
+                    ("relative_change", "relative change"),
+                ],
+            ),
+        ]
+    )
 
 
 COLUMNS = ["owners", "mode", "transport", "sum_noise_sd", "kept", "acceptance", "ess_per_second",
            "rhat", "mean_error_in_sd", "sd_ratio", "epsilon_per_owner", "epsilon_own_noise_only",
            "open_seconds"]  # fmt: skip
-
-
-def show(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    """``rows`` as a text table of ``columns`` (numbers to 4 significant digits)."""
-
-    def cell(value: Any) -> str:
-        return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-    return table(columns, [[cell(r[c]) for c in columns] for r in rows])
 
 
 def goal(rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -49,11 +49,11 @@ from typing import Any
 
 import numpy as np
 from scipy import special
-from sklearn.datasets import load_breast_cancer
-from sklearn.model_selection import train_test_split
 
 from fedpenalty import reporting
 from fedpenalty.coordinator.algorithms import ALGORITHMS
+from fedpenalty.errors import FedPenaltyError
+from fedpenalty.extras import require
 from fedpenalty.models import build_model
 from fedpenalty.privacy import calibrate_sigma
 from fedpenalty.privacy.wang import StepComparison, compare_admissible_steps
@@ -99,6 +99,9 @@ def features(x: np.ndarray, mean: np.ndarray, sd: np.ndarray) -> np.ndarray:
 
 def owners_data(seed: int, folder: Path) -> Data:
     """The fixed train/test split, the training records split over the owners by ``seed``."""
+    from sklearn.datasets import load_breast_cancer  # the [scenarios] extra (checked in main)
+    from sklearn.model_selection import train_test_split
+
     raw = load_breast_cancer()
     cols = [list(raw.feature_names).index(f) for f in FEATURES]
     x_tr, x_te, y_tr, y_te = train_test_split(
@@ -332,6 +335,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--repeats", type=int, help="repeats (seeds seed, seed+1, …)")
     args = parser.parse_args(argv)
+    try:
+        require("sklearn", f"scenarios/{NAME}.py (scikit-learn's breast-cancer records)")
+    except FedPenaltyError as exc:
+        print(f"{NAME}: error: {exc}", file=sys.stderr)
+        return 2
     setup = QUICK if args.quick else FULL
     if args.repeats:
         setup = replace(setup, repeats=args.repeats)
@@ -371,17 +379,52 @@ def main(argv: list[str] | None = None) -> int:
         "error bars: ± one sd over repeats (new owner split, noise and chains per repeat; fixed "
         "test set)",
     ]
+    results = {"summary": summary(rows, setup), "step_curve": curve, "runs": rows}
     json_path, png_path = reporting.write_report(
         args.out,
         NAME,
         argv=list(argv if argv is not None else sys.argv[1:]),
         settings=settings,
-        results={"summary": summary(rows, setup), "step_curve": curve, "runs": rows},
+        results=results,
         notes=notes,
         fig=plot(rows, curve, setup),
     )
+    print(headlines(results))
     print(f"wrote {json_path} and {png_path}")
     return 0
+
+
+def headlines(results: dict[str, Any]) -> str:
+    """Test accuracy and LPD per method and target (mean ± sd over repeats), and Li et al.'s
+    admissible steps, as tables."""
+    return "\n".join(
+        [
+            reporting.headline(
+                "Test accuracy and log predictive density per method and per-owner target ε "
+                "(ledger ε of the owner that spent most)",
+                results["summary"],
+                [
+                    ("method", "method"),
+                    ("target_epsilon", "target ε"),
+                    ("accuracy", "accuracy"),
+                    ("lpd", "LPD"),
+                    ("epsilon_max", "ledger ε"),
+                    ("rhat_max", "R-hat (max)"),
+                ],
+            ),
+            reporting.headline(
+                "Li et al. Fig. 1: the DP-SGLD step each calibration admits",
+                results["step_curve"],
+                [
+                    ("epsilon", "ε"),
+                    ("wang_step", "Wang et al. η"),
+                    ("accountant_step", "accountant η"),
+                    ("gain", "gain"),
+                    ("wang_exact_epsilon", "Wang's noise really spends ε"),
+                ],
+            ),
+        ]
+    )
 
 
 if __name__ == "__main__":

@@ -1,11 +1,11 @@
 """Test-only owners: a lone owner answering without the owner axis, simulated gradient owners
-without a ledger, CSV writing, and kernels built by name from the algorithm registry."""
+without a ledger, CSV writing (``fedpenalty.data.save_csv``), and kernels built by name from
+the algorithm registry."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -13,6 +13,7 @@ import numpy as np
 from fedpenalty.coordinator.algorithms import ALGORITHMS
 from fedpenalty.coordinator.base import ChainData, SamplingAlgorithm
 from fedpenalty.coordinator.sgmcmc import GradFn
+from fedpenalty.data import save_csv as save_csv  # the tests' CSV writer is the package's
 from fedpenalty.models import Model
 from fedpenalty.owner import OwnerHost, OwnerNode
 from fedpenalty.owner.gradient import clipped_gradient_sum
@@ -63,13 +64,6 @@ class SoloOwner:
 
     def gradient(self, *args: Any) -> np.ndarray:
         return self.host.gradient(*args)[0]
-
-
-def save_csv(path: str | Path, records: np.ndarray, model: Model) -> None:
-    """Write records with the model's column header (the format ``load_records`` reads)."""
-    np.savetxt(
-        path, records, delimiter=",", header=",".join(model.column_names), comments="", fmt="%.17g"
-    )
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import arviz_base
 import arviz_stats
@@ -16,7 +17,7 @@ from fedpenalty.cli import main, stop_message
 from fedpenalty.diagnostics import mixing_warnings
 from fedpenalty.errors import InvalidRequest
 from fedpenalty.inference_data import SpendTrace
-from fedpenalty.plots import MAX_PARAMS, privacy_plot, shown_params
+from fedpenalty.plots import MAX_PARAMS, privacy_figure, privacy_plot, shown_params
 from fedpenalty.simulation import RunResult
 
 INPROCESS = ["--set", "run.transport='inprocess'", "--no-progress"]
@@ -247,6 +248,51 @@ def test_privacy_plot_of_many_owners_draws_a_band(tmp_path):
     assert (tmp_path / "p.png").stat().st_size > 0
 
 
+def _spend_trace(paper_after_start: float, k: int = 3, p: int = 6) -> SpendTrace:
+    """k owners' running spend over p points; the paper's bound is 0 at iteration 0 (nothing
+    spent) and ``paper_after_start`` × ε after it (inf: a deployed owner's lattice answers,
+    which the classical bound does not cover)."""
+    eps = np.linspace(0, 1, p)[None, :] * np.linspace(1, 2, k)[:, None]
+    paper = eps * paper_after_start if np.isfinite(paper_after_start) else np.full_like(eps, np.inf)
+    paper[:, 0] = 0.0
+    return SpendTrace(
+        tuple(f"o{i}" for i in range(k)),
+        np.full(k, 1e-5),
+        np.full(k, 5.0),
+        np.arange(p) * 10,
+        np.zeros((k, p), dtype=np.int64),
+        eps,
+        eps,
+        paper,
+    )
+
+
+def _drawn_dashed_lines(ax) -> int:
+    """Dashed lines of ``ax`` with at least two finite points (what a reader can see)."""
+    return sum(
+        1
+        for line in ax.get_lines()
+        if line.get_linestyle() == "--" and np.isfinite(np.asarray(line.get_ydata())).sum() >= 2
+    )
+
+
+@pytest.mark.parametrize("owners", [3, 40])
+def test_privacy_plot_legend_names_only_what_it_draws(owners):
+    """A deployed run's owners give lattice answers: the paper's bound is 0 at iteration 0 and
+    does not apply after. privacy.png drew no bound but its legend named one; now the legend
+    names the bound exactly when a bound is drawn (one line per owner, or the band)."""
+    for paper, shown in ((np.inf, False), (20.0, True)):
+        fig = privacy_figure(_spend_trace(paper, k=owners))
+        (ax,) = fig.axes
+        labels = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert any("paper" in label for label in labels) == shown, labels
+        if owners <= 3:
+            assert (_drawn_dashed_lines(ax) == owners) == shown
+        else:
+            assert (len(ax.collections) == 2) == shown  # the ε band, and the bound's band
+        fig.clf()
+
+
 def test_large_runs_show_the_worst_mixed_parameters():
     assert shown_params(3, [1.5, 1.0, 1.2]) == [0, 1, 2]
     rhat = [1.0] * 10
@@ -273,3 +319,49 @@ def test_runs_without_owner_ledgers_write_posterior_nc(capsys, tmp_path, algorit
     assert "privacy_spend" not in tree.children
     with np.load(out / "samples.npz") as samples:
         np.testing.assert_array_equal(tree["posterior"]["theta"].values, samples["theta"])
+
+
+def readme_outputs() -> list[re.Pattern[str]]:
+    """The files README.md's "Outputs (the run directory)" list names, as patterns of paths
+    relative to the run directory (``<h>``: a host or actor number; files listed after
+    "in `owners/`" live in that folder)."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = text.split("### Outputs (the run directory)")[1].split("\nPast 20 owners")[0]
+    patterns = []
+    for item in section.split("\n* ")[1:]:
+        folder = ""
+        for piece in re.split(r"(in `owners/`)", " ".join(item.split())):
+            if piece == "in `owners/`":
+                folder = "owners/"
+                continue
+            for name in re.findall(
+                r"`([\w<>.-]+\.(?:npz|json|nc|png|toml|sqlite|lock|log|port))`", piece
+            ):
+                body = re.escape(folder + name).replace(re.escape("<h>"), r"\d+")
+                patterns.append(re.compile(body))
+    return patterns
+
+
+def files_not_in_readme(run_dir: Path) -> list[str]:
+    """The files under ``run_dir`` that README.md's outputs list does not name."""
+    patterns = readme_outputs()
+    found = [p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*") if p.is_file()]
+    return sorted(f for f in found if not any(p.fullmatch(f) for p in patterns))
+
+
+@pytest.mark.parametrize("transport", ["grpc", "inprocess"])
+def test_readme_outputs_list_names_every_file_a_run_writes(capsys, tmp_path, transport):
+    """The default scenario with few iterations, as a user first runs it (owner host processes
+    over gRPC, the default; and in process): every file it leaves is in the README's list. The
+    list missed run.json and the owners' ledgers, specs, logs and ports."""
+    out = tmp_path / "run"
+    code, _, err = run_cli(
+        capsys, "simulate", "--no-progress", "--set", f"run.transport='{transport}'",
+        "--set", "sampler.iterations=200", "--set", "sampler.warmup=50", "--out", str(out),
+    )  # fmt: skip
+    assert code == 0, err
+    assert len(list(out.rglob("*"))) >= 10  # samples, privacy, diagnostics, nc, 3 plots, …
+    assert files_not_in_readme(out) == []
+    assert readme_outputs()  # the parser found the list
+    (out / "unlisted.txt").write_text("")  # a file the README does not name is caught
+    assert files_not_in_readme(out) == ["unlisted.txt"]

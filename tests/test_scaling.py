@@ -56,3 +56,23 @@ def test_rows_have_the_keys_and_acceptance_does_not_grow_with_the_owners(tmp_pat
     assert all(later <= earlier + 0.04 for earlier, later in zip(acceptance, acceptance[1:]))
     assert acceptance[-1] <= acceptance[0] - 0.15
     assert (tmp_path / "s.png").stat().st_size > 0
+
+
+def test_the_legend_covers_no_data():
+    """Six lines (two models × three transports): the legend sat inside the acceptance panel,
+    over its lines; now it is one legend below both panels, overlapping neither."""
+    rows = [
+        {"model": m, "transport": t, "owners": k, "iterations_per_second": 100 / k,
+         "acceptance_rate": 0.5 - 0.05 * i}
+        for m in ("gaussian_mean", "bernoulli")
+        for t in ("inprocess", "grpc", "ray")
+        for i, k in enumerate((10, 100, 1000, 10000))
+    ]  # fmt: skip
+    fig = scaling.figure(rows)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    legends = fig.legends + [ax.get_legend() for ax in fig.axes if ax.get_legend()]
+    assert len(legends) == 1 and len(legends[0].get_texts()) == 6
+    box = legends[0].get_window_extent(renderer)
+    for ax in fig.axes:
+        assert not box.overlaps(ax.get_tightbbox(renderer)), "the legend overlaps a panel"

@@ -8,7 +8,9 @@ ratios, not on exact numbers.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import json
 import sys
 from pathlib import Path
@@ -29,9 +31,17 @@ def load(name: str) -> ModuleType:
     return module
 
 
+#: What each scenario's quick run printed on stdout, by name.
+PRINTED: dict[str, str] = {}
+
+
 def quick(name: str, folder: Path) -> dict:
-    """Run ``scenarios/NAME.py --quick`` and return its JSON (after checking both files)."""
-    assert load(name).main(["--quick", "--no-progress", "--out", str(folder)]) == 0
+    """Run ``scenarios/NAME.py --quick`` and return its JSON (after checking both files); what
+    it printed goes to ``PRINTED[name]``."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert load(name).main(["--quick", "--no-progress", "--out", str(folder)]) == 0
+    PRINTED[name] = printed.getvalue()
     png = folder / f"{name}.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = json.loads((folder / f"{name}.json").read_text())
@@ -136,6 +146,35 @@ def test_mixing_owner_count_sweep_spends_equal_epsilon(mixing):
     secure = owner_count(mixing, "secure t=0")
     own = [secure[k]["epsilon_own_noise_only_median"] for k in sorted(secure)]
     assert own == sorted(own) and own[-1] > 2 * own[0]
+
+
+@pytest.mark.parametrize("quick_settings", [True, False])
+def test_mixing_figure_has_no_blank_panels(quick_settings):
+    """privacy_mixing.png at the quick settings (one owner configuration, one method in the
+    owner-count sweep) had 4 hidden panels of 9 — white space in a 3 × 3 grid; the full
+    settings had 1 of 9. Every panel is now drawn, and every one holds data (rows as the
+    sweeps make them: W1, ESS/s, acceptance per method, target and K)."""
+    module = load("privacy_mixing")
+    setup = module.QUICK if quick_settings else module.FULL
+    sweep = module.QUICK_OWNERS if quick_settings else module.FULL_OWNERS
+    rows = [
+        {"config": c, "method": m, "target_epsilon": None if m == "exact_mh" else e,
+         "w1_in_sd": 0.5 / e, "ess_per_second_vs_exact": 0.1 * e}
+        for c in setup.configs
+        for m in ("exact_mh", *module.METHODS)
+        for e in setup.epsilons
+    ]  # fmt: skip
+    owner_rows = [
+        {"method": m, "mode": mode, "owners": k, "acceptance": 0.5 / k**0.1,
+         "w1_in_sd": 0.1 * k**0.2, "ess_per_second_vs_exact": 0.5 / k**0.5}
+        for m in ("exact_mh", *sweep.methods)
+        for mode in module.MODES
+        for k in sweep.owners
+    ]  # fmt: skip
+    fig = module.figure(rows, setup, owner_rows, sweep, module.SWEEPS)
+    panels = 2 * len(setup.configs) + 3 * len(sweep.methods)
+    assert len(fig.axes) == panels
+    assert all(ax.get_visible() and ax.has_data() for ax in fig.axes)
 
 
 # ------------------------------------------------------------------ penalty_paper
@@ -265,3 +304,82 @@ def test_wang_tight_dp_sgld_predicts_better(wang):
     tight, loose = rows_of(wang, "sgld")[eps], rows_of(wang, "sgld_wang")[eps]
     assert loose["lpd"] < -0.6
     assert tight["lpd"] > loose["lpd"] + 0.03 and tight["accuracy"] >= 0.8
+
+
+# ------------------------------------------------------------------ what they print
+
+#: Each scenario's headline tables: a title and column headers that must be printed.
+HEADLINES = {
+    "privacy_mixing": ["ε sweep:", "W1 / sd", "noisy_stats", "Owner-count sweep:",
+                       "secure t=K/2", "ε own noise only"],
+    "penalty_paper": ["Proposition 1:", "expected", "Theorem 1:", "bound ÷ exact",
+                      "Algorithm 2:", "s² = Kσ²"],
+    "foulds_beta_bernoulli": ["Figure 2:", "laplace paper", "§3:", "measured ± SE"],
+    "wang_logistic": ["Test accuracy", "LPD", "sgld_wang", "Li et al. Fig. 1:", "gain"],
+}  # fmt: skip
+
+
+FIXTURES = {"privacy_mixing": "mixing", "penalty_paper": "penalty",
+            "foulds_beta_bernoulli": "foulds", "wang_logistic": "wang"}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(HEADLINES))
+def test_scenarios_print_their_headline_tables(name, request):
+    """A user runs a scenario and reads its results in the terminal: it printed only "wrote
+    …"; now it prints the headline tables (above the "wrote" line), one row per result."""
+    request.getfixturevalue(FIXTURES[name])
+    printed = PRINTED[name]
+    for text in HEADLINES[name]:
+        assert text in printed, (text, printed)
+    lines = printed.strip().splitlines()
+    assert lines[-1].startswith("wrote ") and len(lines) > 10
+    assert sum(set(line) <= set("- ") and "-" in line for line in lines) >= 2  # table rules
+
+
+# ------------------------------------------------------------------ secure_aggregation
+
+
+def test_secure_aggregation_prints_tables_and_writes_where_the_others_write(
+    tmp_path, monkeypatch, capsys
+):
+    """A user runs ``python scenarios/secure_aggregation.py --quick`` (here K = 1, 4 and one
+    masking cost, to keep it short): it printed JSON lines on stderr and a JSON goal, and wrote
+    into runs/secure_aggregation; now it prints tables (chains, masking cost, goal), no JSON,
+    and writes NAME.json and NAME.png into runs/scenarios like every scenario."""
+    monkeypatch.chdir(tmp_path)
+    module = load("secure_aggregation")
+    argv = ["--quick", "--no-progress", "--owners", "1,4", "--cost-owners", "2"]
+    assert module.main(argv) == 0
+    out, err = capsys.readouterr()
+    folder = tmp_path / "runs" / "scenarios"
+    report = json.loads((folder / "secure_aggregation.json").read_text())
+    assert report["scenario"] == "secure_aggregation" and report["notes"]
+    assert (folder / "secure_aggregation.png").read_bytes()[:4] == b"\x89PNG"
+    assert [r["owners"] for r in report["results"]["chains"]] == [1, 1, 1, 4, 4, 4]
+    for stream in (out, err):
+        assert not any(line.lstrip().startswith(("{", "[")) for line in stream.splitlines())
+    assert "Penalty MH at equal per-owner ε" in out and "Cost of masking" in out
+    assert "secure t=K/2" in out and "relative change" in out
+    assert f"wrote {Path('runs/scenarios/secure_aggregation.json')}" in out
+
+
+# ------------------------------------------------------------------ dp_sgld_step
+
+
+def test_dp_sgld_step_shows_its_progress(monkeypatch, capsys):
+    """``python scenarios/dp_sgld_step.py`` was silent on stderr for minutes (the noise
+    calibrations, the logistic reference posterior, two DP-SGLD runs with their bars off); now
+    each phase shows a progress bar and ``--no-progress`` hides them. Small here: 4 owners ×
+    200 records, 2 chains × (20 + 40) steps."""
+    module = load("dp_sgld_step")
+    monkeypatch.setattr(module, "N_PER_OWNER", 200)
+    small = ["--iterations", "40", "--warmup", "20"]
+    assert module.main(small) == 0
+    out, err = capsys.readouterr()
+    assert "dp_sgld_step" in err and "calibrating the noise" in err  # the phases' bar
+    assert "DP-SGLD at the PLD step" in err
+    assert "sgld:" in err  # the chains' own bar
+    assert "calibration" in out and "Wang et al." in out  # the table, on stdout
+    assert module.main([*small, "--no-progress"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and "Wang et al." in out

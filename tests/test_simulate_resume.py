@@ -14,6 +14,7 @@ import time
 import numpy as np
 import pytest
 from grpc_processes import FEDPENALTY, TIMEOUT, run_cli
+from test_outputs import files_not_in_readme
 
 from fedpenalty.coordinator import checkpoint
 
@@ -97,3 +98,36 @@ def test_resume_refuses_what_it_cannot_continue(tmp_path):
     assert done.returncode == 2 and "not a resumable run directory (no readable" in done.stderr
     done = run_cli("simulate", "--resume", str(tmp_path), "--set", "a.b=1", cwd=tmp_path)
     assert done.returncode == 2 and "give no scenario, --set or --out" in done.stderr
+
+
+@pytest.mark.slow
+def test_resume_with_no_progress_hides_the_bar(tmp_path):
+    """A user interrupts a run (Ctrl-C) and resumes it with ``--no-progress``: the resumed run
+    draws no progress bar on stderr (it did: ``--resume`` kept the run's ``run.progress``),
+    and without the flag it still does."""
+    # the bar on; long enough that Ctrl-C at the first checkpoint lands while the chains run
+    settings = [
+        *SETTINGS[:-1], "--set", "run.transport='inprocess'", "--set", "sampler.iterations=10000",
+    ]  # fmt: skip
+    for name in ("quiet", "shown"):
+        stopped = tmp_path / name
+        proc = subprocess.Popen(
+            [*FEDPENALTY, "simulate", *settings, "--out", str(stopped)],
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + TIMEOUT
+        while not (stopped / "checkpoint.npz").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint"
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=TIMEOUT) == 3
+        assert files_not_in_readme(stopped) == []  # checkpoint.npz is listed too
+    done = run_cli("simulate", "--resume", str(tmp_path / "quiet"), "--no-progress", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "penalty:" not in done.stderr and "it/s" not in done.stderr, done.stderr
+    done = run_cli("simulate", "--resume", str(tmp_path / "shown"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "penalty:" in done.stderr  # the bar's description: the check above can fail

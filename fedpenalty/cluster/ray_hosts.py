@@ -31,6 +31,7 @@ from .. import errors
 from ..common import OwnerDescription, Policy
 from ..data import RecordSource
 from ..errors import ConfigError, FedPenaltyError, OwnerError, OwnerUnavailable
+from ..extras import require
 from ..models import Model, build_model
 from ..owner import Ledger, OwnerHost, OwnerNode, wire
 from ..owner.aggregation import Reply
@@ -269,15 +270,16 @@ def check_address(address: str) -> str:
 def connect_ray(address: str) -> RayRuntime:
     """Connect this process to Ray: ``address`` empty starts a local Ray sized to the machine
     (stopped by ``RayRuntime.stop``); otherwise the existing cluster there (``auto``,
-    ``host:port``, ``ray://…``). A process already connected keeps its connection."""
-    import ray
+    ``host:port``, ``ray://…``). A process already connected keeps its connection; without
+    Ray installed, a ``ConfigError`` naming the extra that installs it."""
+    ray = require("ray", "run.transport = 'ray'", "choose another run.transport")
 
     if ray.is_initialized():
         return RayRuntime(address, started=False)
     quiet = {"logging_level": logging.ERROR, "log_to_driver": False}
     try:
         if address:
-            ray.init(address=address, **quiet)  # type: ignore[arg-type]  # ray's loose stub
+            ray.init(address=address, **quiet)
         else:
             ray.init(
                 address="local",  # a new instance, never one found on this machine
@@ -285,7 +287,7 @@ def connect_ray(address: str) -> RayRuntime:
                 include_dashboard=False,
                 object_store_memory=OBJECT_STORE_BYTES,
                 _system_config={"max_direct_call_object_size": INLINE_REPLY_BYTES},
-                **quiet,  # type: ignore[arg-type]  # ray's loose stub
+                **quiet,
             )
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise ConfigError(_connect_failure(address, exc)) from None

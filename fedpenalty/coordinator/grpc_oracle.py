@@ -6,14 +6,17 @@ iteration costs one round trip to the slowest host, not one per owner. Every cal
 deadline; a host that is unreachable, times out or drops its stream is retried with backoff —
 safe because every request except ``CloseSession`` is idempotent (owners replay stored answers
 for a re-sent (session, chain, iteration)) — and after ``retry_seconds`` it is reported as
-``OwnerUnavailable``. Owner refusals come back as the ``fedpenalty.errors`` class the owner
+``OwnerUnavailable`` — except an owner whose TLS certificate does not name the address
+dialled, which no retry can fix: that is said at once, with the names the certificate holds
+(``tls_names``). Owner refusals come back as the ``fedpenalty.errors`` class the owner
 raised (``BudgetExhausted`` with the owner's name and ε left). An owner host restarted inside
-that window knows the run's session only once it is re-opened: a query it refuses as an unknown
-session re-opens the session at that host (the same ``OpenSession`` as the first, through the
-owner's full admission: a plan it re-admits reserves only what is still unanswered, and keys it
-answered before replay from its ledger uncharged) and is asked once more (``_reopen``).
-``reachable_reports`` asks each host for its owners' reports on its own, so a host that is gone
-(tried once more, briefly, when a query already gave up on it) loses only its owners' reports.
+the retry window knows the run's session only once it is re-opened: a query it refuses as an
+unknown session re-opens the session at that host (the same ``OpenSession`` as the first,
+through the owner's full admission: a plan it re-admits reserves only what is still
+unanswered, and keys it answered before replay from its ledger uncharged) and is asked once
+more (``_reopen``). ``reachable_reports`` asks each host for its owners' reports on its own,
+so a host that is gone (tried once more, briefly, when a query already gave up on it) loses
+only its owners' reports.
 
 Ctrl-C (SIGINT) while a call runs cancels it at its next await and raises ``KeyboardInterrupt``
 once the event loop is idle (``_run``): an interrupt raised inside the loop would leave
@@ -52,6 +55,7 @@ from ..proto import owner_pb2 as pb
 from ..proto import owner_pb2_grpc as pb_grpc
 from .oracle import Answers, SecureAggregation, Unreported
 from .secure_sum import combine, owner_noise_sd, secure_open
+from .tls_names import is_name_mismatch, mismatch_message
 from .transport_base import Launched, OwnerSetup, Transport
 
 _RETRYABLE = {
@@ -160,7 +164,7 @@ class GrpcOracle:
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ]
         creds = channel_credentials(tls) if tls else None
-        self._plaintext = creds is None
+        self._plaintext, self._tls = creds is None, tls
         self._hosts: list[_Host] = []
         for address in addresses:
             channel = self._run(self._open_channel(address, creds, options))
@@ -453,6 +457,11 @@ class GrpcOracle:
                     host.drop_stream()
                 if not _transport_failure(exc):
                     raise _owner_error(exc, host) from None
+                if self._tls is not None and is_name_mismatch(exc.details()):
+                    host.lost = True  # no retry can change the owner's certificate
+                    raise OwnerUnavailable(
+                        await mismatch_message(host.address, self._tls)
+                    ) from None
                 failure = f"{exc.code().name}: {exc.details()}"
             except (TimeoutError, _Dropped) as exc:
                 host.drop_stream()
@@ -481,7 +490,7 @@ class GrpcOracle:
         if not self._plaintext and ("ssl" in failure.lower() or "handshake" in failure.lower()):
             return (
                 "; the TLS handshake failed: the owner may serve plaintext, or its certificate is "
-                "not signed by --tls-ca (or does not name the address)"
+                "not signed by --tls-ca"
             )
         return ""
 

@@ -240,4 +240,5 @@ RAY = Transport(
     "ray",
     "owners packed into Ray actors, locally or on an existing Ray cluster (scaling experiments)",
     launch,
+    needs="ray",
 )

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..common import Policy
+from ..extras import require
 from ..models import Model
 from .oracle import Oracle
 
@@ -41,8 +42,15 @@ class Launched:
 
 @dataclass(frozen=True)
 class Transport:
-    """A registry entry: ``launch(setup)`` starts the owners and returns how to reach them."""
+    """A registry entry: ``launch(setup)`` starts the owners and returns how to reach them;
+    ``needs``: the optional module it imports (``extras.EXTRAS``; None: the core install)."""
 
     name: str
     summary: str
     launch: Callable[[OwnerSetup], Launched]
+    needs: str | None = None
+
+    def check_installed(self) -> None:
+        """A one-line ``ConfigError`` naming the extra to install when ``needs`` is missing."""
+        if self.needs is not None:
+            require(self.needs, f"run.transport = {self.name!r}", "choose another run.transport")

@@ -151,6 +151,7 @@ class Session:
     spend: GaussianSpend
     sampled: list[SubsampledGaussian]
     sampling_rate: float | None
+    opened_at: float | None = None  # Unix time
 
 
 @dataclass(frozen=True)
@@ -886,7 +887,7 @@ class Ledger:
 
     def _session(self, owner: str, session: str) -> Session | None:
         row = self._db.execute(
-            "SELECT algorithm, planned_answers, closed_at, sampling_rate FROM sessions "
+            "SELECT algorithm, planned_answers, closed_at, sampling_rate, opened_at FROM sessions "
             "WHERE owner=? AND session=?",
             (owner, session),
         ).fetchone()
@@ -894,7 +895,21 @@ class Ledger:
             return None
         spend = self._spend_of(owner, self._id(session))
         sampled = self._sampled(owner, self._id(session))
-        return Session(session, row[0], row[1], row[2] is not None, spend, sampled, row[3])
+        return Session(session, row[0], row[1], row[2] is not None, spend, sampled, row[3], row[4])
+
+    def sessions(self, owner: str) -> list[Session]:
+        """Every session the owner has opened, oldest first, each with its own spend (what
+        ``fedpenalty owner report`` breaks the total down by)."""
+        with self._reading():
+            names = [
+                name
+                for (name,) in self._db.execute(
+                    "SELECT session FROM sessions WHERE owner=? ORDER BY opened_at, session",
+                    (owner,),
+                )
+            ]
+            found = [self._session(owner, name) for name in names]
+        return [s for s in found if s is not None]
 
     def sampled(self, owner: str) -> list[SubsampledGaussian]:
         """The owner's subsampled-Gaussian answers across all sessions, one event per (q, σ)."""

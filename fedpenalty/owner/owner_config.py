@@ -16,6 +16,7 @@ keys are errors that name them.
 
 from __future__ import annotations
 
+import logging
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,13 +25,15 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from ..common import Policy
-from ..data import load_records
+from ..data import read_records
 from ..errors import ConfigError
 from ..models import Model, build_model
 from ..schema import NonEmptyStr, PositiveInt, Section, one_of, refusal, validate_file
 from .ledger import Ledger
 from .node import OwnerNode
 from .peer_auth import PeerAuth
+
+log = logging.getLogger("fedpenalty.owner")
 
 #: Names a client certificate must carry (a SAN DNS name or the subject CN) to be let in.
 ClientNames = Annotated[
@@ -226,6 +229,22 @@ def check_listen(listen: str, key: str) -> None:
 
 def build_node(config: OwnerConfig, ledger: Ledger) -> OwnerNode:
     """The owner node of ``config`` on ``ledger`` (its data loaded and validated; noise from
-    fresh OS entropy)."""
-    records = load_records(config.data_path, config.model)
-    return OwnerNode(config.name, config.model, records, config.policy, ledger)
+    fresh OS entropy). The owner's log says how many records were clipped into the model's
+    data domain (that count is the owner's alone: it is never sent)."""
+    loaded = read_records(config.data_path, config.model)
+    log.info(
+        "%s",
+        clipped_line(
+            config.name, config.data_path, config.model.name, len(loaded.records), loaded.clipped
+        ),
+    )
+    return OwnerNode(config.name, config.model, loaded.records, config.policy, ledger)
+
+
+def clipped_line(owner: str, path: Path, model: str, records: int, clipped: int) -> str:
+    """The owner's own line on its records: how many of the ``records`` in ``path`` were
+    clipped into the ``model``'s data domain when loaded."""
+    return (
+        f"owner {owner!r}: {clipped} of {records} records in {path} were clipped into the "
+        f"{model} model's data domain when loaded ([model] data_bound or count_bound)"
+    )
