@@ -1,7 +1,8 @@
 """An owner restarted inside the coordinator's retry window (issue 21, item 5): the coordinator
 re-opens the session at the restarted owner itself, as ``--resume`` would, and the run
 completes — each (chain, iteration) charged once, and the chain the one the owners' stored
-answers give (docs/design.md §3 invariants 2, 12)."""
+answers give (docs/design.md §3 invariants 2, 12). Also between two queries and before the
+close (quick), and for an owner of a secure session (its masks still cancel)."""
 
 from __future__ import annotations
 
