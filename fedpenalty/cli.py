@@ -230,6 +230,37 @@ def secure_line(privacy: dict[str, Any]) -> str:
     )
 
 
+#: What the console adds when adaptation stopped at an end of its range (``bound``).
+_BOUND_NOTE = {
+    "admitted": "; it stayed at the admitted maximum: the acceptance there is above the target, "
+    "so a larger sampler.step may mix faster (the owners check the plan at sampler.step)",
+    "lower": "; it stopped at its floor {lower:.3g}: the target needs a shorter step than "
+    "sampler.step allows adapting to; lower sampler.step",
+    None: "",
+}
+
+
+def step_line(adaptation: dict[str, Any]) -> str:
+    """The console's line on the MH proposal step: the radius the kept draws used against the
+    step the owners admitted, how warmup chose it, and a charge floor it lies below."""
+    step, admitted = adaptation["step"], adaptation["admitted_step"]
+    if not adaptation["adapted_iterations"]:
+        return f"Step: {step:.3g}, fixed (sampler.adapt_step = false, or no warmup)"
+    line = (
+        f"Step: adapted over {adaptation['adapted_iterations']} warmup iterations to {step:.3g} "
+        f"(admitted maximum {admitted:.3g}; target acceptance {adaptation['target_accept']:g} × "
+        f"noise ceiling {adaptation['noise_ceiling']:.3g})"
+        + _BOUND_NOTE[adaptation["bound"]].format(lower=adaptation["lower_step"])
+    )
+    charged = adaptation["charged_step"]
+    if charged is not None and step < charged:
+        line += (
+            f"; below the owners' charged floor {charged:.3g}, so each answer is charged as at "
+            f"that step"
+        )
+    return line
+
+
 def print_run(title: str, result) -> None:
     """The tables of a finished or stopped run, then where it is."""
     print(title)
@@ -260,6 +291,8 @@ def print_run(title: str, result) -> None:
                 f"\nMixing: acceptance {diag['acceptance_rate']:.3f}, mean noise variance s² "
                 f"{diag['mean_noise_variance']:.3g}"
             )
+            if "step_adaptation" in diag:
+                print(step_line(diag["step_adaptation"]))
         elif "excess_noise_ratio" in diag:
             print(
                 f"\nMixing (SG-MCMC, no accept step): owners' gradient-noise variance s² "

@@ -21,6 +21,7 @@ from pydantic import ConfigDict, Field, PlainValidator
 from pydantic_core import PydanticCustomError
 
 from .cluster.ray_hosts import check_address
+from .coordinator.adapt import TARGET_ACCEPT
 from .coordinator.algorithms import ALGORITHMS, Algorithm
 from .coordinator.base import ChainAlgorithm
 from .coordinator.transports import TRANSPORTS
@@ -136,6 +137,17 @@ class SamplerSection(Section):
         description="penalty, penalty_expfam, exact_mh: radius of the uniform-in-ball proposal; "
         "sgld, sghmc, sgnht, hybrid: the step η (units of θ²), or a in "
         "η_t = a (b + t)^−γ",
+    )
+    adapt_step: Bool = Field(
+        default=True,
+        description="penalty, penalty_expfam, exact_mh: adapt the proposal radius during warmup "
+        "towards target_accept, never above sampler.step (the step the owners admitted); kept "
+        "draws use the adapted radius, fixed",
+    )
+    target_accept: Probability = Field(
+        default=TARGET_ACCEPT,
+        description="adapt_step: the acceptance aimed at, as a fraction of the noise ceiling "
+        "2Φ(−s/2) (the acceptance as the step → 0 with penalty noise s²; 1 without noise)",
     )
     block: PositiveInt = Field(
         default=1, description="penalty_expfam: noisy statistic copies released per reply"

@@ -400,7 +400,7 @@ def _run_owners(
             scenario, algorithm, model, owners, out, world.n_total, info, resume, theta0
         )
         with _settling(launched.oracle, out, info, stopped):
-            extra = _chain_diagnostics(chains)
+            extra = _chain_diagnostics(chains, algorithm)
             simulated = launched.oracle.simulation_diagnostics()
             if simulated is not None and algorithm.query != SGMCMC:  # log-ratio counters
                 extra["simulation_only"] = simulated
@@ -466,8 +466,8 @@ def _sample_stats(
         )
         eta = [schedule(sampler["warmup"] + k) for k in range(draws)]
         stats["step_size"] = np.broadcast_to(np.array(eta), chains.queried.shape)
-    elif "step" in algorithm.settings:
-        stats["step_size"] = np.full(chains.queried.shape, float(sampler["step"]))
+    elif algorithm.adapts:  # the MH kernels: the radius warmup chose, fixed for the kept draws
+        stats["step_size"] = np.full(chains.queried.shape, chains.state.tuning.step)
     return stats
 
 
@@ -498,7 +498,9 @@ def _run_pooled(
         "accounting": ACCOUNTING[None],
     }
     outputs = _Outputs(model, algorithm.name, reference, _sample_stats(chains, scenario, algorithm))
-    return _finish(out, chains.theta, chains.accepted, privacy, outputs, _chain_diagnostics(chains))
+    return _finish(
+        out, chains.theta, chains.accepted, privacy, outputs, _chain_diagnostics(chains, algorithm)
+    )
 
 
 def _run_release(
@@ -538,14 +540,17 @@ def _run_release(
     return _finish(out, release.theta, None, privacy, outputs, {})
 
 
-def _chain_diagnostics(chains: ChainResult) -> dict[str, Any]:
-    """The driver's own counters for diagnostics.json (SG-MCMC: the owners' noise excess)."""
+def _chain_diagnostics(chains: ChainResult, algorithm: ChainAlgorithm) -> dict[str, Any]:
+    """The driver's own counters for diagnostics.json (SG-MCMC: the owners' noise excess; MH:
+    the step the draws used and how warmup adapted it, ``StepAdaptation.summary``)."""
     if not chains.theta.shape[1]:
         return {}
     out: dict[str, Any] = {
         "queried_fraction": float(chains.queried.mean()),
         "mean_noise_variance": chains.noise_var,
     }
+    if algorithm.adapts:
+        out["step_adaptation"] = chains.state.tuning.summary()
     if chains.accepted is None:
         out.update(
             excess_noise_ratio=chains.excess_noise_ratio,
@@ -657,7 +662,7 @@ def _deployed(
             chains.accepted,
             privacy,
             outputs,
-            _chain_diagnostics(chains),
+            _chain_diagnostics(chains, algorithm),
             stopped,
             spend,
         )
@@ -870,13 +875,14 @@ class _SpendRecorder:
         return recorder
 
     def observing(self, kernel: SamplingAlgorithm) -> SamplingAlgorithm:
-        """``kernel`` that records a point after every ``every``-th iteration, time allowing."""
+        """``kernel`` that records a point after every ``every``-th iteration (warmup ones
+        too), time allowing."""
         done = int(self.trace.iterations[-1])
 
-        def step(rng: np.random.Generator, state: Any) -> tuple[Any, Any]:
+        def step(rng: np.random.Generator, state: Any, advance: Any = kernel.step) -> Any:
             nonlocal done
             began = time.perf_counter()
-            new, record = kernel.step(rng, state)
+            new, record = advance(rng, state)
             self.stepping += time.perf_counter() - began
             done += 1
             if done % self.every == 0 and self.reporting <= self.SHARE * self.stepping:
@@ -890,7 +896,9 @@ class _SpendRecorder:
                 self.reporting += time.perf_counter() - began
             return new, record
 
-        return SamplingAlgorithm(kernel.init, step, kernel.accepts)
+        warm = kernel.warmup
+        warmup = None if warm is None else lambda rng, state: step(rng, state, warm)
+        return SamplingAlgorithm(kernel.init, step, kernel.accepts, warmup)
 
     def finished(self, done: int, reports: list[PrivacyReport | Unreported]) -> SpendTrace:
         """The trace with the run's final ``reports`` after ``done`` iterations (when every
@@ -964,6 +972,8 @@ def _write_outputs(
     if privacy:
         (out / "privacy.json").write_text(json.dumps(privacy, indent=2))
     attrs = {"algorithm": outputs.algorithm, "model": outputs.model.name, "run": str(out)}
+    adaptation = extra.get("step_adaptation", {})
+    attrs.update({f"step_adaptation_{k}": v for k, v in adaptation.items() if v is not None})
     tree = posterior_tree(
         theta, names, outputs.sample_stats, spend, outputs.reference, attrs, privacy, diagnostics
     )

@@ -21,6 +21,8 @@ from fedpenalty.owner.gradient import clipped_gradient_sum
 #: The ``[sampler]`` defaults of the kernels' settings (as in fedpenalty/config.py).
 SAMPLER_DEFAULTS: dict[str, Any] = {
     "step": 0.05,
+    "adapt_step": True,
+    "target_accept": 0.5,
     "block": 1,
     "sampling_rate": 0.01,
     "clip": 1.0,

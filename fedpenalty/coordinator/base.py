@@ -44,11 +44,14 @@ class StepRecord:
 
 class SamplingAlgorithm(NamedTuple):
     """A built kernel: ``init(rng, theta0 (C, d)) -> state`` and
-    ``step(rng, state) -> (state, StepRecord)``; ``accepts``: it has an accept step."""
+    ``step(rng, state) -> (state, StepRecord)``; ``accepts``: it has an accept step;
+    ``warmup``: the step of warmup iterations when it differs (it adapts the kernel's
+    settings; None: ``step``)."""
 
     init: Callable[[np.random.Generator, np.ndarray], Any]
     step: Callable[[np.random.Generator, Any], tuple[Any, StepRecord]]
     accepts: bool
+    warmup: Callable[[np.random.Generator, Any], tuple[Any, StepRecord]] | None = None
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,11 @@ class ChainAlgorithm:
     check: Callable[[Sections, Model], None] = no_check
     start: Callable[[np.random.Generator, Model, np.ndarray, Sections], Start] | None = None
     max_step: Callable[[Mapping[str, Any]], float] | None = None
+
+    @property
+    def adapts(self) -> bool:
+        """Its step adapts during warmup (it takes ``sampler.adapt_step``)."""
+        return "adapt_step" in self.settings
 
     @property
     def deployable(self) -> bool:

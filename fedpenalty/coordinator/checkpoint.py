@@ -23,7 +23,8 @@ from .algorithms import ALGORITHMS
 from .base import ChainAlgorithm
 from .driver import Progress
 
-FORMAT = "fedpenalty-checkpoint-2"
+#: 3: MH states carry their step adaptation (``tuning``); a checkpoint of format 2 predates it.
+FORMAT = "fedpenalty-checkpoint-3"
 
 #: Every chain state class by name: a checkpoint names its state class, and only these load.
 STATES: dict[str, type] = {

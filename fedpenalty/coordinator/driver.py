@@ -42,6 +42,7 @@ class ChainResult:
     excess_noise_ratio: float = 0.0
     excess_fraction: float = 0.0
     noise_draws: np.ndarray | None = None
+    state: Any = None
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -111,6 +112,7 @@ class Progress:
             self.excess_max,
             self.excess_steps / max(steps, 1),
             None if self.noise_draws is None else self.noise_draws[:, :k],
+            self.state,
         )
 
 
@@ -135,8 +137,11 @@ def _iterate(
     """One iteration of every chain after ``run``, checkpointed when due (every
     ``checkpoint_every`` iterations and after the last, so a run whose outputs then cannot be
     written is still resumable); an owner error becomes ``SamplingStopped`` at ``run``."""
+    advance = algorithm.step
+    if run.done < run.warmup and algorithm.warmup is not None:  # adapting kernels tune here
+        advance = algorithm.warmup
     try:
-        state, record = algorithm.step(rng, run.state)
+        state, record = advance(rng, run.state)
     except OwnerError as exc:
         raise SamplingStopped(run, exc) from exc
     run = replace(run.advanced(state, record), rng_state=rng.bit_generator.state)

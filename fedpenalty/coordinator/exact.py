@@ -15,6 +15,7 @@ import numpy as np
 
 from ..models import ExpFamModel, Model
 from . import mh
+from .adapt import StepAdaptation
 from .base import ChainAlgorithm, ChainData, SamplingAlgorithm
 from .mh import RatioFn
 
@@ -48,16 +49,20 @@ def exact_ratio(model: Model, records: np.ndarray) -> RatioFn:
     return ratio
 
 
-def build(model: Model, data: ChainData, *, step: float) -> SamplingAlgorithm:
-    """Exact MH over ``data.records`` (pooled); ``step`` is the ball radius."""
-    return mh.kernel(model, step, exact_ratio(model, data.require_records("exact_mh")))
+def build(
+    model: Model, data: ChainData, *, step: float, adapt_step: bool, target_accept: float
+) -> SamplingAlgorithm:
+    """Exact MH over ``data.records`` (pooled); ``step`` is the largest ball radius (adapted
+    below it during warmup when ``adapt_step``, as the penalty kernels do)."""
+    ratio = exact_ratio(model, data.require_records("exact_mh"))
+    return mh.kernel(model, ratio, StepAdaptation.start(step, target_accept), adapt=adapt_step)
 
 
 EXACT_MH = ChainAlgorithm(
     "exact_mh",
     "non-private exact MH on the pooled records (trusted curator)",
     build,
-    ("step",),
+    ("step", "adapt_step", "target_accept"),
     mh.MHState,
     None,
     check=mh.check_step,

@@ -13,7 +13,7 @@ the chain runs at local speed; with B = 1 only chains whose proposal lies inside
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -21,7 +21,8 @@ import numpy as np
 from ..common import SUFF_STATS
 from ..models import ExpFamModel, Model
 from . import mh
-from .base import ChainAlgorithm, ChainData, SamplingAlgorithm, Sections, StepRecord, require
+from .adapt import StepAdaptation
+from .base import ChainAlgorithm, ChainData, SamplingAlgorithm, Sections, require
 
 if TYPE_CHECKING:
     from .oracle import Oracle
@@ -39,6 +40,14 @@ class ExpFamState:
     stats: np.ndarray
     stats_start: int = -1
     stats_var: float = 0.0
+
+    @property
+    def tuning(self) -> StepAdaptation:
+        """The proposal step and its adaptation (``mh.tuning``)."""
+        return self.mh.tuning
+
+    def with_tuning(self, tuning: StepAdaptation) -> ExpFamState:
+        return replace(self, mh=self.mh.with_tuning(tuning))
 
 
 def init(theta: np.ndarray, model: ExpFamModel) -> ExpFamState:
@@ -99,27 +108,45 @@ def oracle_stats(oracle: Oracle) -> StatsFn:
 
 
 def kernel(
-    model: ExpFamModel, radius: float, stats: StatsFn, block: int, n_total: int
+    model: ExpFamModel,
+    stats: StatsFn,
+    block: int,
+    n_total: int,
+    tuning: StepAdaptation,
+    adapt: bool = False,
 ) -> SamplingAlgorithm:
-    """The kernel with proposal ``radius`` (units of θ), statistics source and block size."""
+    """The kernel with statistics source and block size; proposal radius from ``tuning``
+    (units of θ; adapted during warmup when ``adapt``)."""
 
-    def advance(rng: np.random.Generator, state: ExpFamState) -> tuple[ExpFamState, StepRecord]:
-        new, info = step(rng, state, model, radius, stats, block, n_total)
-        return new, mh.record(info)
+    def move(rng: np.random.Generator, state: ExpFamState, radius: float):
+        return step(rng, state, model, radius, stats, block, n_total)
 
-    return SamplingAlgorithm(lambda rng, theta0: init(theta0, model), advance, accepts=True)
+    def start(rng: np.random.Generator, theta0: np.ndarray) -> ExpFamState:
+        return init(theta0, model).with_tuning(tuning)
+
+    return mh.tuned(start, move, adapt)
 
 
-def build(model: Model, data: ChainData, *, step: float, block: int) -> SamplingAlgorithm:
+def build(
+    model: Model,
+    data: ChainData,
+    *,
+    step: float,
+    block: int,
+    adapt_step: bool,
+    target_accept: float,
+) -> SamplingAlgorithm:
     """Penalty MH from the noisy statistics of the owners behind ``data.oracle`` (with
-    ``data.n_total``); ``step`` is the ball radius, ``block`` the copies per reply."""
+    ``data.n_total``); ``step`` is the largest ball radius (adapted below it during warmup when
+    ``adapt_step``), ``block`` the copies per reply. Statistic copies are charged whatever the
+    step, so the step's only floor is adaptation's own."""
     if not isinstance(model, ExpFamModel):
         raise ValueError(f"penalty_expfam needs an exponential-family model, not {model.name!r}")
     if data.n_total is None:
         raise ValueError("penalty_expfam needs the owners' public total record count n_total")
-    return kernel(
-        model, step, oracle_stats(data.require_oracle("penalty_expfam")), block, data.n_total
-    )
+    oracle = data.require_oracle("penalty_expfam")
+    tuning = StepAdaptation.start(step, target_accept)
+    return kernel(model, oracle_stats(oracle), block, data.n_total, tuning, adapt_step)
 
 
 def plan(sampler: Mapping[str, Any]) -> int:
@@ -146,7 +173,7 @@ PENALTY_EXPFAM = ChainAlgorithm(
     "penalty_expfam",
     "penalty MH from owners' noisy sufficient statistics",
     build,
-    ("step", "block"),
+    ("step", "block", "adapt_step", "target_accept"),
     ExpFamState,
     SUFF_STATS,
     plan=plan,

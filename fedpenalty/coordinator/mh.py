@@ -10,20 +10,22 @@ Acceptance: min{1, exp(log p(θ')/p(θ) + λ̂ − s²/2)}. With Gaussian noise 
 s² this leaves the posterior exactly invariant (Ceperley–Dewing penalty method).
 
 The proposal is uniform in the L2 ball of radius ``step`` around θ (symmetric, bounded, data
-independent). A proposal outside Θ is rejected before any owner is asked.
+independent). A proposal outside Θ is rejected before any owner is asked. During warmup the
+radius adapts (``adapt.py``) within the step the owners admitted; kept draws use it fixed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from scipy.special import log_ndtr
 
 from ..common import LOG_RATIO
 from ..models import Model
+from .adapt import UNSET, StepAdaptation
 from .base import ChainAlgorithm, ChainData, SamplingAlgorithm, Sections, StepRecord, require
 
 if TYPE_CHECKING:
@@ -36,22 +38,29 @@ RatioFn = Callable[[int, np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, 
 
 @dataclass(frozen=True)
 class MHState:
-    """Chain state: ``theta`` ``(C, d)``, its ``log_prior`` ``(C,)``, and the index of the next
-    iteration (it keys owner queries, so a resumed run asks exactly the same questions)."""
+    """Chain state: ``theta`` ``(C, d)``, its ``log_prior`` ``(C,)``, the index of the next
+    iteration (it keys owner queries, so a resumed run asks exactly the same questions) and the
+    proposal step with its warmup adaptation (``tuning``; checkpoints carry it)."""
 
     theta: np.ndarray
     log_prior: np.ndarray
     iteration: int = 0
+    tuning: StepAdaptation = UNSET
+
+    def with_tuning(self, tuning: StepAdaptation) -> MHState:
+        return replace(self, tuning=tuning)
 
 
 @dataclass(frozen=True)
 class MHInfo:
     """What one step did, per chain: ``accepted``, ``queried`` (proposal inside Θ, owners
-    asked), ``noise_var`` (s² used in the penalty; 0 where not queried)."""
+    asked), ``noise_var`` (s² used in the penalty; 0 where not queried) and ``accept_prob``
+    (min{1, e^{log α}} of the noisy test; 0 where not queried)."""
 
     accepted: np.ndarray
     queried: np.ndarray
     noise_var: np.ndarray
+    accept_prob: np.ndarray
 
 
 def init(theta: np.ndarray, model: Model) -> MHState:
@@ -91,6 +100,7 @@ def step(
     idx = np.flatnonzero(queried)
     accepted = np.zeros(len(state.theta), dtype=bool)
     noise_var = np.zeros(len(state.theta))
+    accept_prob = np.zeros(len(state.theta))
     theta, log_prior = state.theta, state.log_prior
     if idx.size:
         lam, s2 = ratio(state.iteration, idx, state.theta[idx], theta_prop[idx])
@@ -99,11 +109,13 @@ def step(
         acc = log_u[idx] < log_alpha
         accepted[idx] = acc
         noise_var[idx] = s2
+        accept_prob[idx] = np.exp(np.minimum(log_alpha, 0.0))
         theta = state.theta.copy()
         log_prior = state.log_prior.copy()
         theta[idx[acc]] = theta_prop[idx[acc]]
         log_prior[idx[acc]] = lp_prop[acc]
-    return MHState(theta, log_prior, state.iteration + 1), MHInfo(accepted, queried, noise_var)
+    new = MHState(theta, log_prior, state.iteration + 1, state.tuning)
+    return new, MHInfo(accepted, queried, noise_var, accept_prob)
 
 
 def expected_acceptance(log_ratio: np.ndarray | float, noise_var: float) -> np.ndarray:
@@ -163,26 +175,54 @@ def record(info: MHInfo) -> StepRecord:
     return StepRecord(info.accepted, info.queried, info.noise_var, np.zeros(len(info.queried)))
 
 
-def kernel(
-    model: Model, radius: float, ratio: RatioFn, min_radius: float = 0.0
-) -> SamplingAlgorithm:
-    """The MH kernel with proposal ``radius`` (units of θ; steps at least ``min_radius``) and
-    ``ratio`` as a built algorithm."""
+#: (rng, state, radius) -> (state, what the step did): one MH move at a given radius.
+Move = Callable[[np.random.Generator, Any, float], tuple[Any, MHInfo]]
 
-    def advance(rng: np.random.Generator, state: MHState) -> tuple[MHState, StepRecord]:
-        new, info = step(rng, state, model, radius, ratio, min_radius)
+
+def tuned(init: Callable[[np.random.Generator, np.ndarray], Any], move: Move, adapt: bool):
+    """A built MH kernel whose state carries its step (``state.tuning``): kept draws move at
+    ``tuning.step``; with ``adapt``, warmup iterations move at ``tuning.warmup_step`` and then
+    update the adaptation from the step's acceptance probabilities and noise variances."""
+
+    def advance(rng: np.random.Generator, state: Any) -> tuple[Any, StepRecord]:
+        new, info = move(rng, state, state.tuning.step)
         return new, record(info)
 
-    return SamplingAlgorithm(lambda rng, theta0: init(theta0, model), advance, accepts=True)
+    def warm(rng: np.random.Generator, state: Any) -> tuple[Any, StepRecord]:
+        new, info = move(rng, state, state.tuning.warmup_step)
+        return new.with_tuning(new.tuning.update(info.accept_prob, info.noise_var)), record(info)
+
+    return SamplingAlgorithm(init, advance, accepts=True, warmup=warm if adapt else None)
 
 
-def build(model: Model, data: ChainData, *, step: float) -> SamplingAlgorithm:
-    """Penalty MH through the owners behind ``data.oracle``; ``step`` is the ball radius. Steps
-    stay above twice the largest ``min_step`` of the owners (they refuse shorter ones; twice,
-    so that rounding in θ′ − θ never takes a step below it)."""
+def kernel(
+    model: Model, ratio: RatioFn, tuning: StepAdaptation, floor: float = 0.0, adapt: bool = False
+) -> SamplingAlgorithm:
+    """The MH kernel of ``ratio`` as a built algorithm: proposal radius from ``tuning`` (units
+    of θ; adapted during warmup when ``adapt``), every step at least min(``floor``, radius/2)."""
+
+    def move(rng: np.random.Generator, state: MHState, radius: float):
+        return step(rng, state, model, radius, ratio, min(floor, 0.5 * radius))
+
+    def start(rng: np.random.Generator, theta0: np.ndarray) -> MHState:
+        return init(theta0, model).with_tuning(tuning)
+
+    return tuned(start, move, adapt)
+
+
+def build(
+    model: Model, data: ChainData, *, step: float, adapt_step: bool, target_accept: float
+) -> SamplingAlgorithm:
+    """Penalty MH through the owners behind ``data.oracle``; ``step`` is the ball radius the
+    owners admitted (adapted below it during warmup when ``adapt_step``). Steps stay above
+    twice the largest ``min_step`` of the owners (they refuse shorter ones; twice, so that
+    rounding in θ′ − θ never takes a step below it), and adaptation above twice that."""
     oracle = data.require_oracle("penalty")
-    floor = 2.0 * max(d.policy.min_step for d in oracle.describe())
-    return kernel(model, step, oracle_ratio(oracle), min(floor, 0.5 * step))
+    policies = [d.policy for d in oracle.describe()]
+    floor = 2.0 * max(p.min_step for p in policies)
+    charged = max(p.charged_step for p in policies)
+    tuning = StepAdaptation.start(step, target_accept, 2.0 * floor, charged)
+    return kernel(model, oracle_ratio(oracle), tuning, floor, adapt_step)
 
 
 def check_step(sections: Sections, model: Model) -> None:
@@ -200,7 +240,7 @@ PENALTY = ChainAlgorithm(
     "penalty",
     "penalty MH: owners' noisy log-likelihood ratios, exact chain",
     build,
-    ("step",),
+    ("step", "adapt_step", "target_accept"),
     MHState,
     LOG_RATIO,
     check=check_step,

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..models import Model, Reference
 from . import exact, mh
+from .adapt import StepAdaptation
 from .driver import sample
 
 #: Exact-MH reference: chains × kept draws, after as many warmup draws.
@@ -71,7 +72,7 @@ def exact_mh_draws(
         rng, mh.init(np.zeros((chains, model.dim)), model), model, ratio, 30
     )
     result = sample(
-        mh.kernel(model, radius, ratio),
+        mh.kernel(model, ratio, StepAdaptation.start(radius)),
         rng,
         state.theta,
         iterations=draws,

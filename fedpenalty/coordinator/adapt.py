@@ -1,0 +1,114 @@
+"""Step adaptation during warmup for the Metropolis–Hastings kernels (docs/design.md §2.1,
+"Step adaptation").
+
+During warmup the proposal radius follows Nesterov's dual averaging of log step as in
+Hoffman & Gelman (2014, Algorithm 5) and Stan (γ = 0.05, t₀ = 10, κ = 0.75), pooled over the
+chains, towards a target acceptance stated *relative to the noise ceiling*: with penalty noise
+of variance s² the acceptance cannot exceed 2Φ(−s/2) (its limit as the step → 0), so the
+statistic is each chain's acceptance probability min{1, e^{log α}} divided by 2Φ(−√v/2) for
+the noise variance v of its step (1 without noise), averaged over chains (proposals outside Θ
+count 0). The kept draws use the averaged step, fixed, so the kept chain is an exact MH chain.
+
+The step stays in [``lower``, ``admitted``]: ``admitted`` is ``sampler.step``, the largest step
+the owners admitted the plan at, so adaptation only shrinks what is spent.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+from scipy.special import ndtr
+
+#: Dual-averaging constants of Hoffman & Gelman (2014) and Stan: shrinkage γ, stabilisation
+#: t₀ and the averaging exponent κ.
+GAMMA, T0, KAPPA = 0.05, 10.0, 0.75
+#: Adaptation never goes below admitted / RANGE (an owner bound may raise the floor).
+RANGE = 1000.0
+#: ``sampler.target_accept``'s default: relative to the noise ceiling (docs/design.md §2.1).
+TARGET_ACCEPT = 0.5
+
+
+@dataclass(frozen=True)
+class StepAdaptation:
+    """The proposal step of an MH kernel and its warmup adaptation (units of θ; scalars, pooled
+    over chains). ``admitted``: the largest step (``sampler.step``); ``lower``: the smallest the
+    adaptation may choose; ``charged``: the owners' charged floor (a shorter step is charged as
+    this one; 0: none); ``target``: the acceptance aimed at, relative to the noise ceiling.
+    ``step``: the step of the kept draws (the averaged iterate); ``warmup_step``: the step of
+    the next warmup iteration; ``log_step_avg``, ``h_avg``, ``count``: dual averaging's x̄, H̄
+    and t; ``ceiling``: the chains' mean noise ceiling 2Φ(−√v/2) at the last adapted step."""
+
+    admitted: float = math.nan
+    lower: float = 0.0
+    charged: float = 0.0
+    target: float = TARGET_ACCEPT
+    step: float = math.nan
+    warmup_step: float = math.nan
+    log_step_avg: float = 0.0
+    h_avg: float = 0.0
+    count: int = 0
+    ceiling: float = 1.0
+
+    @classmethod
+    def start(
+        cls,
+        admitted: float,
+        target: float = TARGET_ACCEPT,
+        lower: float = 0.0,
+        charged: float = 0.0,
+    ) -> StepAdaptation:
+        """Before warmup: both steps at ``admitted``; the floor is the larger of ``lower`` and
+        admitted / RANGE, never above ``admitted``."""
+        floor = min(max(lower, admitted / RANGE), admitted)
+        return cls(admitted, floor, charged, target, admitted, admitted)
+
+    def _clipped(self, log_step: float) -> float:
+        return min(max(math.exp(log_step), self.lower), self.admitted)
+
+    def update(self, accept_prob: np.ndarray, noise_var: np.ndarray) -> StepAdaptation:
+        """After one warmup iteration: per chain ``(C,)`` the acceptance probability (0 where
+        no owner was asked) and the noise variance of its step (nats²)."""
+        ceiling = 2.0 * ndtr(-0.5 * np.sqrt(noise_var))
+        relative = float(np.mean(accept_prob / ceiling))
+        m = self.count + 1
+        eta = 1.0 / (m + T0)
+        h_avg = (1.0 - eta) * self.h_avg + eta * (self.target - relative)
+        log_step = math.log(self.admitted) - math.sqrt(m) / GAMMA * h_avg
+        log_step = min(max(log_step, math.log(self.lower)), math.log(self.admitted))
+        weight = m**-KAPPA
+        log_avg = weight * log_step + (1.0 - weight) * self.log_step_avg
+        return replace(
+            self,
+            step=self._clipped(log_avg),
+            warmup_step=self._clipped(log_step),
+            log_step_avg=log_avg,
+            h_avg=h_avg,
+            count=m,
+            ceiling=float(np.mean(ceiling)),
+        )
+
+    def summary(self) -> dict[str, float | int | str | None]:
+        """diagnostics.json's ``step_adaptation``: the step kept draws used and how it was
+        chosen; ``bound`` says which end of [lower, admitted] it stopped within 1% of (the
+        averaged iterate approaches a bound it is held at; None: neither)."""
+        bound = None
+        if self.count and self.step >= self.admitted * 0.99:
+            bound = "admitted"
+        elif self.count and self.step <= self.lower * 1.01:
+            bound = "lower"
+        return {
+            "adapted_iterations": self.count,
+            "step": self.step,
+            "admitted_step": self.admitted,
+            "lower_step": self.lower,
+            "charged_step": self.charged or None,
+            "target_accept": self.target,
+            "noise_ceiling": self.ceiling,
+            "bound": bound,
+        }
+
+
+#: The tuning of an MH state that no kernel set (``mh.init`` alone: pilots, tests): no step.
+UNSET = StepAdaptation()
