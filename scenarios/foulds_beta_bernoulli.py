@@ -162,6 +162,7 @@ def penalty_errors(
                     "warmup": PENALTY_STEPS - 2,
                     "iterations": 2,
                     "step": s["radius"],
+                    "adapt_step": False,  # the radius of the construction, fixed
                 },
                 "run": {"transport": "inprocess", "progress": False, "seed": seed + 1000 * r + n},
             }

@@ -94,6 +94,7 @@ def scenario(
             "warmup": setup.warmup,
             "iterations": setup.iterations,
             "init_scale": 0.005,
+            "adapt_step": False,  # the question is acceptance at the step set here
             **sampler,
         },
         "run": {"transport": "inprocess", "progress": False, "seed": seed},

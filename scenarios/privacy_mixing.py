@@ -158,6 +158,7 @@ def scenario(owners: Owners, algorithm: str, seed: int) -> dict[str, dict[str, A
             "warmup": s.warmup,
             "iterations": s.iterations,
             "init_scale": INIT_SCALE,
+            "adapt_step": False,  # mixing at the step each point sets
         },
         "run": {"transport": "inprocess", "progress": False, "seed": seed},
     }
@@ -479,6 +480,7 @@ def owners_scenario(
             "iterations": sweep.iterations,
             "init_scale": 0.005,
             "step": radius,
+            "adapt_step": False,  # mixing at the radius each point sets
         },
         "run": {"transport": where, "progress": False, "seed": seed},
     }

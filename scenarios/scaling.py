@@ -127,7 +127,14 @@ def measure(model_name: str, owners: int, transport: str, args: argparse.Namespa
     step = STEP_IN_SD * float(reference.sd.min())
     policy = Policy(sigma=args.sigma, max_step=step, budget_epsilon=1e6, delta=DELTA)
     run = resolve({"run": {"transport": transport}})["run"]
-    sampler = {"step": step, "chains": CHAINS, "warmup": args.warmup, "iterations": args.iterations}
+    sampler = {
+        "step": step,
+        "adapt_step": False,  # a fixed step in posterior sds: acceptance then shows K's effect
+        "target_accept": 0.5,
+        "chains": CHAINS,
+        "warmup": args.warmup,
+        "iterations": args.iterations,
+    }
     algorithm = ALGORITHMS["penalty"]
     with tempfile.TemporaryDirectory() as folder:
         names = [f"owner-{k}" for k in range(owners)]

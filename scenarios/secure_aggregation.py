@@ -133,7 +133,8 @@ def run_mode(
         reference = MODEL.reference_posterior(np.concatenate(records))
         rng = np.random.default_rng(3 + seed)
         theta0 = reference.mean + reference.sd * rng.standard_normal((CHAINS, 1))
-        algorithm = ALGORITHMS["penalty"].kernel(MODEL, ChainData(oracle=oracle), {"step": STEP})
+        fixed = {"step": STEP, "adapt_step": False, "target_accept": 0.5}  # compared across K
+        algorithm = ALGORITHMS["penalty"].kernel(MODEL, ChainData(oracle=oracle), fixed)
         start = time.perf_counter()
         result = sample(algorithm, rng, theta0, iterations=kept, warmup=warmup, progress=False)
         seconds = time.perf_counter() - start

@@ -118,3 +118,38 @@ def test_resumed_chain_equals_uninterrupted_chain(tmp_path, algorithm):
     np.testing.assert_array_equal(resumed.theta, reference.theta)
     np.testing.assert_array_equal(resumed.accepted, reference.accepted)
     assert [r.session.answers for r in oracle.privacy_reports()] == reference_answers
+
+
+@pytest.mark.parametrize("algorithm", ["penalty", "penalty_expfam"])
+def test_a_run_interrupted_during_warmup_adapts_on_exactly(tmp_path, algorithm):
+    """A crash in the middle of warmup, while the step is still adapting: the checkpoint holds
+    the adaptation state, and the resumed run adapts to the very step of the uninterrupted one
+    and then draws its chain, answer for answer, with nothing charged twice."""
+    reference_oracle = owners(tmp_path, "reference")
+    reference_oracle.open_session(algorithm, 10**5, session="run")
+    reference = run(reference_oracle, algorithm)
+    reference_answers = [r.session.answers for r in reference_oracle.privacy_reports()]
+    assert reference.state.tuning.count == WARMUP and reference.state.tuning.step < 0.2
+
+    crashed = owners(tmp_path, "crashed")
+    session = crashed.open_session(algorithm, 10**5, session="run")
+    path = tmp_path / "checkpoint.npz"
+    with pytest.raises(Crash):  # checkpoints every 10 iterations, crash inside the warmup
+        run(
+            CrashingOracle(crashed, calls=25 if algorithm == "penalty" else 5),
+            algorithm,
+            checkpoint=lambda p: checkpoint.save(path, p),
+            checkpoint_every=10,
+        )
+    saved = checkpoint.load(path)
+    assert 0 < saved.done < WARMUP and saved.state.tuning.count == saved.done
+    assert saved.state.tuning.h_avg != 0.0  # the adaptation is under way
+    crashed.host.nodes[0].ledger.close()
+    oracle = owners(tmp_path, "crashed")
+    oracle.open_session(algorithm, 10**5, session=session)
+    resumed = run(oracle, algorithm, resume=saved)
+
+    assert resumed.state.tuning == reference.state.tuning
+    np.testing.assert_array_equal(resumed.theta, reference.theta)
+    np.testing.assert_array_equal(resumed.accepted, reference.accepted)
+    assert [r.session.answers for r in oracle.privacy_reports()] == reference_answers
