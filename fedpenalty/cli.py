@@ -232,8 +232,8 @@ def secure_line(privacy: dict[str, Any]) -> str:
 
 #: What the console adds when adaptation stopped at an end of its range (``bound``).
 _BOUND_NOTE = {
-    "admitted": "; it stayed at the admitted maximum: the acceptance there is above the target, "
-    "so a larger sampler.step may mix faster (the owners check the plan at sampler.step)",
+    "admitted": "; it stayed at the admitted maximum sampler.step: the acceptance there is above "
+    "the target, so a larger sampler.step may mix faster",
     "lower": "; it stopped at its floor {lower:.3g}: the target needs a shorter step than "
     "sampler.step allows adapting to; lower sampler.step",
     None: "",

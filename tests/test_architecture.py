@@ -17,7 +17,8 @@ from fedpenalty.coordinator.transports import TRANSPORTS
 
 ROOT = Path(fedpenalty.__file__).parent
 #: Kernel modules: pure numpy over the oracle interface (docs/design.md §4).
-KERNELS = ("base", "mh", "exact", "expfam", "sgmcmc", "sgld", "sghmc", "sgnht", "driver")
+KERNELS = ("base", "mh", "adapt", "exact", "expfam")
+KERNELS += ("sgmcmc", "sgld", "sghmc", "sgnht", "driver")
 #: The leaves every layer may import; they import no other part of the package.
 LEAVES = ("errors", "models", "privacy")
 
