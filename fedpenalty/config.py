@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import tomllib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
@@ -239,9 +239,16 @@ class Scenario:
     """A fully resolved scenario: every section with every key."""
 
     sections: dict[str, dict[str, Any]]
+    #: "section.key" → where its value came from (``load_scenario``); a key not named here has
+    #: its generic default
+    origins: dict[str, str] = field(default_factory=dict, compare=False)
 
     def __getitem__(self, section: str) -> dict[str, Any]:
         return self.sections[section]
+
+    def origin(self, key: str) -> str:
+        """Where the value of ``key`` ("section.key") came from, in words."""
+        return self.origins.get(key, GENERIC)
 
     def to_toml(self) -> str:
         """The resolved scenario as TOML (keys whose value is unset are written as comments)."""
@@ -257,32 +264,39 @@ class Scenario:
         return ("\n".join(unset) + "\n\n" if unset else "") + tomli_w.dumps(clean)
 
 
-def default_scenario_text() -> str:
-    """The model-independent part of the scenario ``fedpenalty simulate`` runs when given none
-    (``default_scenario_for`` adds the model's keys)."""
-    return resources.files("fedpenalty").joinpath("default_scenario.toml").read_text()
+#: Where a key's value came from when no layer set it (``Scenario.origin``).
+GENERIC = "the generic default in fedpenalty/config.py"
+FROM_FILE = "from your file"
+FROM_SET = "from --set"
 
 
-def model_defaults() -> dict[str, dict[str, dict[str, Any]]]:
-    """Per model name, the embedded default scenario's [model], [data] and [sampler] keys
-    sized for that model (``model_defaults.toml``)."""
+def model_defaults() -> dict[str, dict[str, Any]]:
+    """``model_defaults.toml`` parsed: per model name, its own [model], [data] and [sampler]
+    keys, and per algorithm name a table of that (model, sampler)'s [data], [privacy] and
+    [sampler] keys."""
     text = resources.files("fedpenalty").joinpath("model_defaults.toml").read_text()
     return tomllib.loads(text)
 
 
-def default_scenario_for(model: str | None = None) -> dict[str, Any]:
-    """The embedded default scenario (parsed) for ``model`` (default: the one it names), with
-    that model's keys from ``model_defaults.toml``."""
-    raw = tomllib.loads(default_scenario_text())
-    name = model or raw["model"]["name"]
-    sized = model_defaults().get(name)
-    if sized is None:
-        known = ", ".join(sorted(MODELS))
-        raise ConfigError(f"[model] unknown model name {name!r}; known models: {known}")
-    for section, keys in sized.items():
-        raw.setdefault(section, {}).update(keys)
-    raw["model"]["name"] = name
-    return raw
+def default_layers(model: str, algorithm: str) -> list[tuple[str, dict[str, dict[str, Any]]]]:
+    """The default layers of a scenario for ``model`` run by ``algorithm``, lowest first, each
+    as (origin, sections): the model's table, then the (model, algorithm) table. Both come
+    from ``model_defaults.toml``; an unknown name has none (validation names it)."""
+    entry = model_defaults().get(model, {})
+    own = {s: keys for s, keys in entry.items() if s in SECTIONS}
+    paired = entry.get(algorithm, {}) if algorithm in ALGORITHMS else {}
+    return [
+        (f"the {model} model's default", own),
+        (f"the default of {algorithm} on {model}", paired),
+    ]
+
+
+def default_scenario_for(model: str | None = None, algorithm: str | None = None) -> Scenario:
+    """The embedded default scenario (what ``fedpenalty simulate`` runs when given no file)
+    for ``model`` and ``algorithm`` (default: the generic defaults' gaussian_mean, penalty)."""
+    overrides = [f"model.name={model!r}"] if model else []
+    overrides += [f"sampler.algorithm={algorithm!r}"] if algorithm else []
+    return load_scenario(None, overrides)
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:
@@ -299,34 +313,72 @@ def parse_override(text: str) -> tuple[str, str, Any]:
 
 
 def load_scenario(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Scenario:
-    """Read a scenario file (or the embedded default), apply overrides, validate, resolve.
+    """Read a scenario file (or none: the embedded default), apply overrides, fill in the
+    defaults, validate, resolve.
 
-    ``--set model.name=NAME`` switches the model: a [model] table's other keys belong to the
-    model it names, so they are dropped (NAME's defaults apply, then any ``model.*`` given);
-    the embedded default also takes NAME's data and sampler sizes (``model_defaults.toml``)."""
+    Every key takes its value from the highest of these layers that sets it (docs/design.md
+    §4): the generic defaults of the section models above, the model's table of
+    ``model_defaults.toml``, its (model, sampler) table, the file, then ``--set``; the resolved
+    scenario records where each value came from (``Scenario.origin``). ``--set
+    model.name=NAME`` switches the model: a [model] table's other keys belong to the model it
+    names, so they are dropped (NAME's defaults apply, then any ``model.*`` given)."""
     parsed = [parse_override(item) for item in overrides]
     names = [v for section, key, v in parsed if (section, key) == ("model", "name")]
     chosen = names[-1] if names and isinstance(names[-1], str) else None
-    if path is None:
-        raw = default_scenario_for(chosen)
-    else:
-        try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise ConfigError(f"cannot read scenario {path}: {exc.strerror}") from exc
-        try:
-            raw = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
-        model = raw.get("model")
-        if chosen is not None and isinstance(model, dict) and model.get("name") != chosen:
-            raw["model"] = {"name": chosen}
+    raw = {} if path is None else _read(Path(path))
+    model = raw.get("model")
+    if chosen is not None and isinstance(model, dict) and model.get("name") != chosen:
+        raw["model"] = {"name": chosen}
+    origins = {
+        f"{section}.{key}": FROM_FILE
+        for section, keys in raw.items()
+        if isinstance(keys, dict)
+        for key in keys
+    }
     for section, key, value in parsed:
         raw.setdefault(section, {})
         if not isinstance(raw[section], dict):
             raise ConfigError(f"[{section}] must be a table")
         raw[section][key] = value
-    return resolve(raw)
+        origins[f"{section}.{key}"] = FROM_SET
+    return _resolve_layers(raw, origins)
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read scenario {path}: {exc.strerror}") from exc
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
+
+
+def _chosen(raw: dict[str, Any], section: str, key: str) -> str:
+    """The name ``raw`` gives at ``section.key``, else the generic default's."""
+    table = raw.get(section)
+    value = table.get(key) if isinstance(table, dict) else None
+    default = ScenarioFile.model_fields[section].default.model_dump()[key]
+    return value if isinstance(value, str) else default
+
+
+def _resolve_layers(raw: dict[str, Any], origins: dict[str, str]) -> Scenario:
+    """``raw`` (the user's keys, from ``origins``) over the default layers of its model and
+    algorithm, resolved."""
+    model, algorithm = _chosen(raw, "model", "name"), _chosen(raw, "sampler", "algorithm")
+    merged: dict[str, Any] = {}
+    layered: dict[str, str] = {}
+    for origin, sections in default_layers(model, algorithm):
+        for section, keys in sections.items():
+            merged.setdefault(section, {}).update(keys)
+            layered.update({f"{section}.{key}": origin for key in keys})
+    for section, keys in raw.items():
+        if isinstance(keys, dict) and isinstance(merged.get(section), dict):
+            merged[section].update(keys)
+        else:
+            merged[section] = keys
+    return replace(resolve(merged), origins={**layered, **origins})
 
 
 def resolve(raw: dict[str, Any]) -> Scenario:
