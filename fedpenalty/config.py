@@ -1,9 +1,11 @@
 """Scenario files: parsing, defaults, validation and the resolved form written to a run.
 
 A scenario is a TOML file with sections ``[model]``, ``[data]``, ``[privacy]``, ``[sampler]``
-and ``[run]``. Every key has a default (the section models below); an unknown section or key is
-an error that names it; a bad value is an error that says what is allowed. ``--set
-section.key=value`` overrides are parsed as TOML values (falling back to a bare string).
+and ``[run]``. Every key has a default: the generic one of the section models below, unless
+the model's table or the (model, sampler) table of ``model_defaults.toml`` sets it
+(``load_scenario``); an unknown section or key is an error that names it; a bad value is an
+error that says what is allowed. ``--set section.key=value`` overrides are parsed as TOML
+values (falling back to a bare string).
 """
 
 from __future__ import annotations
@@ -289,14 +291,6 @@ def default_layers(model: str, algorithm: str) -> list[tuple[str, dict[str, dict
         (f"the {model} model's default", own),
         (f"the default of {algorithm} on {model}", paired),
     ]
-
-
-def default_scenario_for(model: str | None = None, algorithm: str | None = None) -> Scenario:
-    """The embedded default scenario (what ``fedpenalty simulate`` runs when given no file)
-    for ``model`` and ``algorithm`` (default: the generic defaults' gaussian_mean, penalty)."""
-    overrides = [f"model.name={model!r}"] if model else []
-    overrides += [f"sampler.algorithm={algorithm!r}"] if algorithm else []
-    return load_scenario(None, overrides)
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:

@@ -116,16 +116,21 @@ def test_a_file_with_only_iterations_and_warmup_runs_at_the_models_step(capsys, 
     assert diagnostics["warnings"] == [] and diagnostics["error"]["mean_in_sd"][0] < 3
 
 
-#: The runs of the sampler switch: every sampler on the default model, and the other models'
-#: defaults of the samplers the issue names.
-SWITCHES = [("gaussian_mean", a) for a in runs("gaussian_mean")] + [
-    (m, a) for m in ("bernoulli", "poisson", "logistic") for a in ("penalty", "sgld")
+#: The runs of the sampler switch (model, sampler, transport): every sampler on the default
+#: model, the other models' defaults of the samplers the issue names, and the switch to SGLD over
+#: the default transport (local owner processes on gRPC), which ran at the penalty step before.
+SWITCHES = [
+    *[("gaussian_mean", a, "inprocess") for a in runs("gaussian_mean")],
+    *[(m, a, "inprocess") for m in ("bernoulli", "poisson") for a in ("penalty", "sgld")],
+    ("gaussian_mean", "sgld", "grpc"),
 ]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model,algorithm", SWITCHES, ids=str)
-def test_switching_the_sampler_brings_defaults_that_fit_and_mix(capsys, tmp_path, model, algorithm):
+@pytest.mark.parametrize("model,algorithm,transport", SWITCHES, ids=str)
+def test_switching_the_sampler_brings_defaults_that_fit_and_mix(
+    capsys, tmp_path, model, algorithm, transport
+):
     """``--set sampler.algorithm=NAME`` (and ``model.name``) on the embedded default, as a user
     types it: the run fits each owner's default budget and mixes — split R-hat ≤ RHAT_LIMIT
     and bulk ESS at least 1.5 × the "not mixed" threshold (ESS_PER_CHAIN per chain), so no
@@ -135,7 +140,8 @@ def test_switching_the_sampler_brings_defaults_that_fit_and_mix(capsys, tmp_path
     run at another sampler's step, 41 sd off before, fails)."""
     out = tmp_path / "run"
     switch = ["--set", f"sampler.algorithm={algorithm}", "--set", f"model.name={model}"]
-    code, stdout, err = simulate(capsys, *switch, *INPROCESS, "--out", str(out))
+    where = ["--set", f"run.transport='{transport}'", "--no-progress"]
+    code, stdout, err = simulate(capsys, *switch, *where, "--out", str(out))
     assert code == 0, err
     assert "have not mixed" not in stdout + err
     privacy = json.loads((out / "privacy.json").read_text())
