@@ -1,9 +1,11 @@
 """Scenario files: parsing, defaults, validation and the resolved form written to a run.
 
 A scenario is a TOML file with sections ``[model]``, ``[data]``, ``[privacy]``, ``[sampler]``
-and ``[run]``. Every key has a default (the section models below); an unknown section or key is
-an error that names it; a bad value is an error that says what is allowed. ``--set
-section.key=value`` overrides are parsed as TOML values (falling back to a bare string).
+and ``[run]``. Every key has a default: the generic one of the section models below, unless
+the model's table or the (model, sampler) table of ``model_defaults.toml`` sets it
+(``load_scenario``); an unknown section or key is an error that names it; a bad value is an
+error that says what is allowed. ``--set section.key=value`` overrides are parsed as TOML
+values (falling back to a bare string).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import copy
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
@@ -252,9 +254,16 @@ class Scenario:
     """A fully resolved scenario: every section with every key."""
 
     sections: dict[str, dict[str, Any]]
+    #: "section.key" → where its value came from (``load_scenario``); a key not named here has
+    #: its generic default
+    origins: dict[str, str] = field(default_factory=dict, compare=False)
 
     def __getitem__(self, section: str) -> dict[str, Any]:
         return self.sections[section]
+
+    def origin(self, key: str) -> str:
+        """Where the value of ``key`` ("section.key") came from, in words."""
+        return self.origins.get(key, GENERIC)
 
     def to_toml(self) -> str:
         """The resolved scenario as TOML (keys whose value is unset are written as comments)."""
@@ -270,32 +279,31 @@ class Scenario:
         return ("\n".join(unset) + "\n\n" if unset else "") + tomli_w.dumps(clean)
 
 
-def default_scenario_text() -> str:
-    """The model-independent part of the scenario ``fedpenalty simulate`` runs when given none
-    (``default_scenario_for`` adds the model's keys)."""
-    return resources.files("fedpenalty").joinpath("default_scenario.toml").read_text()
+#: Where a key's value came from when no layer set it (``Scenario.origin``).
+GENERIC = "the generic default in fedpenalty/config.py"
+FROM_FILE = "from your file"
+FROM_SET = "from --set"
 
 
-def model_defaults() -> dict[str, dict[str, dict[str, Any]]]:
-    """Per model name, the embedded default scenario's [model], [data] and [sampler] keys
-    sized for that model (``model_defaults.toml``)."""
+def model_defaults() -> dict[str, dict[str, Any]]:
+    """``model_defaults.toml`` parsed: per model name, its own [model], [data] and [sampler]
+    keys, and per algorithm name a table of that (model, sampler)'s [data], [privacy] and
+    [sampler] keys."""
     text = resources.files("fedpenalty").joinpath("model_defaults.toml").read_text()
     return tomllib.loads(text)
 
 
-def default_scenario_for(model: str | None = None) -> dict[str, Any]:
-    """The embedded default scenario (parsed) for ``model`` (default: the one it names), with
-    that model's keys from ``model_defaults.toml``."""
-    raw = tomllib.loads(default_scenario_text())
-    name = model or raw["model"]["name"]
-    sized = model_defaults().get(name)
-    if sized is None:
-        known = ", ".join(sorted(MODELS))
-        raise ConfigError(f"[model] unknown model name {name!r}; known models: {known}")
-    for section, keys in sized.items():
-        raw.setdefault(section, {}).update(keys)
-    raw["model"]["name"] = name
-    return raw
+def default_layers(model: str, algorithm: str) -> list[tuple[str, dict[str, dict[str, Any]]]]:
+    """The default layers of a scenario for ``model`` run by ``algorithm``, lowest first, each
+    as (origin, sections): the model's table, then the (model, algorithm) table. Both come
+    from ``model_defaults.toml``; an unknown name has none (validation names it)."""
+    entry = model_defaults().get(model, {})
+    own = {s: keys for s, keys in entry.items() if s in SECTIONS}
+    paired = entry.get(algorithm, {}) if algorithm in ALGORITHMS else {}
+    return [
+        (f"the {model} model's default", own),
+        (f"the default of {algorithm} on {model}", paired),
+    ]
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:
@@ -331,28 +339,64 @@ def load_scenario(
     path: str | Path | Mapping[str, Any] | None = None,
     overrides: Sequence[str] | Mapping[str, Any] = (),
 ) -> Scenario:
-    """Read a scenario file (or take a mapping of its sections, or the embedded default), apply
-    overrides (``parse_overrides``), validate, resolve.
+    """Read a scenario file (or take a mapping of its sections, or none: the embedded default),
+    apply overrides (``parse_overrides``), fill in the defaults, validate, resolve.
 
-    ``--set model.name=NAME`` switches the model: a [model] table's other keys belong to the
-    model it names, so they are dropped (NAME's defaults apply, then any ``model.*`` given);
-    the embedded default also takes NAME's data and sampler sizes (``model_defaults.toml``)."""
+    Every key takes its value from the highest of these layers that sets it (docs/design.md
+    §4): the generic defaults of the section models above, the model's table of
+    ``model_defaults.toml``, its (model, sampler) table, the file, then ``--set``; the resolved
+    scenario records where each value came from (``Scenario.origin``). ``--set
+    model.name=NAME`` switches the model: a [model] table's other keys belong to the model it
+    names, so they are dropped (NAME's defaults apply, then any ``model.*`` given)."""
     parsed = parse_overrides(overrides)
     names = [v for section, key, v in parsed if (section, key) == ("model", "name")]
     chosen = names[-1] if names and isinstance(names[-1], str) else None
     if path is None:
-        raw = default_scenario_for(chosen)
+        raw: dict[str, Any] = {}
     else:
         raw = copy.deepcopy(dict(path)) if isinstance(path, Mapping) else _read_scenario(path)
-        model = raw.get("model")
-        if chosen is not None and isinstance(model, dict) and model.get("name") != chosen:
-            raw["model"] = {"name": chosen}
+    model = raw.get("model")
+    if chosen is not None and isinstance(model, dict) and model.get("name") != chosen:
+        raw["model"] = {"name": chosen}
+    origins = {
+        f"{section}.{key}": FROM_FILE
+        for section, keys in raw.items()
+        if isinstance(keys, dict)
+        for key in keys
+    }
     for section, key, value in parsed:
         raw.setdefault(section, {})
         if not isinstance(raw[section], dict):
             raise ConfigError(f"[{section}] must be a table")
         raw[section][key] = value
-    return resolve(raw)
+        origins[f"{section}.{key}"] = FROM_SET
+    return _resolve_layers(raw, origins)
+
+
+def _chosen(raw: dict[str, Any], section: str, key: str) -> str:
+    """The name ``raw`` gives at ``section.key``, else the generic default's."""
+    table = raw.get(section)
+    value = table.get(key) if isinstance(table, dict) else None
+    default = ScenarioFile.model_fields[section].default.model_dump()[key]
+    return value if isinstance(value, str) else default
+
+
+def _resolve_layers(raw: dict[str, Any], origins: dict[str, str]) -> Scenario:
+    """``raw`` (the user's keys, from ``origins``) over the default layers of its model and
+    algorithm, resolved."""
+    model, algorithm = _chosen(raw, "model", "name"), _chosen(raw, "sampler", "algorithm")
+    merged: dict[str, Any] = {}
+    layered: dict[str, str] = {}
+    for origin, sections in default_layers(model, algorithm):
+        for section, keys in sections.items():
+            merged.setdefault(section, {}).update(keys)
+            layered.update({f"{section}.{key}": origin for key in keys})
+    for section, keys in raw.items():
+        if isinstance(keys, dict) and isinstance(merged.get(section), dict):
+            merged[section].update(keys)
+        else:
+            merged[section] = keys
+    return replace(resolve(merged), origins={**layered, **origins})
 
 
 def _read_scenario(path: str | Path) -> dict[str, Any]:

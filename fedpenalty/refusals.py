@@ -9,16 +9,18 @@ checks it at session open (docs/design.md §2.5).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from .common import LOG_RATIO, SGMCMC, Policy
+from .common import LOG_RATIO, SGMCMC, SUFF_STATS, Policy
+from .config import Scenario
 from .errors import BudgetExhausted, FedPenaltyError
 from .models import ExpFamModel, Model
 from .owner.noise import lattice_gradient_multiplier
 from .privacy import GaussianSpend
 from .privacy.owner_epsilon import max_gdp_mu_squared, owner_epsilon
 from .privacy.subsampled import SubsampledGaussian, calibrate_noise_multiplier, max_steps
+from .privacy.subsampled import epsilon as sampled_epsilon
 
 
 class PlanRefused(FedPenaltyError):
@@ -46,13 +48,20 @@ def plan_needs(
     answers: int,
     session: Mapping[str, float],
     lattice: bool,
+    spent_epsilon: float = 0.0,
 ) -> PlanNeeds:
     """The needs of ``answers`` answers of kind ``query`` for an owner with ``policy`` that has
-    spent nothing yet, in a session that declares ``session`` (``sampling_rate``,
-    ``max_step``); ``lattice``: a deployed owner (exact lattice answers, Rényi-DP accounting)."""
+    spent ``spent_epsilon`` at its δ before (its budget less the ``epsilon_left`` of its
+    refusal), in a session that declares ``session`` (``sampling_rate``, ``max_step``);
+    ``lattice``: a deployed owner (exact lattice answers, Rényi-DP accounting).
+
+    The earlier spend is taken as Gaussian answers of the total μ whose ε is
+    ``spent_epsilon`` (``_spent``): exact for an owner whose earlier answers were all Gaussian
+    (log-likelihood ratios, statistic copies), a stand-in of equal ε at δ otherwise."""
     budget, delta, neighbour = policy.budget_epsilon, policy.delta, policy.neighbour
+    before = _spent(spent_epsilon, policy, lattice)
     if query == SGMCMC:
-        return _gradient_needs(model, policy, answers, session["sampling_rate"], lattice)
+        return _gradient_needs(model, policy, answers, session["sampling_rate"], lattice, before)
     step = min(policy.max_step, session.get("max_step", policy.max_step))
     if query == LOG_RATIO:
         sensitivity = float(model.log_ratio_sensitivity(step, neighbour))
@@ -60,34 +69,95 @@ def plan_needs(
         assert isinstance(model, ExpFamModel)
         sensitivity = model.stat_sensitivity(neighbour)
     mu = sensitivity / policy.sigma
-    spend = GaussianSpend(answers, answers * mu * mu, mu)
+    spend = GaussianSpend(
+        before.answers + answers, before.mu_squared + answers * mu * mu, max(before.max_mu, mu)
+    )
     need, _ = owner_epsilon(spend, [], delta, neighbour, lattice)
-    cap = max_gdp_mu_squared(budget, delta, neighbour, [], lattice=lattice)
-    scale = math.sqrt(cap / (answers * mu * mu)) if answers else math.inf
+    left = max_gdp_mu_squared(budget, delta, neighbour, [], lattice=lattice) - before.mu_squared
+    if left <= 0:  # nothing fits but a larger budget
+        return PlanNeeds(answers, need, 0, math.inf, None)
+    scale = math.sqrt(left / (answers * mu * mu)) if answers else math.inf
     return PlanNeeds(
         answers,
         need,
-        int(cap / (mu * mu)),
+        int(left / (mu * mu)),
         policy.sigma / scale,
         step * scale if query == LOG_RATIO else None,
     )
 
 
+def _spent(epsilon: float, policy: Policy, lattice: bool) -> GaussianSpend:
+    """Gaussian answers whose ε at the policy's δ is ``epsilon``: μ² by the owner's own
+    accountant (exact GDP, or RDP for lattice answers), so composing them with a plan gives
+    the ε the owner checks."""
+    if epsilon <= 0:
+        return GaussianSpend()
+    mu2 = max_gdp_mu_squared(epsilon, policy.delta, policy.neighbour, [], lattice=lattice)
+    return GaussianSpend(1, mu2, math.sqrt(mu2))
+
+
 def _gradient_needs(
-    model: Model, policy: Policy, answers: int, rate: float, lattice: bool
+    model: Model,
+    policy: Policy,
+    answers: int,
+    rate: float,
+    lattice: bool,
+    before: GaussianSpend,
 ) -> PlanNeeds:
-    """``plan_needs`` of gradient answers. Simulated owners account them by the smaller of
-    dp-accounting's PLD and RDP figures, so the PLD answers count and noise multiplier fit
-    (never overstated); deployed owners' lattice bounds are not inverted here (None)."""
+    """``plan_needs`` of gradient answers after the Gaussian spend ``before``. Simulated owners
+    account them by the smaller of dp-accounting's PLD and RDP figures, so the answer count and
+    noise multiplier found here (PLD for an owner that has spent nothing, RDP after earlier
+    spend) fit (never overstated); deployed owners' lattice bounds are not inverted here
+    (None)."""
     budget, delta, neighbour = policy.budget_epsilon, policy.delta, policy.neighbour
     sigma = lattice_gradient_multiplier(policy.sigma, model.dim) if lattice else policy.sigma
     event = SubsampledGaussian(rate, sigma, answers)
-    need, _ = owner_epsilon(GaussianSpend(), [event], delta, neighbour, lattice)
+    need, _ = owner_epsilon(before, [event], delta, neighbour, lattice)
     if lattice:
         return PlanNeeds(answers, need, None, None, None)
-    fit = max_steps(sigma, rate, budget, delta, neighbour=neighbour)
-    least = calibrate_noise_multiplier(budget, delta, rate, max(answers, 1), neighbour=neighbour)
+    if before.answers == 0:
+        fit = max_steps(sigma, rate, budget, delta, neighbour=neighbour)
+        least = calibrate_noise_multiplier(
+            budget, delta, rate, max(answers, 1), neighbour=neighbour
+        )
+        return PlanNeeds(answers, need, fit, least, None)
+
+    # the earlier Gaussian answers as the accountant composes them with gradient answers; RDP
+    # alone, an upper bound on the owner's figure (the smaller of PLD and RDP), so what fits
+    # here fits the owner's check, at a few accountant calls per candidate
+    factor = 2.0 if neighbour == "replace_one" else 1.0
+    earlier = SubsampledGaussian(1.0, factor / before.mu, 1)
+
+    def fits(count: int, multiplier: float) -> bool:
+        events = [earlier, SubsampledGaussian(rate, multiplier, count)]
+        return sampled_epsilon(events, delta, neighbour=neighbour, accountant="rdp") <= budget
+
+    if not fits(0, sigma):
+        return PlanNeeds(answers, need, 0, math.inf, None)
+    fit = _largest(lambda count: fits(count, sigma), answers)
+    least = _smallest(lambda multiplier: fits(max(answers, 1), multiplier), sigma)
     return PlanNeeds(answers, need, fit, least, None)
+
+
+def _largest(fits: Callable[[int], bool], above: int) -> int:
+    """The largest count in [0, ``above``) that ``fits`` (monotone; ``fits(0)``), by bisection."""
+    low, high = 0, above
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid)
+    return low
+
+
+def _smallest(fits: Callable[[float], bool], above: float, rtol: float = 1e-3) -> float:
+    """A noise multiplier that ``fits`` (monotone in it), within ``rtol`` of the smallest one,
+    above ``above`` (which does not fit): doubling, then bisection in log space."""
+    low, high = above, 2 * above
+    while not fits(high):
+        low, high = high, 2 * high
+    while high > low * (1 + rtol):
+        mid = math.sqrt(low * high)
+        low, high = (low, mid) if fits(mid) else (mid, high)
+    return high
 
 
 def _up(x: float) -> str:
@@ -108,10 +178,12 @@ def budget_refusal(
     query: str,
     chains: int,
     deployed: bool,
+    causes: str = "",
 ) -> PlanRefused:
-    """The one-line error for an owner's refusal of the plan: the ε it needs, the budget, and
-    the keys that would make it fit (scenario keys, or the owner's OWNER.toml for deployed
-    owners, whose policy the coordinator cannot change)."""
+    """The one-line error for an owner's refusal of the plan: the ε it needs, the budget, the
+    ``causes`` (``plan_causes``), and the keys that would make it fit with what the owner has
+    left (scenario keys, or the owner's OWNER.toml for deployed owners, whose policy the
+    coordinator cannot change)."""
     owner = exc.owner or "an owner"
     spent = exc.epsilon_left < policy.budget_epsilon * (1 - 1e-9)
     head = (
@@ -119,6 +191,7 @@ def budget_refusal(
         f"{query} answers needs ε = {_up(needs.epsilon)} at δ = {policy.delta:g} in the worst "
         f"case its policy allows, past its budget ε = {policy.budget_epsilon:g}"
         + (f" ({exc.epsilon_left:.3g} left: it has spent before)" if spent else "")
+        + (f". The plan's spend comes from {causes}" if causes else "")
     )
     budget_key = (
         "the owner's budget_epsilon in the [privacy] table of its OWNER.toml"
@@ -151,8 +224,54 @@ def budget_refusal(
     if needs.max_step is not None:
         step_key = "sampler.step" if deployed else "sampler.step (and privacy.max_step, if set)"
         options.append(f"{step_key} ≤ {_down(needs.max_step)} (smaller moves mix slower)")
-    note = " (figures for an owner that has spent nothing yet)" if spent else ""
+    note = f" (figures for the ε {exc.epsilon_left:.3g} it has left)" if spent else ""
     return PlanRefused(f"{head}. To run, change one of{note}: {'; '.join(options)}")
+
+
+#: The scenario keys whose values set the worst-case spend of a plan, per query kind
+#: (docs/design.md §2.5); ``privacy.max_step`` only when set.
+SPEND_KEYS: dict[str, tuple[str, ...]] = {
+    LOG_RATIO: (
+        "sampler.chains",
+        "sampler.warmup",
+        "sampler.iterations",
+        "sampler.step",
+        "privacy.max_step",
+        "privacy.sigma",
+    ),
+    SUFF_STATS: (
+        "sampler.chains",
+        "sampler.warmup",
+        "sampler.iterations",
+        "sampler.block",
+        "privacy.sigma",
+    ),
+    SGMCMC: (
+        "sampler.chains",
+        "sampler.warmup",
+        "sampler.iterations",
+        "sampler.sampling_rate",
+        "privacy.sigma",
+    ),
+}
+
+
+def plan_causes(scenario: Scenario, query: str, policy: Policy, deployed: bool) -> str:
+    """The keys that drive a plan's spend, each with its value and where the value came from,
+    e.g. "sampler.step = 0.05 (the generic default in fedpenalty/config.py)"; a deployed
+    owner's noise and step limit come from its OWNER.toml instead."""
+    words = []
+    for key in SPEND_KEYS[query]:
+        section, name = key.split(".")
+        if deployed and section == "privacy":
+            continue
+        value = scenario[section][name]
+        if value is not None:
+            shown = f"{value:g}" if isinstance(value, (int, float)) else str(value)
+            words.append(f"{key} = {shown} ({scenario.origin(key)})")
+    if deployed:
+        words.append(f"the owner's sigma = {policy.sigma:g} (its OWNER.toml)")
+    return ", ".join(words)
 
 
 def policy_refusal(cause: Exception) -> str:

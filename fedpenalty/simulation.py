@@ -75,7 +75,7 @@ from .errors import (
 from .inference_data import POSTERIOR_FILE, SpendTrace, posterior_tree, read_spend, write_posterior
 from .models import ExpFamModel, Model, Reference, build_model
 from .owner.owner_config import TlsFiles
-from .refusals import budget_refusal, plan_needs, policy_refusal
+from .refusals import budget_refusal, plan_causes, plan_needs, policy_refusal
 
 CHECKPOINT, RUN_INFO = "checkpoint.npz", "run.json"
 
@@ -768,9 +768,11 @@ def _open_session(
         if exc.owner not in owners.names:
             raise
         policy = owners.policies[owners.names.index(exc.owner)]
-        needs = plan_needs(algorithm.query, model, policy, planned, options, owners.deployed)
+        spent = max(policy.budget_epsilon - exc.epsilon_left, 0.0)
+        needs = plan_needs(algorithm.query, model, policy, planned, options, owners.deployed, spent)
+        causes = plan_causes(scenario, algorithm.query, policy, owners.deployed)
         raise budget_refusal(
-            exc, needs, policy, algorithm.query, sampler["chains"], owners.deployed
+            exc, needs, policy, algorithm.query, sampler["chains"], owners.deployed, causes
         ) from exc
 
 

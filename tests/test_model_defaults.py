@@ -1,5 +1,6 @@
 """`--set model.name=...` switches the model of the embedded default (and of a scenario file):
-the model-sized keys follow the chosen model (fedpenalty/model_defaults.toml)."""
+the model-sized keys follow the chosen model (fedpenalty/model_defaults.toml; the layers
+themselves: tests/test_scenario_defaults.py)."""
 
 from __future__ import annotations
 
@@ -26,19 +27,6 @@ SMALL = [
 ]
 
 
-def test_every_model_has_defaults_with_the_same_keys():
-    defaults = model_defaults()
-    assert set(defaults) == set(MODELS)
-    shapes = {
-        name: {s: set(keys) for s, keys in d.items() if s != "model"}
-        for name, d in defaults.items()
-    }
-    assert all(shape == shapes["gaussian_mean"] for shape in shapes.values()), shapes
-    for name, d in defaults.items():  # each [model] table is complete and valid for its model
-        assert set(d["model"]) == set(MODELS[name].defaults())
-        build_model({"name": name, **d["model"]})
-
-
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_default_plan_fits_the_owners_budget(name):
     """The worst case the owners check at session open (every answer at the full step) stays
@@ -60,7 +48,7 @@ def test_simulate_switches_model_on_the_embedded_default(tmp_path, capsys, name)
     assert code == 0, err
     resolved = tomllib.loads((out / "config.toml").read_text())
     assert resolved["model"]["name"] == name
-    assert resolved["sampler"]["step"] == model_defaults()[name]["sampler"]["step"]
+    assert resolved["sampler"]["step"] == model_defaults()[name]["penalty"]["sampler"]["step"]
     assert (out / "posterior.nc").is_file()
 
 

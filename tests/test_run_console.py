@@ -94,11 +94,11 @@ def test_coordinator_mistakes_name_the_flag(capsys, tmp_path):
 
 
 def test_a_plan_no_answer_of_which_fits_does_not_suggest_zero_iterations(capsys, tmp_path):
-    """penalty_expfam without the README's privacy.sigma=500: one answer at σ = 1 already
-    passes the budget, so the refusal suggests a budget or σ, not "at most 0" iterations."""
+    """penalty_expfam at σ = 1 (its default is 550): one answer already passes the budget, so
+    the refusal suggests a budget or σ, not "at most 0" iterations."""
     code = main(
-        ["simulate", "--set", "sampler.algorithm='penalty_expfam'", "--set",
-         "run.transport='inprocess'", "--out", str(tmp_path / "r"), "--no-progress"]
+        ["simulate", "--set", "sampler.algorithm='penalty_expfam'", "--set", "privacy.sigma=1.0",
+         "--set", "run.transport='inprocess'", "--out", str(tmp_path / "r"), "--no-progress"]
     )  # fmt: skip
     _, err = capsys.readouterr()
     assert code == 2 and "privacy.sigma ≥" in err and "privacy.budget_epsilon ≥" in err

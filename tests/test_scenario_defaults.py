@@ -1,0 +1,261 @@
+"""One source of defaults (issue 21, items 1, 2 and 6): a scenario file of one's own, ``--set``
+and the embedded default resolve through the same layers (the generic defaults, the model's
+table, the (model, sampler) table of fedpenalty/model_defaults.toml, the file, ``--set``); a
+refused plan names the keys that drive its spend and where each value came from; the advice
+for an owner that has spent before fits what it has left."""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+
+import numpy as np
+import pytest
+
+from fedpenalty.cli import main
+from fedpenalty.common import LOG_RATIO, SGMCMC, Policy
+from fedpenalty.config import FROM_FILE, FROM_SET, GENERIC, load_scenario, model_defaults
+from fedpenalty.coordinator.algorithms import ALGORITHMS
+from fedpenalty.coordinator.base import ChainAlgorithm
+from fedpenalty.coordinator.inprocess import InProcessOracle
+from fedpenalty.diagnostics import ESS_PER_CHAIN, RHAT_LIMIT
+from fedpenalty.errors import BudgetExhausted
+from fedpenalty.models import MODELS, ExpFamModel, build_model
+from fedpenalty.owner import Ledger, OwnerNode
+from fedpenalty.privacy import GaussianSpend
+from fedpenalty.privacy.owner_epsilon import owner_epsilon
+from fedpenalty.privacy.subsampled import SubsampledGaussian
+from fedpenalty.refusals import budget_refusal, plan_needs
+
+INPROCESS = ["--set", "run.transport='inprocess'", "--no-progress"]
+#: Samplers that ask the owners, and so have a (model, sampler) table for every model they run.
+ASKING = [name for name, a in ALGORITHMS.items() if isinstance(a, ChainAlgorithm) and a.deployable]
+
+
+def runs(model: str) -> list[str]:
+    """The asking samplers ``model`` can run (penalty_expfam needs sufficient statistics)."""
+    expfam = issubclass(MODELS[model], ExpFamModel)
+    return [a for a in ASKING if a != "penalty_expfam" or expfam]
+
+
+def simulate(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(["simulate", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_every_model_has_a_table_for_each_sampler_it_runs():
+    defaults = model_defaults()
+    assert set(defaults) == set(MODELS)
+    for name, entry in defaults.items():
+        assert set(entry["model"]) == set(MODELS[name].defaults())
+        tables = {key for key in entry if key not in ("model", "data", "sampler")}
+        assert tables <= set(ALGORITHMS), tables
+        assert set(runs(name)) <= tables, (name, tables)
+
+
+@pytest.mark.parametrize(
+    "model,algorithm", [(m, a) for m in sorted(MODELS) for a in runs(m)], ids=str
+)
+def test_every_default_plan_fits_the_default_budget_with_margin(model, algorithm):
+    """The worst case each owner checks at session open, by the owners' own accountants,
+    stays below 90% of the default budget (ε = 10 at δ = 1e-5)."""
+    s = load_scenario(None, [f"model.name='{model}'", f"sampler.algorithm='{algorithm}'"])
+    chain = ALGORITHMS[algorithm]
+    assert isinstance(chain, ChainAlgorithm) and chain.query is not None
+    privacy, sampler = s["privacy"], s["sampler"]
+    policy = Policy(
+        sigma=privacy["sigma"],
+        max_step=sampler["step"],
+        budget_epsilon=privacy["budget_epsilon"],
+        delta=privacy["delta"],
+        neighbour=privacy["neighbour"],
+    )
+    answers = chain.planned_answers(sampler)
+    if chain.query == SGMCMC:  # every answer is a subsampled Gaussian at (q, σ)
+        event = SubsampledGaussian(sampler["sampling_rate"], privacy["sigma"], answers)
+        epsilon, _ = owner_epsilon(GaussianSpend(), [event], policy.delta, policy.neighbour)
+    else:  # every answer at the largest sensitivity the session allows
+        options = chain.session_options(sampler)
+        model_ = build_model(s["model"])
+        epsilon = plan_needs(chain.query, model_, policy, answers, options, False).epsilon
+    assert epsilon < 0.9 * privacy["budget_epsilon"], epsilon
+
+
+def test_a_file_with_only_the_model_name_is_the_default_scenario(capsys, tmp_path):
+    path = tmp_path / "mine.toml"
+    path.write_text('[model]\nname = "gaussian_mean"\n')
+    assert load_scenario(path) == load_scenario(None)
+    code, out, err = simulate(capsys, str(path), *INPROCESS, "--out", str(tmp_path / "run"))
+    assert code == 0, err
+    privacy = json.loads((tmp_path / "run" / "privacy.json").read_text())
+    assert all(o["epsilon"] < 10 for o in privacy["owners"])
+    assert "have not mixed" not in out + err
+    # the resolved scenario written to the run is complete: it reloads to the same scenario
+    resolved = tomllib.loads((tmp_path / "run" / "config.toml").read_text())
+    assert resolved["sampler"]["step"] == 0.00125 and resolved["data"]["n_per_owner"] == 10**6
+    written, default = load_scenario(tmp_path / "run" / "config.toml"), load_scenario(None)
+    assert {k: v for k, v in written.sections.items() if k != "run"} == {
+        k: v for k, v in default.sections.items() if k != "run"
+    }
+
+
+def test_a_file_with_only_iterations_and_warmup_runs_at_the_models_step(capsys, tmp_path):
+    path = tmp_path / "longer.toml"
+    path.write_text("[sampler]\niterations = 3000\nwarmup = 500\n")
+    scenario = load_scenario(path)
+    assert scenario.origin("sampler.iterations") == FROM_FILE
+    assert scenario.origin("sampler.step") == "the default of penalty on gaussian_mean"
+    assert scenario.origin("data.n_per_owner") == "the gaussian_mean model's default"
+    code, _, err = simulate(capsys, str(path), *INPROCESS, "--out", str(tmp_path / "run"))
+    assert code == 0, err
+    with np.load(tmp_path / "run" / "samples.npz") as samples:
+        assert samples["theta"].shape == (4, 3000, 1)
+    diagnostics = json.loads((tmp_path / "run" / "diagnostics.json").read_text())
+    assert diagnostics["warnings"] == [] and diagnostics["error"]["mean_in_sd"][0] < 3
+
+
+#: The runs of the sampler switch (model, sampler, transport): every sampler on the default
+#: model, the other models' defaults of the samplers the issue names, and the switch to SGLD over
+#: the default transport (local owner processes on gRPC), which ran at the penalty step before.
+SWITCHES = [
+    *[("gaussian_mean", a, "inprocess") for a in runs("gaussian_mean")],
+    *[(m, a, "inprocess") for m in ("bernoulli", "poisson") for a in ("penalty", "sgld")],
+    ("gaussian_mean", "sgld", "grpc"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model,algorithm,transport", SWITCHES, ids=str)
+def test_switching_the_sampler_brings_defaults_that_fit_and_mix(
+    capsys, tmp_path, model, algorithm, transport
+):
+    """``--set sampler.algorithm=NAME`` (and ``model.name``) on the embedded default, as a user
+    types it: the run fits each owner's default budget and mixes — split R-hat ≤ RHAT_LIMIT
+    and bulk ESS at least 1.5 × the "not mixed" threshold (ESS_PER_CHAIN per chain), so no
+    warning — and its mean lies within 4 reference sd of the exact posterior (fixed seed; the
+    penalty chains are exact and land within ~0.1 sd, SG-MCMC is approximate: its
+    discretisation inflates the sd by a few per cent, which 4 sd leaves room for while a chain
+    run at another sampler's step, 41 sd off before, fails)."""
+    out = tmp_path / "run"
+    switch = ["--set", f"sampler.algorithm={algorithm}", "--set", f"model.name={model}"]
+    where = ["--set", f"run.transport='{transport}'", "--no-progress"]
+    code, stdout, err = simulate(capsys, *switch, *where, "--out", str(out))
+    assert code == 0, err
+    assert "have not mixed" not in stdout + err
+    privacy = json.loads((out / "privacy.json").read_text())
+    assert all(o["epsilon"] <= o["budget_epsilon"] for o in privacy["owners"])
+    diagnostics = json.loads((out / "diagnostics.json").read_text())
+    chains = tomllib.loads((out / "config.toml").read_text())["sampler"]["chains"]
+    assert max(diagnostics["rhat"]) <= RHAT_LIMIT, diagnostics
+    assert min(diagnostics["ess_bulk"]) >= 1.5 * ESS_PER_CHAIN * chains, diagnostics
+    assert max(diagnostics["error"]["mean_in_sd"]) < 4, diagnostics
+
+
+def test_a_step_the_user_sets_stays_theirs(tmp_path):
+    sgld = model_defaults()["gaussian_mean"]["sgld"]
+    path = tmp_path / "mine.toml"
+    path.write_text('[sampler]\nalgorithm = "sgld"\nstep = 1e-7\n')
+    s = load_scenario(path)
+    assert s["sampler"]["step"] == 1e-7 and s.origin("sampler.step") == FROM_FILE
+    # the keys the file leaves out are sgld's on gaussian_mean, not penalty's or the generic
+    assert s["sampler"]["clip"] == sgld["sampler"]["clip"]
+    assert s["privacy"]["sigma"] == sgld["privacy"]["sigma"]
+    assert s.origin("privacy.sigma") == "the default of sgld on gaussian_mean"
+    assert s.origin("sampler.friction") == GENERIC
+    over = load_scenario(path, ["sampler.step=2e-7", "privacy.sigma=3.0"])
+    assert over["sampler"]["step"] == 2e-7 and over.origin("sampler.step") == FROM_SET
+    assert over["privacy"]["sigma"] == 3.0
+    # switching by --set on the default keeps a step given by --set, whatever the order
+    s = load_scenario(None, ["sampler.step=3e-7", "sampler.algorithm=sgld"])
+    assert s["sampler"]["step"] == 3e-7 and s["sampler"]["clip"] == sgld["sampler"]["clip"]
+
+
+def test_a_refused_plan_names_the_keys_and_where_their_values_came_from(capsys, tmp_path):
+    path = tmp_path / "mine.toml"
+    path.write_text('[model]\nname = "gaussian_mean"\n[sampler]\nstep = 0.05\n')
+    out = tmp_path / "run"
+    code, _, err = simulate(
+        capsys, str(path), *INPROCESS, "--set", "sampler.warmup=100", "--out", str(out)
+    )
+    assert code == 2 and "refused the run at session open" in err and not out.exists()
+    assert len(err.strip().splitlines()) == 1
+    for cause in (
+        "sampler.step = 0.05 (from your file)",
+        "sampler.warmup = 100 (from --set)",
+        "sampler.iterations = 4000 (the gaussian_mean model's default)",
+        f"sampler.chains = 4 ({GENERIC})",
+        f"privacy.sigma = 1 ({GENERIC})",
+    ):
+        assert cause in err, err
+
+
+#: The owner's max_step: each answer at it is charged μ = 2 L STEP / σ = 0.08 (L = 8).
+STEP = 0.005
+
+
+def _spent_owner(tmp_path, budget: float, **policy) -> OwnerNode:
+    """An owner of gaussian_mean records whose ledger (``tmp_path``/ledger.sqlite) is kept
+    across the nodes made here, so a node made again has the spend of the earlier ones."""
+    model = build_model({"name": "gaussian_mean"})
+    records = model.simulate_records(np.random.default_rng(0), np.array([0.2]), 500)
+    settings = {"sigma": 1.0, "max_step": STEP, "budget_epsilon": budget, **policy}
+    ledger = Ledger(tmp_path / "ledger.sqlite", synchronous="NORMAL")
+    return OwnerNode(
+        "owner-0", model, records, Policy(**settings), ledger, np.random.default_rng(1)
+    )
+
+
+def _admits(tmp_path, answers: int, max_step: float = STEP, **policy) -> bool:
+    """Whether the owner, with everything it has spent, admits a plan of ``answers``."""
+    node = _spent_owner(tmp_path, **{"budget": 10.0, **policy})
+    oracle = InProcessOracle([node])
+    try:
+        oracle.open_session("penalty", answers, max_step=max_step)
+        oracle.close()  # admitted: closed again, so its plan reserves nothing
+        return True
+    except BudgetExhausted:
+        return False
+    finally:
+        node.ledger.close()
+
+
+def test_the_advice_for_an_owner_that_spent_before_fits_what_it_has_left(tmp_path):
+    """An owner spends ε 7.6 of its 10 in an earlier session (every answer at its
+    max_step); the next plan it refuses gets advice computed from the ε it has left: every
+    change suggested is admitted by the owner itself, and a little more than the suggested
+    answers is refused."""
+    node = _spent_owner(tmp_path, 10.0)
+    oracle = InProcessOracle([node])
+    oracle.open_session("penalty", 400, max_step=STEP)
+    rng = np.random.default_rng(2)
+    for t in range(400):
+        theta = rng.uniform(-1, 1, size=(1, 1))
+        oracle.log_ratio(t, np.array([0]), theta, theta + STEP)
+    oracle.close()
+    node.ledger.close()
+    node = _spent_owner(tmp_path, 10.0)
+    with pytest.raises(BudgetExhausted) as info:
+        InProcessOracle([node]).open_session("penalty", 2000, max_step=STEP)
+    node.ledger.close()
+    left = info.value.epsilon_left
+    assert 1 < left < 9  # it has spent part of its budget, not all of it
+    spent = node.policy.budget_epsilon - left
+    needs = plan_needs(LOG_RATIO, node.model, node.policy, 2000, {"max_step": STEP}, False, spent)
+    message = str(budget_refusal(info.value, needs, node.policy, LOG_RATIO, 4, False))
+    assert f"the ε {left:.3g} it has left" in message
+    per_chain = int(re.search(r"sampler\.iterations ≤ (\d+) with 4 chains", message).group(1))
+    sigma = float(re.search(r"privacy\.sigma ≥ ([0-9.e+-]+)", message).group(1))
+    step = float(
+        re.search(r"sampler\.step \(and privacy\.max_step, if set\) ≤ ([0-9.e+-]+)", message).group(
+            1
+        )
+    )
+    budget = float(re.search(r"privacy\.budget_epsilon ≥ ([0-9.e+-]+)", message).group(1))
+    assert per_chain >= 1
+    assert _admits(tmp_path, 4 * per_chain)
+    assert not _admits(tmp_path, 4 * (per_chain + 2))
+    assert _admits(tmp_path, 2000, sigma=sigma)
+    assert _admits(tmp_path, 2000, max_step=step)
+    assert _admits(tmp_path, 2000, budget=budget)
