@@ -62,7 +62,8 @@ def plan_needs(
     before = _spent(spent_epsilon, policy, lattice)
     if query == SGMCMC:
         return _gradient_needs(model, policy, answers, session["sampling_rate"], lattice, before)
-    step = min(policy.max_step, session.get("max_step", policy.max_step))
+    # answers are charged at least at the owner's charged_step (Policy.charged_step)
+    step = max(min(policy.max_step, session.get("max_step", policy.max_step)), policy.charged_step)
     if query == LOG_RATIO:
         sensitivity = float(model.log_ratio_sensitivity(step, neighbour))
     else:

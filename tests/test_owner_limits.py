@@ -12,6 +12,7 @@ from fedpenalty.config import resolve
 from fedpenalty.errors import BudgetExhausted, ConfigError, InvalidRequest
 from fedpenalty.models import build_model
 from fedpenalty.owner import Ledger, OwnerHost, OwnerNode
+from fedpenalty.privacy.owner_epsilon import max_gdp_mu_squared
 
 GAUSS = build_model({"name": "gaussian_mean", "dim": 1})
 LOGISTIC = build_model({"name": "logistic", "dim": 2})
@@ -186,3 +187,29 @@ def test_simulated_owners_answer_every_chain_of_the_run_in_one_request():
     assert [p.max_answers_per_request for p in many] == [600, 600]
     few = owner_policies(resolve({"sampler": {"chains": 4}}), 1)
     assert few[0].max_answers_per_request == Policy.max_answers_per_request == 512
+
+
+def test_a_plan_declaring_a_step_below_the_charging_floor_is_admitted_at_the_floor():
+    """Answers are charged at least as at the owner's charged_step (max_step/10). A session
+    declaring a shorter largest step (the scenario's 0.001 against OWNER.toml's max_step 0.05)
+    was admitted at 0.001, then charged 25× its reservation per answer and refused part-way
+    through its plan; its admission now reserves the floor, so an admitted plan is answered in
+    full, and a plan the floor cannot cover is refused at the open."""
+    records = GAUSS.simulate_records(np.random.default_rng(5), np.array([0.2]), 200)
+    policy = Policy(max_step=0.05, budget_epsilon=10.0)
+    floor = GAUSS.log_ratio_sensitivity(policy.charged_step, "replace_one") / policy.sigma
+    fits = int(max_gdp_mu_squared(10.0, policy.delta, "replace_one", []) / floor**2)
+
+    def owner() -> OwnerHost:
+        node = OwnerNode("o", GAUSS, records, policy, Ledger(":memory:"),
+                         np.random.default_rng(0))  # fmt: skip
+        return OwnerHost([node])
+
+    with pytest.raises(BudgetExhausted):
+        owner().open_session("s", "penalty", fits + 1, max_step=0.001)
+    h = owner()
+    h.open_session("s", "penalty", fits, max_step=0.001)
+    theta = np.full((1, 1), 0.1)
+    for iteration in range(fits):
+        h.log_ratio("s", iteration, np.array([0]), theta, theta + 0.0009)
+    assert answers(h) == fits

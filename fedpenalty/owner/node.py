@@ -256,7 +256,9 @@ class OwnerNode:
         sd = policy.sigma if secure is None else secure.total_noise_sd
         if algorithm == LOG_RATIO:
             width = 1
-            step = policy.max_step if max_step is None else max_step
+            # every answer is charged at least at charged_step (invariant 14), so the worst
+            # case of a session declaring a shorter step is an answer at charged_step
+            step = max(policy.max_step if max_step is None else max_step, policy.charged_step)
             delta = float(self.model.log_ratio_sensitivity(step, policy.neighbour))
         else:
             assert isinstance(self.model, ExpFamModel)
