@@ -232,7 +232,7 @@ def secure_line(privacy: dict[str, Any]) -> str:
 
 #: What the console adds when adaptation stopped at an end of its range (``bound``).
 _BOUND_NOTE = {
-    "admitted": "; it stayed at the admitted maximum sampler.step: the acceptance there is above "
+    "admitted": "; it kept the admitted maximum sampler.step: the acceptance there is above "
     "the target, so a larger sampler.step would move further per iteration (and cost the "
     "owners more per answer)",
     "lower": "; it stopped at its floor {lower:.3g}: the target needs a shorter step than "
@@ -248,7 +248,8 @@ def step_line(adaptation: dict[str, Any]) -> str:
     if not adaptation["adapted_iterations"]:
         return f"Step: {step:.3g}, fixed (sampler.adapt_step = false, or no warmup)"
     line = (
-        f"Step: adapted over {adaptation['adapted_iterations']} warmup iterations to {step:.3g} "
+        f"Step: {step:.3g} after {adaptation['adapted_iterations']} warmup iterations of "
+        "adaptation "
         f"(admitted maximum {admitted:.3g}; target acceptance {adaptation['target_accept']:g} × "
         f"noise ceiling {adaptation['noise_ceiling']:.3g})"
         + _BOUND_NOTE[adaptation["bound"]].format(lower=adaptation["lower_step"])

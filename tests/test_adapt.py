@@ -181,7 +181,7 @@ def test_the_console_and_the_run_files_say_which_step_was_chosen(tmp_path, capsy
     assert adaptation["adapted_iterations"] == 300 and adaptation["admitted_step"] == 0.004
     assert adaptation["step"] < 0.004 and adaptation["target_accept"] == 0.5
     assert (
-        f"Step: adapted over 300 warmup iterations to {adaptation['step']:.3g} (admitted "
+        f"Step: {adaptation['step']:.3g} after 300 warmup iterations of adaptation (admitted "
         f"maximum 0.004; target acceptance 0.5 × noise ceiling 0.317)" in printed
     )
     import xarray as xr
