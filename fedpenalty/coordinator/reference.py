@@ -30,7 +30,7 @@ REFERENCE_DRAWS = 10_000
 #: Importance-sampling reference: proposal draws, Student-t degrees of freedom of the proposal,
 #: smallest importance-sampling ESS accepted (the Monte-Carlo sd of its mean is then at most
 #: posterior sd / √IS_MIN_ESS ≈ 0.03 sd), and records × draws evaluated at once.
-IS_DRAWS = 4_000
+IS_DRAWS = 2_000
 IS_DF = 4.0
 IS_MIN_ESS = 1_000.0
 IS_CHUNK = 1 << 22
