@@ -175,7 +175,7 @@ def test_simulate_from_csv_files(capsys, tmp_path):
     assert [o["n"] for o in privacy["owners"]] == [300, 300, 300]
     assert [o["sigma"] for o in privacy["owners"]] == [1.0, 2.0, 3.0]
     diagnostics = json.loads((tmp_path / "run" / "diagnostics.json").read_text())
-    assert diagnostics["reference"]["source"] == "exact_mh"
+    assert diagnostics["reference"]["source"] == "importance_sampling"
 
 
 @pytest.mark.parametrize(

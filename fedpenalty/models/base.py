@@ -35,9 +35,10 @@ class Reference:
     """Moments of the reference posterior over Θ, in the sampled parameterisation.
 
     ``mean`` and ``sd`` have shape ``(d,)``; ``source`` says how they were obtained
-    ("closed_form" or "exact_mh"). "closed_form" means deterministic to numerical precision:
-    an analytic formula (e.g. a truncated normal) or an adaptive 1-D quadrature (relative
-    error ~1e-10), never a Monte Carlo estimate.
+    ("closed_form", "importance_sampling" or "exact_mh"). "closed_form" means deterministic to
+    numerical precision: an analytic formula (e.g. a truncated normal) or an adaptive 1-D
+    quadrature (relative error ~1e-10), never a Monte Carlo estimate; the other two are Monte
+    Carlo estimates (``coordinator/reference.py``).
     """
 
     mean: np.ndarray
@@ -144,7 +145,8 @@ class Model(ABC):
     # --- reference -----------------------------------------------------------------------
     def reference_posterior(self, records: np.ndarray) -> Reference | None:
         """Closed-form moments of the posterior given all ``records`` pooled, restricted to Θ,
-        or ``None`` when the model has no closed form (the coordinator then runs exact MH)."""
+        or ``None`` when the model has no closed form (the coordinator then samples it:
+        ``coordinator/reference.py``)."""
         return None
 
     # --- sensitivity ---------------------------------------------------------------------
