@@ -217,11 +217,15 @@ def test_kill_9_of_an_owner_then_resume_charges_nothing_twice_and_gives_the_same
         assert report(owners[o["owner"]], tmp_path)["answers"] == 2 * total
 
     # The resumed chain is the one an uninterrupted run computes from the owners' answers.
-    info = json.loads((out / "run.json").read_text())
-    replay = LedgerReplay(owners, info["session"])
+    assert_the_uninterrupted_chain(out, owners, total)
+
+
+def assert_the_uninterrupted_chain(out, owners, total: int) -> None:
+    """The run's draws in ``out`` are those an uninterrupted run of ``total`` iterations
+    computes from the owners' stored answers (their ledgers)."""
+    replay = LedgerReplay(owners, json.loads((out / "run.json").read_text())["session"])
     try:
-        config = load_scenario(out / "config.toml")
-        rng, theta0 = chain_start(config, MODEL)
+        rng, theta0 = chain_start(load_scenario(out / "config.toml"), MODEL)
         uninterrupted = sample(
             kernel("penalty", MODEL, oracle=replay, step=0.01),
             rng,

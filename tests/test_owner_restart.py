@@ -14,19 +14,23 @@ import numpy as np
 import pytest
 from certificates import TestCA
 from grpc_processes import Processes
-from owners import kernel
-from test_grpc_deploy import MODEL, LedgerReplay, addresses, deploy, report, scenario, start_run
+from test_grpc_deploy import (
+    MODEL,
+    addresses,
+    assert_the_uninterrupted_chain,
+    deploy,
+    report,
+    scenario,
+    start_run,
+)
 
 from fedpenalty.common import Policy
-from fedpenalty.config import load_scenario
-from fedpenalty.coordinator.driver import sample
 from fedpenalty.coordinator.grpc_oracle import GrpcOracle
 from fedpenalty.coordinator.oracle import SecureAggregation
 from fedpenalty.owner import Ledger, OwnerHost, OwnerNode
 from fedpenalty.owner.noise import NoiseKey
 from fedpenalty.owner.peer_auth import PeerAuth
 from fedpenalty.owner.server import ServerThread
-from fedpenalty.simulation import chain_start
 
 TOTAL = 6000
 POLICY = {"sigma": 1.0, "max_step": 0.02, "budget_epsilon": 1000.0}
@@ -95,22 +99,7 @@ def test_an_owner_killed_and_restarted_mid_run_is_re_opened_and_the_run_complete
     assert not (out / "checkpoint.npz").exists()
 
     # The chain is the one an uninterrupted run computes from the owners' stored answers.
-    replay = LedgerReplay(owners, json.loads((out / "run.json").read_text())["session"])
-    try:
-        rng, theta0 = chain_start(load_scenario(out / "config.toml"), MODEL)
-        uninterrupted = sample(
-            kernel("penalty", MODEL, oracle=replay, step=0.01),
-            rng,
-            theta0,
-            iterations=TOTAL,
-            warmup=0,
-            progress=False,
-        )
-    finally:
-        replay.close()
-    samples = np.load(out / "samples.npz")
-    np.testing.assert_array_equal(samples["theta"], uninterrupted.theta)
-    np.testing.assert_array_equal(samples["accepted"], uninterrupted.accepted)
+    assert_the_uninterrupted_chain(out, owners, TOTAL)
 
 
 def secure_node(tmp_path, name: str) -> OwnerNode:
