@@ -45,7 +45,7 @@ def adapted_run(records, target: float, step: float, warmup: int = 1500, iterati
     """Penalty MH with three in-process owners (σ = 1 each), adapted from ``step`` (also the
     owners' max_step and the session's declared maximum)."""
     oracle = make_oracle(GAUSS1, records, SIGMAS, step, seed=21)
-    oracle.open_session("penalty", 8 * (warmup + iterations), max_step=step)
+    oracle.open_session("penalty", 8 * (warmup + iterations), max_step=step, session="adapt")
     steps: list[float] = []
     asking = StepRecorder(oracle, steps)
     algo = kernel("penalty", GAUSS1, oracle=asking, step=step, target_accept=target)
@@ -116,7 +116,7 @@ def test_adaptation_stops_at_the_owners_min_step():
             for k, (r, g) in enumerate(zip(RECORDS, rngs))
         ]
     )
-    oracle.open_session("penalty", 8 * 700, max_step=0.5)
+    oracle.open_session("penalty", 8 * 700, max_step=0.5, session="adapt")
     steps: list[float] = []
     algo = kernel(
         "penalty", GAUSS1, oracle=StepRecorder(oracle, steps), step=0.5, target_accept=0.99
@@ -140,7 +140,7 @@ def test_kept_draws_of_an_adapted_run_match_the_exact_posterior(algorithm):
     """From a step 12× too long, adapted over 1,500 warmup iterations: the kept draws' mean and
     sd lie within Z = 4.5 MCSE of the closed-form posterior (the tests of test_samplers.py)."""
     oracle = make_oracle(GAUSS1, RECORDS, SIGMAS, 0.5, seed=25)
-    oracle.open_session(algorithm, 8 * 7500)
+    oracle.open_session(algorithm, 8 * 7500, session="adapt")
     rng = np.random.default_rng(26)
     ref = GAUSS1.reference_posterior(np.concatenate(RECORDS))
     algo = kernel(algorithm, GAUSS1, oracle=oracle, n_total=600, step=0.5, block=10)

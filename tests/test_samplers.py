@@ -90,7 +90,7 @@ def run(
     oracle = make_oracle(model, records, sigmas, step, seed + 1, **node_options)
     rng = np.random.default_rng(seed)
     theta0 = ref.mean + 0.5 * ref.sd * rng.standard_normal((chains, model.dim))
-    oracle.open_session(algorithm, chains * (iterations + 600))
+    oracle.open_session(algorithm, chains * (iterations + 600), session="samplers")
     used = oracle if sabotage is None else MisdeclaredNoise(oracle, sabotage)
     algo = kernel(
         algorithm, model, oracle=used, n_total=sum(map(len, records)), step=step, block=block
@@ -185,7 +185,7 @@ def test_out_of_box_proposals_ask_nobody():
     """A chain pinned at the edge of Θ: proposals outside are rejected without any answer."""
     records = owners_data(GAUSS1, [2.9], [50], seed=10)
     oracle = make_oracle(GAUSS1, records, [1.0], 0.5, seed=11)
-    oracle.open_session("penalty", 10_000)
+    oracle.open_session("penalty", 10_000, session="samplers")
     rng = np.random.default_rng(12)
     result = sample(
         kernel("penalty", GAUSS1, oracle=oracle, step=0.5),
