@@ -232,19 +232,7 @@ def test_many_owners_get_a_console_summary_and_privacy_json_keeps_every_owner(ca
 
 
 def test_privacy_plot_of_many_owners_draws_a_band(tmp_path):
-    k, p = 40, 6
-    eps = np.linspace(0, 1, p)[None, :] * np.linspace(1, 2, k)[:, None]
-    trace = SpendTrace(
-        tuple(f"o{i}" for i in range(k)),
-        np.full(k, 1e-5),
-        np.full(k, 5.0),
-        np.arange(p) * 10,
-        np.zeros((k, p), dtype=np.int64),
-        eps,
-        eps,
-        eps * 20,
-    )
-    privacy_plot(tmp_path / "p.png", trace)
+    privacy_plot(tmp_path / "p.png", _spend_trace(20.0, k=40))
     assert (tmp_path / "p.png").stat().st_size > 0
 
 
