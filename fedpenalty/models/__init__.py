@@ -15,6 +15,7 @@ from ..errors import ConfigError
 from .base import NEIGHBOURS, ExpFamModel, Model, Neighbour, Reference
 from .bernoulli import Bernoulli
 from .capabilities import BoundedLogLikelihood, ConjugateUpdate
+from .compat import check_owner_models
 from .gaussian_mean import GaussianMean
 from .logistic import Logistic
 from .poisson import Poisson
@@ -60,4 +61,5 @@ __all__ = [
     "Poisson",
     "Reference",
     "build_model",
+    "check_owner_models",
 ]
