@@ -334,3 +334,40 @@ def test_hybrid_splits_the_budget():
     )
     assert spent <= eps / 2 and spent == pytest.approx(eps / 2, rel=1e-3)
     assert start.epsilon_per_owner + spent <= eps + 1e-12
+
+
+# ------------------------------------------------------------------ capabilities, not classes
+
+
+def test_the_baselines_ask_capabilities_not_model_classes():
+    """Each registered model has the capabilities the baselines ask (models/capabilities.py);
+    a model class is not consulted: a model without ``BoundedLogLikelihood`` is refused by name,
+    and one that states its own bounds gets the OPS temperature from them."""
+    from fedpenalty.models import MODELS, BoundedLogLikelihood, ConjugateUpdate
+    from fedpenalty.models.logistic import Logistic
+
+    conjugate = {name for name, cls in MODELS.items() if issubclass(cls, ConjugateUpdate)}
+    assert conjugate == {"gaussian_mean", "bernoulli", "poisson"}
+    assert all(issubclass(cls, BoundedLogLikelihood) for cls in MODELS.values())
+
+    class Unbounded(Logistic):
+        name = "unbounded"
+        log_lik_bound = None  # type: ignore[assignment]  # the capability withdrawn
+
+    class Stated(Logistic):
+        name = "stated"
+
+        def log_lik_bound(self) -> float:
+            return 8.0
+
+    assert not isinstance(Unbounded(), BoundedLogLikelihood)
+    with pytest.raises(
+        ValueError, match="no log-likelihood bound is derived for model 'unbounded'"
+    ):
+        bl.ops_temperature(Unbounded(), 1.0)
+    assert bl.ops_temperature(Stated(), 2.0) == pytest.approx(2.0 / (4 * 8.0), rel=1e-15)
+    logistic = build_model({"name": "logistic"})
+    with pytest.raises(ValueError, match="model 'logistic' has no conjugate posterior"):
+        bl.conjugate_draws(np.random.default_rng(0), logistic, 10, np.zeros(2), 3)
+    with pytest.raises(ValueError, match="no projection is defined for model 'logistic'"):
+        bl.project_stats(logistic, np.zeros(2), 10)

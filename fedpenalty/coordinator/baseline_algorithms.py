@@ -11,12 +11,9 @@ from typing import Any
 import numpy as np
 
 from ..common import SGMCMC
-from ..models import Model
+from ..models import MODELS, ConjugateUpdate, Model
 from . import baselines, sgld, sgmcmc
 from .base import ChainAlgorithm, Release, ReleaseAlgorithm, Sections, Start, require
-
-#: Models whose posterior given sufficient statistics is closed form (``noisy_stats``).
-CONJUGATE_MODELS = ("gaussian_mean", "bernoulli", "poisson")
 
 _POOLED = (
     "computed by the simulation on every owner's records pooled (a trusted curator); no owner "
@@ -129,10 +126,12 @@ def _noisy_stats(
 
 
 def _check_noisy_stats(sections: Sections, model: Model) -> None:
+    """The model must have a closed-form posterior given sufficient statistics."""
+    conjugate = [name for name, cls in MODELS.items() if issubclass(cls, ConjugateUpdate)]
     require(
-        model.name in CONJUGATE_MODELS,
+        isinstance(model, ConjugateUpdate),
         "sampler.algorithm = 'noisy_stats' needs a model with a conjugate "
-        f"posterior ({', '.join(CONJUGATE_MODELS)}); {model.name!r} has none",
+        f"posterior ({', '.join(conjugate)}); {model.name!r} has none",
     )
 
 

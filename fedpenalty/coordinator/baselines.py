@@ -29,15 +29,20 @@ Samples are in the models' sampled parameterisation (logit p, log λ, θ), restr
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, TypeGuard
+from typing import Literal
 
 import numpy as np
-from scipy import special, stats
 
-from ..models import Bernoulli, ExpFamModel, GaussianMean, Logistic, Model, Neighbour, Poisson
+from ..models import (
+    Bernoulli,
+    BoundedLogLikelihood,
+    ConjugateUpdate,
+    ExpFamModel,
+    Model,
+    Neighbour,
+)
 from ..privacy import gaussian, subsampled
 from . import mh
 from .exact import pooled_log_ratio
@@ -54,67 +59,23 @@ _PILOT = 20
 # ------------------------------------------------------------------ bounds on the log-likelihood
 
 
-def log_lik_bound(model: Model) -> float:
-    """B = sup |ℓ(x, θ)| over the model's data domain × Θ (nats), per model:
+def _bounded(model: Model, what: str) -> BoundedLogLikelihood:
+    """``model`` as a ``BoundedLogLikelihood``; ``ValueError`` naming ``what`` it lacks."""
+    if not isinstance(model, BoundedLogLikelihood):
+        raise ValueError(f"no log-likelihood {what} is derived for model {model.name!r}")
+    return model
 
-    * gaussian_mean: ℓ = c − ‖x − θ‖²/(2σ²) with c = −(d/2) log(2πσ²). ‖x − θ‖ ranges over
-      [0, D] with D = data_bound + theta_bound·√d (x on the sphere opposite a corner of Θ), so
-      B = max(|c|, |c − D²/(2σ²)|).
-    * bernoulli: ℓ = −log(1 + e^{∓θ}) ∈ [−log(1 + e^{theta_bound}), 0), so
-      B = softplus(theta_bound).
-    * poisson: ℓ_x(θ) = xθ − e^θ − log x! is concave in θ. For each count x ∈ {0..count_bound},
-      |ℓ_x| is largest at θ = ±theta_bound or at the maximiser θ = log x (clipped to Θ), and
-      we take the maximum over that finite set.
-    * logistic: ℓ = −log(1 + e^{∓z}), |z| = |xᵀθ| ≤ data_bound·theta_bound·√d, so
-      B = softplus(data_bound·theta_bound·√d).
-    """
-    if isinstance(model, GaussianMean):
-        c = -0.5 * model.dim * math.log(2 * math.pi * model.noise_sd**2)
-        dist = model.data_bound + model.theta_bound * math.sqrt(model.dim)
-        return max(abs(c), abs(c - dist * dist / (2 * model.noise_sd**2)))
-    if isinstance(model, Bernoulli):
-        return float(np.logaddexp(0.0, model.theta_bound))
-    if isinstance(model, Poisson):
-        b = model.theta_bound
-        x = np.arange(model.count_bound + 1, dtype=float)
-        mode = np.clip(np.log(np.maximum(x, 1e-300)), -b, b)
-        values = [
-            x * t - np.exp(t) - special.gammaln(x + 1)
-            for t in (np.full_like(x, -b), np.full_like(x, b), mode)
-        ]
-        return float(np.max(np.abs(values)))
-    if isinstance(model, Logistic):
-        return float(np.logaddexp(0.0, model.data_bound * model.theta_bound * math.sqrt(model.dim)))
-    raise ValueError(f"no log-likelihood bound is derived for model {model.name!r}")
+
+def log_lik_bound(model: Model) -> float:
+    """B = sup |ℓ(x, θ)| over the model's data domain × Θ (nats), each model's own derivation
+    (``BoundedLogLikelihood.log_lik_bound``, proved in its docstring)."""
+    return _bounded(model, "bound").log_lik_bound()
 
 
 def log_lik_range(model: Model) -> float:
     """C = sup_θ sup_{x, x'} |ℓ(x', θ) − ℓ(x, θ)| over the data domain and Θ (Foulds et al.'s
-    Theorem 2), per model:
-
-    * gaussian_mean: at ‖θ‖ = r, ‖x − θ‖ ranges over [max(0, r − R), r + R] (R = data_bound),
-      so the range is ((r + R)² − max(0, r − R)²)/(2σ²). This increases in r, so take
-      r = theta_bound·√d: (r + R)²/(2σ²) if r ≤ R, else 2rR/σ².
-    * bernoulli: |ℓ(1, θ) − ℓ(0, θ)| = |θ|, so C = theta_bound.
-    * poisson: f_x(θ) = xθ − log x!. For each pair (x, x') the difference is linear in θ, so the
-      supremum is at θ = ±theta_bound: C = max over θ = ±B of (max_x f_x − min_x f_x).
-    * logistic: at fixed θ, ℓ ranges from −softplus(R‖θ‖) to −softplus(−R‖θ‖) (x aligned with θ,
-      label wrong or right), a range of R‖θ‖. So C = data_bound·theta_bound·√d.
-    """
-    if isinstance(model, GaussianMean):
-        r = model.theta_bound * math.sqrt(model.dim)
-        big_r = model.data_bound
-        width = (r + big_r) ** 2 if r <= big_r else 4.0 * r * big_r
-        return width / (2 * model.noise_sd**2)
-    if isinstance(model, Bernoulli):
-        return float(model.theta_bound)
-    if isinstance(model, Poisson):
-        x = np.arange(model.count_bound + 1, dtype=float)
-        f = [x * t - special.gammaln(x + 1) for t in (-model.theta_bound, model.theta_bound)]
-        return float(max(v.max() - v.min() for v in f))
-    if isinstance(model, Logistic):
-        return model.data_bound * model.theta_bound * math.sqrt(model.dim)
-    raise ValueError(f"no log-likelihood range is derived for model {model.name!r}")
+    Theorem 2), each model's own derivation (``BoundedLogLikelihood.log_lik_range``)."""
+    return _bounded(model, "range").log_lik_range()
 
 
 # ------------------------------------------------------------------ OPS
@@ -141,24 +102,9 @@ def ops_temperature(
     raise ValueError(f"form must be 'wang' or 'foulds', got {form!r}")
 
 
-def _is_conjugate(model: Model) -> TypeGuard[ExpFamModel]:
-    return isinstance(model, (GaussianMean, Bernoulli, Poisson))
-
-
-def _truncated_ppf(dist_lo, lo: float, hi: float, u: np.ndarray) -> np.ndarray:
-    """Inverse-CDF draws of a continuous scipy distribution truncated to [lo, hi], using the
-    lower tail (cdf/ppf) when the interval lies in it and the upper tail (sf/isf) otherwise,
-    so that a posterior piled against either end keeps full precision."""
-    f_lo, f_hi = dist_lo.cdf(lo), dist_lo.cdf(hi)
-    if f_lo < 0.5:
-        return np.clip(dist_lo.ppf(f_lo + u * (f_hi - f_lo)), lo, hi)
-    s_lo, s_hi = dist_lo.sf(lo), dist_lo.sf(hi)
-    return np.clip(dist_lo.isf(s_hi + u * (s_lo - s_hi)), lo, hi)
-
-
 def conjugate_draws(
     rng: np.random.Generator,
-    model: ExpFamModel,
+    model: Model,
     n: float,
     stat_sum: np.ndarray,
     size: int,
@@ -166,51 +112,14 @@ def conjugate_draws(
 ) -> np.ndarray:
     """``size`` independent draws ``(size, d)`` from the (tempered) posterior over Θ,
     ∝ [p(θ) Π p(x | θ)]^ρ given ``n`` records whose statistics sum to ``stat_sum``, in the
-    sampled parameterisation:
-
-    * gaussian_mean: each coordinate N(μ, 1/(ρ·prec)) truncated to [−B, B], with
-      prec = 1/s² + n/σ² and μ = (m/s² + Σx/σ²)/prec;
-    * bernoulli: p ~ Beta(ρ(a + s), ρ(b + n − s)) truncated to [σ(−B), σ(B)], θ = logit p
-      (the model's prior is Beta(a, b) on p carried to θ with its Jacobian, so this is exact);
-    * poisson: λ ~ Gamma(ρ(shape + s), rate ρ(rate + n)) truncated to [e^−B, e^B], θ = log λ.
-
-    ``stat_sum`` must be attainable (project a noisy sum first).
-    """
+    sampled parameterisation, by the model's ``ConjugateUpdate.conjugate_draws`` (e.g. a
+    truncated normal for gaussian_mean, a truncated Beta on p for bernoulli, a truncated Gamma
+    on λ for poisson). ``stat_sum`` must be attainable (project a noisy sum first)."""
     if not 0.0 < rho <= 1.0:
         raise ValueError(f"rho must be in (0, 1], got {rho!r}")
-    s = np.asarray(stat_sum, dtype=float).reshape(-1)
-    b = model.theta_bound
-    if isinstance(model, GaussianMean):
-        prec = 1.0 / model.prior_sd**2 + n / model.noise_sd**2
-        mu = (model.prior_mean / model.prior_sd**2 + s / model.noise_sd**2) / prec
-        tau = 1.0 / math.sqrt(rho * prec)
-        u = rng.random((size, model.dim))
-        return np.column_stack(
-            [_truncated_ppf(stats.norm(mu[j], tau), -b, b, u[:, j]) for j in range(model.dim)]
-        )
-    if isinstance(model, Bernoulli):
-        if not 0.0 <= s[0] <= n:
-            raise ValueError(f"bernoulli: the number of ones must lie in [0, n={n}], got {s[0]}")
-        alpha, beta = rho * (model.prior_a + s[0]), rho * (model.prior_b + n - s[0])
-        # draw the smaller of p and 1 − p, where the mass is (full precision near 0 and 1)
-        if alpha <= beta:
-            p = _truncated_ppf(
-                stats.beta(alpha, beta), special.expit(-b), special.expit(b), rng.random(size)
-            )
-            return (np.log(p) - np.log1p(-p))[:, None]
-        p1 = _truncated_ppf(
-            stats.beta(beta, alpha), special.expit(-b), special.expit(b), rng.random(size)
-        )
-        return (np.log1p(-p1) - np.log(p1))[:, None]
-    if isinstance(model, Poisson):
-        if not s[0] >= 0.0:
-            raise ValueError(f"poisson: the sum of counts must be >= 0, got {s[0]}")
-        shape, rate = rho * (model.prior_shape + s[0]), rho * (model.prior_rate + n)
-        lam = _truncated_ppf(
-            stats.gamma(shape, scale=1.0 / rate), math.exp(-b), math.exp(b), rng.random(size)
-        )
-        return np.log(lam)[:, None]
-    raise ValueError(f"model {model.name!r} has no conjugate posterior here")
+    if not isinstance(model, ConjugateUpdate):
+        raise ValueError(f"model {model.name!r} has no conjugate posterior here")
+    return model.conjugate_draws(rng, n, stat_sum, size, rho)
 
 
 def tempered_mh_draws(
@@ -278,7 +187,7 @@ def ops(
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
         raise ValueError(f"samples must be an integer >= 1, got {samples!r}")
     rho = ops_temperature(model, epsilon, form=form, neighbour=neighbour)
-    if method == "auto" and _is_conjugate(model):
+    if method == "auto" and isinstance(model, ConjugateUpdate):
         total = model.suff_stat(records).sum(axis=0)
         theta = conjugate_draws(rng, model, len(records), total, samples, rho)
         used = "closed_form"
@@ -301,20 +210,13 @@ def laplace_scale(model: ExpFamModel, epsilon: float, neighbour: Neighbour) -> f
     return model.stat_l1_sensitivity(neighbour) / eps
 
 
-def project_stats(model: ExpFamModel, stat_sum: np.ndarray, n: int) -> np.ndarray:
-    """The attainable sum nearest to ``stat_sum`` ``(s,)`` for n records: counts into [0, n]
-    (bernoulli), count sums into [0, n·count_bound] (poisson), a Gaussian sum into the L2 ball
-    of radius n·data_bound."""
-    s = np.asarray(stat_sum, dtype=float).reshape(-1).copy()
-    if isinstance(model, Bernoulli):
-        return np.clip(s, 0.0, float(n))
-    if isinstance(model, Poisson):
-        return np.clip(s, 0.0, float(n) * model.count_bound)
-    if isinstance(model, GaussianMean):
-        radius = n * model.data_bound
-        norm = float(np.linalg.norm(s))
-        return s * (radius / norm) if norm > radius else s
-    raise ValueError(f"no projection is defined for model {model.name!r}")
+def project_stats(model: Model, stat_sum: np.ndarray, n: int) -> np.ndarray:
+    """The attainable sum nearest to ``stat_sum`` ``(s,)`` for n records, by the model's
+    ``ConjugateUpdate.project_stats``: counts into [0, n] (bernoulli), count sums into
+    [0, n·count_bound] (poisson), a Gaussian sum into the L2 ball of radius n·data_bound."""
+    if not isinstance(model, ConjugateUpdate):
+        raise ValueError(f"no projection is defined for model {model.name!r}")
+    return model.project_stats(stat_sum, n)
 
 
 @dataclass(frozen=True)

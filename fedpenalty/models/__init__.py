@@ -1,4 +1,6 @@
-"""Likelihood models: the registry of ``[model]`` names and ``build_model``.
+"""Likelihood models: the registry of ``[model]`` names and ``build_model``; the capability
+protocols code asks instead of naming model classes (``capabilities.py``); what a model author
+needs is in ``fedpenalty.models.api`` (docs/design.md §6).
 
 ``build_model({"name": "bernoulli", "theta_bound": 5.0})`` validates the ``[model]`` table of a
 scenario and returns the model; ``build_model({"name": m.name, **m.params()}) == m``.
@@ -12,6 +14,8 @@ from typing import Any
 from ..errors import ConfigError
 from .base import NEIGHBOURS, ExpFamModel, Model, Neighbour, Reference
 from .bernoulli import Bernoulli
+from .capabilities import BoundedLogLikelihood, ConjugateUpdate
+from .compat import check_owner_models
 from .gaussian_mean import GaussianMean
 from .logistic import Logistic
 from .poisson import Poisson
@@ -47,6 +51,8 @@ __all__ = [
     "MODELS",
     "NEIGHBOURS",
     "Bernoulli",
+    "BoundedLogLikelihood",
+    "ConjugateUpdate",
     "ExpFamModel",
     "GaussianMean",
     "Logistic",
@@ -55,4 +61,5 @@ __all__ = [
     "Poisson",
     "Reference",
     "build_model",
+    "check_owner_models",
 ]

@@ -6,9 +6,10 @@ import math
 from typing import ClassVar
 
 import numpy as np
+from scipy import stats
 from scipy.special import expit
 
-from ._util import (
+from .api import (
     Configured,
     Param,
     as_point,
@@ -16,6 +17,7 @@ from ._util import (
     as_theta,
     check_binary,
     log_concave_moments,
+    truncated_ppf,
     validate_raw,
 )
 from .base import ExpFamModel, Neighbour, Reference, check_neighbour
@@ -43,6 +45,7 @@ class Bernoulli(Configured, ExpFamModel):
     * ℓ = xθ − log(1 + e^θ); S(x) = x, η = θ, A = log(1 + e^θ), h = 1.
     * ∇ℓ = x − σ(θ), |x − σ(θ)| ≤ σ(theta_bound) = L (attained at x = 0, θ = theta_bound).
     * Reference: ∝ σ(θ)^(a+s) σ(−θ)^(b+n−s) on [−B, B] by adaptive quadrature.
+    * Capabilities: ``BoundedLogLikelihood`` and ``ConjugateUpdate`` (models/capabilities.py).
     """
 
     name: ClassVar[str] = "bernoulli"
@@ -156,3 +159,36 @@ class Bernoulli(Configured, ExpFamModel):
 
         mean, sd = log_concave_moments(logf, mode, -b, b)
         return Reference(mean=np.array([mean]), sd=np.array([sd]), source="closed_form")
+
+    # --- capabilities: BoundedLogLikelihood ------------------------------------------------
+    def log_lik_bound(self) -> float:
+        """B: ℓ = −log(1 + e^{∓θ}) ∈ [−log(1 + e^{theta_bound}), 0), so
+        B = softplus(theta_bound)."""
+        return float(np.logaddexp(0.0, self.theta_bound))
+
+    def log_lik_range(self) -> float:
+        """C: |ℓ(1, θ) − ℓ(0, θ)| = |θ|, so C = theta_bound."""
+        return float(self.theta_bound)
+
+    # --- capabilities: ConjugateUpdate -----------------------------------------------------
+    def conjugate_draws(
+        self, rng: np.random.Generator, n: float, stat_sum: np.ndarray, size: int, rho: float
+    ) -> np.ndarray:
+        """p ~ Beta(ρ(a + s), ρ(b + n − s)) truncated to [σ(−B), σ(B)], θ = logit p: ``(size, 1)``
+        (the prior is Beta(a, b) on p carried to θ with its Jacobian, so this is exact)."""
+        s = np.asarray(stat_sum, dtype=float).reshape(-1)
+        b = self.theta_bound
+        if not 0.0 <= s[0] <= n:
+            raise ValueError(f"bernoulli: the number of ones must lie in [0, n={n}], got {s[0]}")
+        alpha, beta = rho * (self.prior_a + s[0]), rho * (self.prior_b + n - s[0])
+        # draw the smaller of p and 1 − p, where the mass is (full precision near 0 and 1)
+        if alpha <= beta:
+            p = truncated_ppf(stats.beta(alpha, beta), expit(-b), expit(b), rng.random(size))
+            return (np.log(p) - np.log1p(-p))[:, None]
+        p1 = truncated_ppf(stats.beta(beta, alpha), expit(-b), expit(b), rng.random(size))
+        return (np.log1p(-p1) - np.log(p1))[:, None]
+
+    def project_stats(self, stat_sum: np.ndarray, n: int) -> np.ndarray:
+        """The number of ones of n records lies in [0, n]: ``(1,)``."""
+        s = np.asarray(stat_sum, dtype=float).reshape(-1).copy()
+        return np.clip(s, 0.0, float(n))

@@ -8,7 +8,16 @@ from typing import ClassVar
 import numpy as np
 from scipy import stats
 
-from ._util import Configured, Param, as_point, as_prepared, as_theta, project_to_ball, validate_raw
+from .api import (
+    Configured,
+    Param,
+    as_point,
+    as_prepared,
+    as_theta,
+    project_to_ball,
+    truncated_ppf,
+    validate_raw,
+)
 from .base import ExpFamModel, Neighbour, Reference, check_neighbour
 
 
@@ -23,6 +32,7 @@ class GaussianMean(Configured, ExpFamModel):
     * ∇ℓ = (x − θ)/σ², so L = (data_bound + theta_bound·√d)/σ² (attained at opposite corners).
     * Reference: the conjugate normal posterior, independent across coordinates, truncated to
       the box coordinate-wise (exact truncated-normal moments).
+    * Capabilities: ``BoundedLogLikelihood`` and ``ConjugateUpdate`` (models/capabilities.py).
     """
 
     name: ClassVar[str] = "gaussian_mean"
@@ -136,3 +146,44 @@ class GaussianMean(Configured, ExpFamModel):
         mean = np.clip(np.asarray(dist.mean(), dtype=float).reshape(self.dim), -b, b)
         sd = np.asarray(dist.std(), dtype=float).reshape(self.dim)
         return Reference(mean=mean, sd=sd, source="closed_form")
+
+    # --- capabilities: BoundedLogLikelihood ------------------------------------------------
+    def log_lik_bound(self) -> float:
+        """B = sup |ℓ(x, θ)|: ℓ = c − ‖x − θ‖²/(2σ²) with c = −(d/2) log(2πσ²). ‖x − θ‖ ranges
+        over [0, D] with D = data_bound + theta_bound·√d (x on the sphere opposite a corner of
+        Θ), so B = max(|c|, |c − D²/(2σ²)|)."""
+        c = -0.5 * self.dim * math.log(2 * math.pi * self.noise_sd**2)
+        dist = self.data_bound + self.theta_bound * math.sqrt(self.dim)
+        return max(abs(c), abs(c - dist * dist / (2 * self.noise_sd**2)))
+
+    def log_lik_range(self) -> float:
+        """C: at ‖θ‖ = r, ‖x − θ‖ ranges over [max(0, r − R), r + R] (R = data_bound), so the
+        range is ((r + R)² − max(0, r − R)²)/(2σ²). This increases in r, so take
+        r = theta_bound·√d: (r + R)²/(2σ²) if r ≤ R, else 2rR/σ²."""
+        r = self.theta_bound * math.sqrt(self.dim)
+        big_r = self.data_bound
+        width = (r + big_r) ** 2 if r <= big_r else 4.0 * r * big_r
+        return width / (2 * self.noise_sd**2)
+
+    # --- capabilities: ConjugateUpdate -----------------------------------------------------
+    def conjugate_draws(
+        self, rng: np.random.Generator, n: float, stat_sum: np.ndarray, size: int, rho: float
+    ) -> np.ndarray:
+        """Each coordinate N(μ, 1/(ρ·prec)) truncated to [−B, B], with prec = 1/s² + n/σ² and
+        μ = (m/s² + Σx/σ²)/prec: ``(size, d)``."""
+        s = np.asarray(stat_sum, dtype=float).reshape(-1)
+        b = self.theta_bound
+        prec = 1.0 / self.prior_sd**2 + n / self.noise_sd**2
+        mu = (self.prior_mean / self.prior_sd**2 + s / self.noise_sd**2) / prec
+        tau = 1.0 / math.sqrt(rho * prec)
+        u = rng.random((size, self.dim))
+        return np.column_stack(
+            [truncated_ppf(stats.norm(mu[j], tau), -b, b, u[:, j]) for j in range(self.dim)]
+        )
+
+    def project_stats(self, stat_sum: np.ndarray, n: int) -> np.ndarray:
+        """A sum of n records lies in the L2 ball of radius n·data_bound: ``(d,)``."""
+        s = np.asarray(stat_sum, dtype=float).reshape(-1).copy()
+        radius = n * self.data_bound
+        norm = float(np.linalg.norm(s))
+        return s * (radius / norm) if norm > radius else s

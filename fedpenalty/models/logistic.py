@@ -8,7 +8,7 @@ from typing import ClassVar
 import numpy as np
 from scipy.special import expit
 
-from ._util import (
+from .api import (
     Configured,
     Param,
     as_point,
@@ -35,6 +35,7 @@ class Logistic(Configured, Model):
     * |z| ≤ data_bound·theta_bound·√d on the domain, hence
       L = data_bound·σ(data_bound·theta_bound·√d) (attained at a corner of Θ with x opposite).
     * No closed-form reference (``reference_posterior`` returns None).
+    * Capabilities: ``BoundedLogLikelihood`` (models/capabilities.py); no ``ConjugateUpdate``.
     """
 
     name: ClassVar[str] = "logistic"
@@ -121,6 +122,17 @@ class Logistic(Configured, Model):
     def grad_log_prior(self, theta: np.ndarray) -> np.ndarray:
         """−θ/s²: ``(C, d)``."""
         return -as_theta(theta, self.dim) / self.prior_sd**2
+
+    # --- capabilities: BoundedLogLikelihood ------------------------------------------------
+    def log_lik_bound(self) -> float:
+        """B: ℓ = −log(1 + e^{∓z}), |z| = |xᵀθ| ≤ data_bound·theta_bound·√d, so
+        B = softplus(data_bound·theta_bound·√d)."""
+        return float(np.logaddexp(0.0, self.data_bound * self.theta_bound * math.sqrt(self.dim)))
+
+    def log_lik_range(self) -> float:
+        """C: at fixed θ, ℓ ranges from −softplus(R‖θ‖) to −softplus(−R‖θ‖) (x aligned with θ,
+        label wrong or right), a range of R‖θ‖. So C = data_bound·theta_bound·√d."""
+        return self.data_bound * self.theta_bound * math.sqrt(self.dim)
 
 
 def _softplus(u: np.ndarray) -> np.ndarray:

@@ -6,16 +6,18 @@ import math
 from typing import ClassVar
 
 import numpy as np
+from scipy import stats
 from scipy.special import gammaln
 
 from ..errors import DataError
-from ._util import (
+from .api import (
     Configured,
     Param,
     as_point,
     as_prepared,
     as_theta,
     log_concave_moments,
+    truncated_ppf,
     validate_raw,
 )
 from .base import ExpFamModel, Neighbour, Reference, check_neighbour
@@ -31,6 +33,7 @@ class Poisson(Configured, ExpFamModel):
     * ℓ = xθ − e^θ − log x!; S(x) = x, η = θ, A = e^θ, log h = −log x!.
     * ∇ℓ = x − e^θ, so L = max(e^B, count_bound − e^−B) (both attained at the corners).
     * Reference: ∝ exp((shape + Σx)θ − (rate + n)e^θ) on [−B, B] by adaptive quadrature.
+    * Capabilities: ``BoundedLogLikelihood`` and ``ConjugateUpdate`` (models/capabilities.py).
     """
 
     name: ClassVar[str] = "poisson"
@@ -160,3 +163,45 @@ class Poisson(Configured, ExpFamModel):
 
         mean, sd = log_concave_moments(logf, mode, -b, b)
         return Reference(mean=np.array([mean]), sd=np.array([sd]), source="closed_form")
+
+    # --- capabilities: BoundedLogLikelihood ------------------------------------------------
+    def log_lik_bound(self) -> float:
+        """B: ℓ_x(θ) = xθ − e^θ − log x! is concave in θ. For each count x ∈ {0..count_bound},
+        |ℓ_x| is largest at θ = ±theta_bound or at the maximiser θ = log x (clipped to Θ), and
+        B is the maximum over that finite set."""
+        b = self.theta_bound
+        x = np.arange(self.count_bound + 1, dtype=float)
+        mode = np.clip(np.log(np.maximum(x, 1e-300)), -b, b)
+        values = [
+            x * t - np.exp(t) - gammaln(x + 1)
+            for t in (np.full_like(x, -b), np.full_like(x, b), mode)
+        ]
+        return float(np.max(np.abs(values)))
+
+    def log_lik_range(self) -> float:
+        """C: f_x(θ) = xθ − log x!. For each pair (x, x') the difference is linear in θ, so the
+        supremum is at θ = ±theta_bound: C = max over θ = ±B of (max_x f_x − min_x f_x)."""
+        x = np.arange(self.count_bound + 1, dtype=float)
+        f = [x * t - gammaln(x + 1) for t in (-self.theta_bound, self.theta_bound)]
+        return float(max(v.max() - v.min() for v in f))
+
+    # --- capabilities: ConjugateUpdate -----------------------------------------------------
+    def conjugate_draws(
+        self, rng: np.random.Generator, n: float, stat_sum: np.ndarray, size: int, rho: float
+    ) -> np.ndarray:
+        """λ ~ Gamma(ρ(shape + s), rate ρ(rate + n)) truncated to [e^−B, e^B], θ = log λ:
+        ``(size, 1)``."""
+        s = np.asarray(stat_sum, dtype=float).reshape(-1)
+        b = self.theta_bound
+        if not s[0] >= 0.0:
+            raise ValueError(f"poisson: the sum of counts must be >= 0, got {s[0]}")
+        shape, rate = rho * (self.prior_shape + s[0]), rho * (self.prior_rate + n)
+        lam = truncated_ppf(
+            stats.gamma(shape, scale=1.0 / rate), math.exp(-b), math.exp(b), rng.random(size)
+        )
+        return np.log(lam)[:, None]
+
+    def project_stats(self, stat_sum: np.ndarray, n: int) -> np.ndarray:
+        """A sum of n counts lies in [0, n·count_bound]: ``(1,)``."""
+        s = np.asarray(stat_sum, dtype=float).reshape(-1).copy()
+        return np.clip(s, 0.0, float(n) * self.count_bound)

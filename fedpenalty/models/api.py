@@ -1,5 +1,12 @@
-"""Helpers shared by the models: ``[model]`` key resolution, array validation, clipping and
-1-D quadrature of log-concave posteriors. Private to ``fedpenalty.models``."""
+"""The public API for writing a model (docs/design.md §6, "Writing a model"): the base classes
+and capabilities a model implements, and the helpers the built-in models use — ``[model]`` key
+declaration and resolution (``Param``, ``Configured``), array validation and clipping, and the
+1-D numerics of closed-form posteriors (log-concave moments, truncated inverse-CDF draws).
+
+A new model imports what it needs from here::
+
+    from fedpenalty.models.api import Configured, ExpFamModel, Param, as_theta, validate_raw
+"""
 
 from __future__ import annotations
 
@@ -12,6 +19,32 @@ import numpy as np
 from scipy import integrate, optimize
 
 from ..errors import ConfigError, DataError
+from .base import NEIGHBOURS, ExpFamModel, Model, Neighbour, Reference, check_neighbour
+from .capabilities import BoundedLogLikelihood, ConjugateUpdate
+
+__all__ = [
+    "NEIGHBOURS",
+    "BoundedLogLikelihood",
+    "Configured",
+    "ConjugateUpdate",
+    "ExpFamModel",
+    "Model",
+    "Neighbour",
+    "Param",
+    "ParamKind",
+    "Reference",
+    "as_point",
+    "as_prepared",
+    "as_theta",
+    "check_binary",
+    "check_neighbour",
+    "log_concave_moments",
+    "project_to_ball",
+    "resolve_params",
+    "truncated_ppf",
+    "uniform_ball",
+    "validate_raw",
+]
 
 ParamKind = Literal["dim", "count", "positive", "real"]
 
@@ -226,3 +259,15 @@ def log_concave_moments(
     mean = integrate.quad(lambda t: t * w(t), a, b, **opts)[0] / z
     var = integrate.quad(lambda t: (t - mean) ** 2 * w(t), a, b, **opts)[0] / z
     return mean, math.sqrt(max(var, 0.0))
+
+
+def truncated_ppf(dist: Any, lo: float, hi: float, u: np.ndarray) -> np.ndarray:
+    """Inverse-CDF draws of a frozen continuous scipy distribution ``dist`` truncated to
+    [lo, hi] at uniforms ``u`` ``(m,)`` → ``(m,)``, using the lower tail (cdf/ppf) when the
+    interval lies in it and the upper tail (sf/isf) otherwise, so that a posterior piled
+    against either end keeps full precision."""
+    f_lo, f_hi = dist.cdf(lo), dist.cdf(hi)
+    if f_lo < 0.5:
+        return np.clip(dist.ppf(f_lo + u * (f_hi - f_lo)), lo, hi)
+    s_lo, s_hi = dist.sf(lo), dist.sf(hi)
+    return np.clip(dist.isf(s_hi + u * (s_lo - s_hi)), lo, hi)
