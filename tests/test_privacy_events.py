@@ -148,3 +148,23 @@ def test_an_unknown_event_is_an_error_never_a_fallback():
 def test_malformed_events_are_refused(make):
     with pytest.raises(ValueError):
         make()
+
+
+@pytest.mark.parametrize("lattice", [False, True])
+def test_a_plan_view_composes_what_is_spent_and_reserved_and_asks_about_the_planned_event(lattice):
+    """The plan check's worst case (spend plus the planned answers at the worst μ, with every
+    gradient answer given or reserved) is the plan view's events composed with the planned
+    event: the same ε bit for bit."""
+    from fedpenalty.owner.ledger_records import PlanView
+
+    view = PlanView(None, SPEND, ROWS[:1], ROWS[1:], True)
+    worst_mu, remaining = 0.05, 120
+    worst_spend = GaussianSpend(
+        SPEND.answers + remaining, SPEND.mu_squared + remaining * worst_mu**2, SPEND.max_mu
+    )
+    today, _ = owner_epsilon(worst_spend, ROWS, DELTA, "replace_one", lattice)
+    planned = SelfComposed(GaussianSpend(1, worst_mu**2, worst_mu), remaining)
+    committed = view.committed("replace_one", lattice)
+    assert committed.compose(planned).epsilon(DELTA) == today
+    assert committed.admits(planned, today, DELTA)
+    assert not committed.admits(planned, today * (1 - 1e-9), DELTA)

@@ -14,6 +14,7 @@ import numpy as np
 from ..common import SecureTerms
 from ..models.base import Neighbour
 from ..privacy import GaussianSpend
+from ..privacy.accountant import OwnerAccountant
 from ..privacy.subsampled import SubsampledGaussian
 from .ledger_rows import AffineMus
 
@@ -47,6 +48,13 @@ class PlanView:
     sampled: list[SubsampledGaussian]
     reserved: list[SubsampledGaussian]
     gaussian_open: bool
+
+    def committed(self, neighbour: Neighbour, lattice: bool = False) -> OwnerAccountant:
+        """Everything spent and reserved, as privacy events composed by the owner's accountant:
+        a plan is admitted when ``committed(...).admits(planned event, budget, δ)``."""
+        return OwnerAccountant(neighbour, lattice=lattice).compose(
+            self.total, *self.sampled, *self.reserved
+        )
 
 
 def events_of(rows: list[tuple]) -> list[SubsampledGaussian]:
