@@ -7,6 +7,7 @@ must give the same figures (floats to 1e-12 relative) and replay the same stored
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import shutil
@@ -57,3 +58,41 @@ def test_an_earlier_releases_ledger_reports_identically(tmp_path, release):
     assert_same(got, stored)
     Ledger(copy).close()  # a writer opens it (its schema steps run) and changes no figure
     assert_same(json.loads(json.dumps(fixture_report(copy, sessions))), stored)
+
+
+#: the public methods of ``Ledger`` in release 0.1.0 and their parameters (name=default)
+LEDGER_API_0_1_0 = {
+    "__init__": "path synchronous='FULL' read_only=False",
+    "agreement_secret": "owner",
+    "answered_on_lattice": "owner",
+    "charge": "c",
+    "charging": "c",
+    "close": "",
+    "close_session": "owner session",
+    "close_sessions": "owners session",
+    "ids": "names",
+    "open_session": "owner session algorithm planned_answers sampling_rate=None "
+    "noise_multiplier=1.0 admit=None client=None lattice=False",
+    "open_sessions": "owners session algorithm planned_answers sampling_rate=None client=None "
+    "max_step=None",
+    "probe": "",
+    "reports": "owners session",
+    "sampled": "owner",
+    "session": "owner session",
+    "session_opener": "owners session",
+    "sessions": "owner",
+    "stored": "owners session first last",
+    "stored_ids": "owner_ids session first last",
+    "total": "owner",
+}
+
+
+def test_the_ledger_facade_keeps_the_public_methods_of_release_0_1_0():
+    """Node, host, report, simulation and tests call these: same names, parameters, defaults."""
+    for name, expected in LEDGER_API_0_1_0.items():
+        params = list(inspect.signature(getattr(Ledger, name)).parameters.values())[1:]
+        got = " ".join(
+            p.name if p.default is p.empty else f"{p.name}={p.default!r}" for p in params
+        )
+        assert got == expected, name
+    assert isinstance(Ledger.writable, property) and isinstance(Ledger.path, property)
