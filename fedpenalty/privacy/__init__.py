@@ -1,7 +1,8 @@
 """Privacy accounting: exact μ-GDP for Gaussian answers, plus the penalty paper's bound.
 
-Subsampled-Gaussian answers (``subsampled``) and the per-owner accountant of both kinds
-(``accountant.OwnerAccountant``) live in their own modules, which load dp-accounting.
+Subsampled-Gaussian answers (``subsampled``), the privacy events an owner's releases are
+(``events``) and the per-owner accountant that composes them (``accountant.OwnerAccountant``)
+live in their own modules, which load dp-accounting.
 See docs/design.md §2.5. ε is in nats, δ a probability, μ = Δ/σ dimensionless.
 """
 

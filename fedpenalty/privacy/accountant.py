@@ -32,7 +32,17 @@ discrete Gaussians) are accounted by the general subsampled-RDP bounds of ``subs
 (Zhu & Wang 2019, and a ternary bound for replace-one), composed with the Gaussian answers at
 integer orders.
 
-Accountants are immutable and hashable: ``compose_*`` return new objects, and ε is memoised
+**Any privacy event** (``events.py``: Gaussian, subsampled Gaussian, Laplace, (ε, δ),
+composed, self-composed) enters through ``compose``, which folds it in through the registry
+``events.FOLD``; an unregistered event type is an error. Laplace releases are accounted by
+Rényi DP (dp-accounting's Laplace RDP, added to the other answers' RDP at the integer orders
+``ORDERS``, ``"rdp"``); a release known only by (ε, δ) by basic composition on top of the rest
+(ε adds, δ is taken from the δ asked, ``"basic"``). Without those, ε is exactly what the two
+kinds above give, so an owner's spend line and gradient rows composed as events report the ε
+the owner always reported. ``admits`` asks about a planned event: does everything spent,
+composed with it, stay within a budget.
+
+Accountants are immutable and hashable: ``compose*`` return new objects, and ε is memoised
 per (accountant, δ), so the many owners of one host asking the same question pay once.
 ε is in nats, δ a probability.
 """
@@ -40,23 +50,27 @@ per (accountant, δ), so the many owners of one host asking the same question pa
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+import dp_accounting
 import numpy as np
 from scipy.optimize.elementwise import find_root
 
 from ..models.base import Neighbour, check_neighbour
+from .events import Tally, tally
 from .gaussian import check_delta, check_epsilon, check_positive, mu_for_epsilon
 from .spend import GaussianSpend
 from .subsampled import SubsampledGaussian, as_events
+from .subsampled import dp_event as sampled_dp_event
 from .subsampled import epsilon as sampled_epsilon
 from .subsampled_rdp import ORDERS, epsilon_from_rdp, subsampled_gaussian_rdp
 
 __all__ = ["PLD_EPSILON_LIMIT", "AccountantName", "OwnerAccountant"]
 
-AccountantName = Literal["gdp", "pld", "rdp"]
+AccountantName = Literal["gdp", "pld", "rdp", "basic"]
 
 #: ε (nats) above which the RDP bound is reported without asking PLD to refine it.
 PLD_EPSILON_LIMIT = 50.0
@@ -65,13 +79,17 @@ PLD_EPSILON_LIMIT = 50.0
 @dataclass(frozen=True)
 class OwnerAccountant:
     """What one owner released under ``neighbour`` ("replace_one" | "add_remove"): its Gaussian
-    answers (``gaussian``) and its subsampled-Gaussian answers (``sampled``, stored sorted by
-    (q, σ, count), rows with count 0 dropped, so the order of composition does not matter)."""
+    answers (``gaussian``), its subsampled-Gaussian answers (``sampled``, stored sorted by
+    (q, σ, count), rows with count 0 dropped, so the order of composition does not matter),
+    its Laplace releases (``laplace``: (multiplier, count)) and its releases known by (ε, δ)
+    (``approximate``: (ε, δ, count)), both sorted likewise (``events.Tally``)."""
 
     neighbour: Neighbour
     gaussian: GaussianSpend = field(default_factory=GaussianSpend)
     sampled: tuple[SubsampledGaussian, ...] = ()
     lattice: bool = False
+    laplace: tuple[tuple[float, int], ...] = ()
+    approximate: tuple[tuple[float, float, int], ...] = ()
 
     def __post_init__(self) -> None:
         check_neighbour(self.neighbour)
@@ -81,6 +99,30 @@ class OwnerAccountant:
         if rows:
             rows.sort(key=lambda e: (e.sampling_rate, e.noise_multiplier, e.count))
         object.__setattr__(self, "sampled", tuple(rows))
+        object.__setattr__(self, "laplace", tuple(sorted(r for r in self.laplace if r[1])))
+        object.__setattr__(self, "approximate", tuple(sorted(r for r in self.approximate if r[2])))
+
+    @property
+    def tally(self) -> Tally:
+        """Everything composed so far, as ``events.Tally``."""
+        return Tally(self.gaussian, self.sampled, self.laplace, self.approximate)
+
+    def compose(self, *events: object) -> OwnerAccountant:
+        """Also ``events`` (any registered privacy events, ``events.FOLD``; TypeError for an
+        unregistered type)."""
+        t = tally(events, self.tally)
+        return replace(
+            self,
+            gaussian=t.gaussian,
+            sampled=t.sampled,
+            laplace=t.laplace,
+            approximate=t.approximate,
+        )
+
+    def admits(self, planned: object, budget_epsilon: float, delta: float) -> bool:
+        """Whether everything composed so far, with the ``planned`` event, keeps ε(``delta``)
+        within ``budget_epsilon`` (nats)."""
+        return self.compose(planned).epsilon(delta) <= budget_epsilon
 
     def compose_gaussian(self, mus: np.ndarray | float) -> OwnerAccountant:
         """Also the Gaussian answers with the given μ_t = Δ_t/σ_t (a scalar or any-shape array)."""
@@ -125,6 +167,10 @@ class OwnerAccountant:
 @functools.lru_cache(maxsize=4096)
 def _account(acc: OwnerAccountant, delta: float) -> tuple[float, AccountantName]:
     """(ε at ``delta``, accountant name) of ``acc``; see the module docstring."""
+    if acc.approximate:
+        return _basic_epsilon(acc, delta), "basic"
+    if acc.laplace:
+        return epsilon_from_rdp(_rdp(acc), check_delta(delta)), "rdp"
     lattice_answers = acc.lattice and acc.gaussian.mu_squared > 0
     if not acc.sampled and not lattice_answers:
         return acc.gaussian.epsilon(delta), "gdp"
@@ -142,16 +188,53 @@ def _account(acc: OwnerAccountant, delta: float) -> tuple[float, AccountantName]
 
 
 def _lattice_rdp_epsilon(acc: OwnerAccountant, delta: float) -> float:
-    """ε at ``delta`` of lattice answers with gradient answers among them: every subsampled
-    discrete-Gaussian row by the general bounds of ``subsampled_rdp`` (the continuous Gaussian's
-    tight analysis does not carry over), plus the Gaussian answers' RDP α·Σμ²/2, composed at
-    integer orders (docs/design.md §2.7)."""
+    """ε at ``delta`` of lattice answers with gradient answers among them (``_lattice_rdp``)."""
+    return epsilon_from_rdp(_lattice_rdp(acc), check_delta(delta))
+
+
+def _lattice_rdp(acc: OwnerAccountant) -> np.ndarray:
+    """RDP at ``ORDERS`` of lattice answers: every subsampled discrete-Gaussian row by the
+    general bounds of ``subsampled_rdp`` (the continuous Gaussian's tight analysis does not
+    carry over), plus the Gaussian answers' RDP α·Σμ²/2 (docs/design.md §2.7)."""
     rdp = np.asarray(ORDERS, dtype=float) * acc.gaussian.mu_squared / 2.0
     for e in acc.sampled:
         rdp = rdp + e.count * subsampled_gaussian_rdp(
             e.sampling_rate, e.noise_multiplier, acc.neighbour
         )
-    return epsilon_from_rdp(rdp, check_delta(delta))
+    return rdp
+
+
+def _rdp(acc: OwnerAccountant) -> np.ndarray:
+    """RDP at ``ORDERS`` of the Gaussian, subsampled and Laplace releases of ``acc``: lattice
+    answers by ``_lattice_rdp``, float ones by dp-accounting (the Gaussian answers as one
+    Gaussian of total μ, as ``_account`` enters them), each Laplace release by dp-accounting's
+    Laplace RDP (add/remove of sensitivity 1: the owner's Δ between any two neighbours)."""
+    relation = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+    rdp = dp_accounting.rdp.RdpAccountant(orders=list(ORDERS), neighboring_relation=relation)
+    for multiplier, count in acc.laplace:
+        rdp.compose(dp_accounting.LaplaceDpEvent(multiplier), count)
+    if acc.lattice:
+        return np.asarray(rdp.rdp) + _lattice_rdp(acc)
+    events = list(acc.sampled)
+    if acc.gaussian.mu_squared > 0:
+        factor = 2.0 if acc.neighbour == "replace_one" else 1.0
+        events.append(SubsampledGaussian(1.0, factor / acc.gaussian.mu, 1))
+    event, _ = sampled_dp_event(events, acc.neighbour, "rdp")
+    if event.events:
+        rdp.compose(event)
+    return np.asarray(rdp.rdp)
+
+
+def _basic_epsilon(acc: OwnerAccountant, delta: float) -> float:
+    """ε at ``delta`` with the releases known by (ε_i, δ_i) composed by basic composition on
+    top of the rest: Σ ε_i plus the rest's ε at δ − Σ δ_i (inf when Σ δ_i ≥ ``delta``)."""
+    delta = check_delta(delta)
+    spent = sum(e * c for e, _, c in acc.approximate)
+    left = delta - sum(d * c for _, d, c in acc.approximate)
+    if left <= 0:
+        return math.inf
+    rest = replace(acc, approximate=())
+    return spent + (rest.epsilon(left) if rest.tally != Tally() else 0.0)
 
 
 @functools.lru_cache(maxsize=1024)

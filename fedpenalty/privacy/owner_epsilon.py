@@ -1,5 +1,6 @@
 """Functional entry points to ``OwnerAccountant`` (``accountant.py``): ε of everything one owner
-released, and the Gaussian μ² that still fits a budget. ε is in nats, δ a probability."""
+released (its privacy events, ``events.py``), and the Gaussian μ² that still fits a budget.
+ε is in nats, δ a probability."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ def owner_epsilon(
     lattice: bool = False,
 ) -> tuple[float, AccountantName]:
     """(ε at ``delta``, accountant name: "gdp" | "pld" | "rdp") of the Gaussian answers
-    ``spend`` and the subsampled answers ``sampled`` together. Memoised."""
-    return OwnerAccountant(neighbour, spend, tuple(sampled), lattice).account(delta)
+    ``spend`` and the subsampled answers ``sampled`` together: the events composed by the
+    owner's accountant (``events.py``). Memoised."""
+    return OwnerAccountant(neighbour, lattice=lattice).compose(spend, *sampled).account(delta)
 
 
 def max_gdp_mu_squared(

@@ -1,0 +1,166 @@
+"""The values the ledger's parts exchange with its callers (docs/design.md §4, "The ledger's
+parts"): a session as recorded, a plan view, the openings and charges a caller asks for, and the
+reports read back. Gaussian spend (``GaussianSpend``) and gradient rows (``SubsampledGaussian``)
+are privacy events (``fedpenalty.privacy.events``)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..common import SecureTerms
+from ..models.base import Neighbour
+from ..privacy import GaussianSpend
+from ..privacy.accountant import OwnerAccountant
+from ..privacy.subsampled import SubsampledGaussian
+from .ledger_rows import AffineMus
+
+
+@dataclass(frozen=True)
+class Session:
+    """A session as the ledger records it for one owner."""
+
+    session: str
+    algorithm: str
+    planned_answers: int
+    closed: bool
+    spend: GaussianSpend
+    sampled: list[SubsampledGaussian]
+    sampling_rate: float | None
+    opened_at: float | None = None  # Unix time
+
+
+@dataclass(frozen=True)
+class PlanView:
+    """What one owner has spent and holds, read inside the transaction that admits a plan.
+
+    ``existing``: the session being re-opened (None when new); ``total``: its Gaussian spend;
+    ``sampled``: the gradient answers it gave (all sessions); ``reserved``: what its *other* open
+    sgmcmc sessions may still give, at the noise multiplier the owner named; ``gaussian_open``:
+    some non-sgmcmc session of the owner is open (counting the one being opened).
+    """
+
+    existing: Session | None
+    total: GaussianSpend
+    sampled: list[SubsampledGaussian]
+    reserved: list[SubsampledGaussian]
+    gaussian_open: bool
+
+    def committed(self, neighbour: Neighbour, lattice: bool = False) -> OwnerAccountant:
+        """Everything spent and reserved, as privacy events composed by the owner's accountant:
+        a plan is admitted when ``committed(...).admits(planned event, budget, δ)``."""
+        return OwnerAccountant(neighbour, lattice=lattice).compose(
+            self.total, *self.sampled, *self.reserved
+        )
+
+
+def events_of(rows: list[tuple]) -> list[SubsampledGaussian]:
+    """One event per (q, σ) of sampled rows (session id, q, σ, count)."""
+    counts: dict[tuple[float, float], int] = defaultdict(int)
+    for _, q, sigma, count in rows:
+        counts[(q, sigma)] += count
+    return [SubsampledGaussian(q, sigma, c) for (q, sigma), c in counts.items()]
+
+
+#: decides a plan from a ``PlanView``: raises to refuse, returns the owner's new Gaussian μ² cap
+#: (or None to keep it). It runs inside the ledger's transaction and must not call the ledger.
+Admit = Callable[[PlanView], float | None]
+
+
+@dataclass(frozen=True)
+class SecureRecord:
+    """What the ledger keeps of an owner's secure session: the ``terms`` it counted and assumed
+    and the ``transcript`` hash of the session's peers and terms (docs/design.md §2.6)."""
+
+    terms: SecureTerms
+    transcript: bytes
+
+
+@dataclass(frozen=True)
+class SecureSpend:
+    """One secure session of an owner with its spend there (Gaussian and gradient answers)."""
+
+    session: str
+    terms: SecureTerms
+    spend: GaussianSpend
+    sampled: list[SubsampledGaussian]
+
+
+@dataclass(frozen=True)
+class Report:
+    """One owner's spend as ``Ledger.reports`` reads it: in all sessions (``total``,
+    ``sampled``); whether the asked session is recorded for it, and then its spend there
+    (``session``: Gaussian spend and gradient answers); ``secure``: each of its secure
+    sessions with its spend."""
+
+    total: GaussianSpend
+    sampled: list[SubsampledGaussian]
+    in_session: bool
+    session: tuple[GaussianSpend, list[SubsampledGaussian]] | None
+    secure: list[SecureSpend] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Opening:
+    """One owner opening a session: its name, the noise multiplier its other open sgmcmc
+    sessions are reserved at when the ledger did not record theirs (sessions of earlier
+    ledgers), whether it answers with lattice noise, its plan check, the record of a secure
+    session (None: plain), and ``session_multiplier``: the multiplier this session's gradient
+    answers are charged at (sgmcmc sessions; recorded, so that later admissions reserve what the
+    session may still give at that multiplier, also after a restart)."""
+
+    owner: str
+    noise_multiplier: float = 1.0
+    lattice: bool = False
+    admit: Admit | None = None
+    secure: SecureRecord | None = None
+    session_multiplier: float | None = None
+
+
+@dataclass(frozen=True)
+class Charge:
+    """New answers of K owners (one ledger) to one request of M keys.
+
+    Keys (``chains[j]``, ``iterations[j]``) with query ``digests[j]`` (SHA-256); ``payloads``
+    ``(K, M, w)`` float64 (uint64 masked words in secure sessions; stored as they are); ``mus``:
+    every answer's μ (None for gradient answers); ``new`` ``(K, M)`` marks the answers to store
+    and charge.
+    ``max_mu_squared``, ``budget_epsilon``, ``delta``: ``(K,)`` each owner's limit; the ledger
+    enforces the lower of ``max_mu_squared`` and the cap it recorded for the owner's plans.
+    ``owner_ids``: the owners' ledger ids (``Ledger.ids``), when the caller has them.
+
+    Gradient answers (``sampled`` set) are Poisson-subsampled Gaussian releases at
+    (q, ``sampled.noise_multiplier[k]``) instead of GDP answers: ``mus`` is None and each
+    owner's count in the session may not pass the plan the ledger admitted against its budget
+    (``sessions.planned_answers``, read in the charging transaction — never a plan held in
+    memory). ``payloads`` may be None for ``Ledger.charging``, which takes them once every
+    check has passed.
+    """
+
+    session: str
+    owners: list[str]
+    chains: np.ndarray
+    iterations: np.ndarray
+    digests: list[bytes]
+    payloads: np.ndarray | None
+    mus: AffineMus | None
+    new: np.ndarray
+    max_mu_squared: np.ndarray
+    budget_epsilon: np.ndarray
+    delta: np.ndarray
+    sampled: SampledCharge | None = None
+    lattice: bool = False
+    owner_ids: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class SampledCharge:
+    """Subsampled-Gaussian charge parameters: rate ``q``, per-owner noise multipliers and
+    neighbour relations."""
+
+    q: float
+    noise_multiplier: np.ndarray
+    neighbour: list[Neighbour]

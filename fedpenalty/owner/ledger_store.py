@@ -1,0 +1,346 @@
+"""The ledger's store: the SQLite file, its lock, transactions, schema migrations, names and
+groups, and the answers it holds for replay (docs/design.md §3, invariants 2, 3 and 8; §4,
+"The ledger's parts").
+
+One ledger, one writer: a writable store holds an exclusive ``flock`` on ``<ledger>.lock``
+beside the database for its whole life; a second store on the same file, in this process or
+another, is refused (``LedgerInUse``). The lock is on a separate file, not on the database,
+because opening and closing another descriptor of the database would drop the POSIX locks
+SQLite holds on it in this process. A read-only store takes no lock. A storage failure (disk
+full, read-only file, I/O error) rolls the transaction back and raises ``StorageUnavailable``;
+every in-memory cache (the store's and those of the parts that registered with ``on_forget``)
+is then dropped and reloaded from the file on demand.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import quote
+
+import numpy as np
+
+from ..errors import LedgerInUse, StorageUnavailable
+from .ledger_rows import read_block
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS names (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
+CREATE TABLE IF NOT EXISTS groups (id INTEGER PRIMARY KEY, members BLOB NOT NULL UNIQUE);
+CREATE TABLE IF NOT EXISTS sessions (
+    owner TEXT NOT NULL, session TEXT NOT NULL, algorithm TEXT NOT NULL,
+    planned_answers INTEGER NOT NULL, opened_at REAL NOT NULL, closed_at REAL, sampling_rate REAL,
+    PRIMARY KEY (owner, session));
+CREATE TABLE IF NOT EXISTS answers (
+    session_id INTEGER NOT NULL, iteration INTEGER NOT NULL, chain INTEGER NOT NULL,
+    group_id INTEGER NOT NULL, digest BLOB NOT NULL, payload BLOB NOT NULL,
+    PRIMARY KEY (session_id, iteration, chain, group_id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS spend (
+    session_id INTEGER NOT NULL, group_id INTEGER NOT NULL,
+    answers BLOB NOT NULL, mu_squared BLOB NOT NULL, max_mu BLOB NOT NULL,
+    PRIMARY KEY (session_id, group_id));
+CREATE TABLE IF NOT EXISTS answer_blocks (
+    session_id INTEGER NOT NULL, first_iteration INTEGER NOT NULL,
+    last_iteration INTEGER NOT NULL, group_id INTEGER NOT NULL, line_id INTEGER,
+    answers INTEGER NOT NULL, steps REAL NOT NULL, steps_squared REAL NOT NULL,
+    max_step REAL NOT NULL, keys BLOB NOT NULL, digests BLOB NOT NULL, payload BLOB NOT NULL);
+CREATE INDEX IF NOT EXISTS answer_blocks_by_iteration
+    ON answer_blocks(session_id, last_iteration);
+CREATE TABLE IF NOT EXISTS spend_lines (
+    id INTEGER PRIMARY KEY, session_id INTEGER NOT NULL, group_id INTEGER NOT NULL,
+    slope BLOB NOT NULL, offset BLOB NOT NULL, UNIQUE (session_id, group_id, slope, offset));
+CREATE TABLE IF NOT EXISTS sampled (
+    session_id INTEGER NOT NULL, owner_id INTEGER NOT NULL, sampling_rate REAL NOT NULL,
+    noise_multiplier REAL NOT NULL, answers INTEGER NOT NULL,
+    PRIMARY KEY (session_id, owner_id, sampling_rate, noise_multiplier));
+CREATE TABLE IF NOT EXISTS limits (owner_id INTEGER PRIMARY KEY, max_mu_squared REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS mechanisms (owner_id INTEGER PRIMARY KEY, lattice INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS health (id INTEGER PRIMARY KEY, checked_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS secure_sessions (
+    owner_id INTEGER NOT NULL, session_id INTEGER NOT NULL, owners INTEGER NOT NULL,
+    colluders INTEGER NOT NULL, total_noise_sd REAL NOT NULL, transcript BLOB NOT NULL,
+    PRIMARY KEY (owner_id, session_id));
+CREATE TABLE IF NOT EXISTS agreement (owner_id INTEGER PRIMARY KEY, secret BLOB NOT NULL);
+"""
+
+#: Columns added after a table first shipped: (table, column, declaration) — added on open.
+_ADDED_COLUMNS = (
+    ("sessions", "client", "TEXT"),
+    ("sessions", "max_step", "REAL"),
+    ("sessions", "noise_multiplier", "REAL"),
+)
+
+
+class LedgerStore:
+    """The SQLite file of one ledger. ``synchronous="FULL"`` survives power loss; ``"NORMAL"``
+    survives a process crash (``kill -9``) but may lose the last commits on power loss.
+    ``read_only``: no lock and no writes (reports read while a server writes the file)."""
+
+    def __init__(self, path: str | Path, synchronous: str = "FULL", read_only: bool = False):
+        if synchronous not in ("FULL", "NORMAL"):
+            raise ValueError("synchronous must be 'FULL' or 'NORMAL'")
+        self.path = str(path)
+        self.read_only = read_only
+        #: False after a storage failure, True again after the next successful write
+        self.writable = True
+        self.lock = threading.Lock()
+        self._on_forget: list[Callable[[], None]] = []
+        self._lock_fd = None if read_only or self.path == ":memory:" else self._take_file_lock()
+        try:
+            self.db = self._connect(synchronous)
+        except sqlite3.OperationalError as exc:
+            self._release_file_lock()
+            raise self.unavailable(exc) from exc
+        #: the file has answer blocks and spend lines (a reader of an earlier ledger: not)
+        self.blocks = self.has_table("answer_blocks")
+        self.forget()
+
+    def on_forget(self, drop: Callable[[], None]) -> None:
+        """Call ``drop`` whenever the caches are dropped (a part's own caches)."""
+        self._on_forget.append(drop)
+
+    def forget(self) -> None:
+        """Drop every in-memory cache (they are reloaded from the file on demand): after a
+        rolled-back transaction, whose ids and rows never reached the file."""
+        self._ids: dict[str, int] = {}
+        self._names_loaded = False
+        self._groups: dict[bytes, int] = {}
+        self._members: dict[int, np.ndarray] = {}
+        self.frontier: dict[int, int] = {}  # session id → highest iteration answered
+        for drop in self._on_forget:
+            drop()
+
+    def _take_file_lock(self) -> int:
+        """An exclusive ``flock`` on ``<ledger>.lock`` (the descriptor), or ``LedgerInUse``."""
+        database = Path(self.path).resolve()
+        database.parent.mkdir(parents=True, exist_ok=True)
+        lock = f"{database}.lock"
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StorageUnavailable(
+                f"ledger {database} cannot be locked: {exc.strerror} ({lock})"
+            ) from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise LedgerInUse(
+                f"ledger {database} is in use: another process serves it (it holds {lock}); "
+                "an owner's ledger has one writer"
+            ) from None
+        return fd
+
+    def _release_file_lock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor releases the flock
+            self._lock_fd = None
+
+    def _connect(self, synchronous: str) -> sqlite3.Connection:
+        if self.read_only:
+            uri = f"file:{quote(str(Path(self.path).resolve()))}?mode=ro"
+            return sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute(f"PRAGMA synchronous={synchronous}")
+        db.execute("BEGIN IMMEDIATE")  # fails at once on a file that cannot be written
+        for statement in _SCHEMA.split(";"):
+            if statement.strip():
+                db.execute(statement)
+        for table, column, declaration in _ADDED_COLUMNS:
+            present = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+            if column not in present:
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+        db.execute("COMMIT")
+        return db
+
+    def close(self) -> None:
+        with self.lock:
+            self.db.close()
+            self._release_file_lock()
+
+    def unavailable(self, exc: sqlite3.Error, what: str = "cannot be written") -> Exception:
+        """The ``StorageUnavailable`` of a failed SQLite call."""
+        return StorageUnavailable(
+            f"ledger {self.path} {what} ({exc}); nothing was answered or charged"
+        )
+
+    @contextmanager
+    def writing(self) -> Iterator[None]:
+        """One write transaction under the lock (``BEGIN IMMEDIATE … COMMIT``). Any exception
+        rolls it back; a storage failure becomes ``StorageUnavailable`` and clears
+        ``writable`` until a later write commits."""
+        with self.lock:
+            try:
+                self.db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield
+                    self.db.execute("COMMIT")
+                except BaseException:
+                    if self.db.in_transaction:  # SQLite may have rolled back already
+                        self.db.execute("ROLLBACK")
+                    self.forget()
+                    raise
+            except sqlite3.OperationalError as exc:
+                self.writable = False
+                raise self.unavailable(exc) from exc
+            self.writable = True
+
+    def probe(self) -> bool:
+        """Try one small write (``writable`` follows the result): how a server finds out that a
+        ledger it reported unwritable can be written again, without waiting for a request."""
+        try:
+            with self.writing():
+                self.db.execute(
+                    "INSERT OR REPLACE INTO health(id, checked_at) VALUES (1, ?)", (time.time(),)
+                )
+        except StorageUnavailable:
+            return False
+        return True
+
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        """Reads under the lock; a storage failure becomes ``StorageUnavailable``."""
+        with self.lock:
+            try:
+                yield
+            except sqlite3.OperationalError as exc:
+                raise self.unavailable(exc, "cannot be read") from exc
+
+    # --- ids and groups (call under the lock) -----------------------------------------------
+    def id(self, name: str) -> int:
+        """Integer id of an owner or session name, created on first use (read-only: -1, which
+        matches no row, for a name never recorded)."""
+        if name not in self._ids:
+            self.load_names()
+            if name in self._ids:
+                return self._ids[name]
+            if not self.read_only:
+                self.db.execute("INSERT OR IGNORE INTO names(name) VALUES (?)", (name,))
+            row = self.db.execute("SELECT id FROM names WHERE name=?", (name,)).fetchone()
+            if row is None:
+                return -1
+            self._ids[name] = row[0]
+        return self._ids[name]
+
+    def load_names(self) -> None:
+        """A writer reads the names table once (one statement, however many owners)."""
+        if not self._names_loaded and not self.read_only:
+            self._ids.update({n: i for i, n in self.db.execute("SELECT id, name FROM names")})
+            self._names_loaded = True
+
+    def has_table(self, table: str) -> bool:
+        return (
+            self.db.execute(
+                "SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (table,)
+            ).fetchone()
+            is not None
+        )
+
+    def known_id(self, name: str) -> int:
+        """The id of ``name`` among the names read so far (-1: none; call after ``load_names``)."""
+        return self._ids.get(name, -1)
+
+    def ids(self, names: list[str]) -> np.ndarray:
+        """Integer ids of ``names`` ``(K,)``, creating the missing ones in one transaction."""
+        with self.reading():
+            self.load_names()
+            missing = [n for n in names if n not in self._ids]
+        if missing and not self.read_only:
+            with self.writing():
+                self.db.executemany(
+                    "INSERT OR IGNORE INTO names(name) VALUES (?)", [(n,) for n in missing]
+                )
+                self._names_loaded = False
+                self.load_names()
+        with self.reading():
+            return np.array([self.id(n) for n in names], dtype=np.int64)
+
+    def group(self, owner_ids: np.ndarray) -> int:
+        """Id of the group with these member owner ids (in this order), created on first use."""
+        blob = key = np.ascontiguousarray(owner_ids, dtype="<i8").tobytes()
+        if key not in self._groups:
+            self.db.execute("INSERT OR IGNORE INTO groups(members) VALUES (?)", (blob,))
+            self._groups[key] = self.db.execute(
+                "SELECT id FROM groups WHERE members=?", (blob,)
+            ).fetchone()[0]
+        return self._groups[key]
+
+    def group_members(self, group_id: int) -> np.ndarray:
+        if group_id not in self._members:
+            blob = self.db.execute("SELECT members FROM groups WHERE id=?", (group_id,)).fetchone()[
+                0
+            ]
+            self._members[group_id] = np.frombuffer(blob, dtype="<i8")
+        return self._members[group_id]
+
+    # --- answers ----------------------------------------------------------------------------
+    def stored(
+        self, owners: list[str], session: str, first: int, last: int
+    ) -> dict[tuple[str, int, int], tuple[bytes, bytes]]:
+        """Stored answers of ``owners`` in ``session`` with iteration in [first, last]:
+        (owner, chain, iteration) → (digest, payload bytes of that owner). One query."""
+        with self.reading():
+            by_id = {self.id(o): o for o in owners}
+        found = self.stored_ids(np.array(list(by_id), dtype=np.int64), session, first, last)
+        return {(by_id[i], chain, it): row for (i, chain, it), row in found.items()}
+
+    def stored_ids(
+        self, owner_ids: np.ndarray, session: str, first: int, last: int
+    ) -> dict[tuple[int, int, int], tuple[bytes, bytes]]:
+        """``stored`` by owner id: (owner id, chain, iteration) → (digest, payload bytes). A
+        writer skips the query when ``first`` lies past every answered iteration."""
+        with self.reading():
+            return self.read_stored(owner_ids, self.id(session), first, last)
+
+    def read_stored(
+        self, owner_ids: np.ndarray, session_id: int, first: int, last: int
+    ) -> dict[tuple[int, int, int], tuple[bytes, bytes]]:
+        """``stored_ids`` under the lock, from answer blocks and earlier ledgers' key rows."""
+        found: dict[tuple[int, int, int], tuple[bytes, bytes]] = {}
+        if not self.read_only and first > self.highest_iteration(session_id):
+            return found
+        wanted = set(owner_ids.tolist())
+        blocks = (
+            self.db.execute(
+                "SELECT group_id, keys, digests, payload FROM answer_blocks "
+                "WHERE session_id=? AND last_iteration >= ? AND first_iteration <= ?",
+                (session_id, first, last),
+            ).fetchall()
+            if self.blocks
+            else []
+        )
+        for gid, keys, digests, payload in blocks:
+            for owner_id, chain, it, digest, part in read_block(
+                self.group_members(gid), keys, digests, payload
+            ):
+                if owner_id in wanted and first <= it <= last:
+                    found[(owner_id, chain, it)] = (digest, part)
+        for it, chain, gid, digest, payload in self.db.execute(
+            "SELECT iteration, chain, group_id, digest, payload FROM answers "
+            "WHERE session_id=? AND iteration BETWEEN ? AND ?",
+            (session_id, first, last),
+        ).fetchall():
+            members = self.group_members(gid)
+            width = len(payload) // len(members)
+            for j, owner_id in enumerate(members.tolist()):
+                if owner_id in wanted:
+                    found[(owner_id, chain, it)] = (digest, payload[width * j : width * (j + 1)])
+        return found
+
+    def highest_iteration(self, session_id: int) -> int:
+        """The highest iteration answered in the session (−1: none), read once, then kept."""
+        if session_id not in self.frontier:
+            row = self.db.execute(
+                "SELECT MAX(i) FROM (SELECT MAX(last_iteration) AS i FROM answer_blocks "
+                "WHERE session_id=?1 UNION ALL SELECT MAX(iteration) FROM answers "
+                "WHERE session_id=?1)",
+                (session_id,),
+            ).fetchone()
+            self.frontier[session_id] = -1 if row[0] is None else int(row[0])
+        return self.frontier[session_id]

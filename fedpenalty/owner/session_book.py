@@ -1,0 +1,266 @@
+"""The ledger's session book: sessions opened and closed, the plan views their admission reads,
+and the reservations and caps it records (docs/design.md §3, invariants 8 and 12; §4, "The
+ledger's parts"). A plan is admitted inside the transaction that records it, from each owner's
+spend (Gaussian spend line and gradient rows, as privacy events) and the reservations of its
+other open sgmcmc sessions."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import numpy as np
+
+from ..common import SGMCMC
+from ..errors import InvalidRequest, NotPermitted, UnknownSession
+from ..privacy import GaussianSpend
+from ..privacy.subsampled import SubsampledGaussian
+from .key_store import KeyStore
+from .ledger_records import Admit, Opening, PlanView, Session, events_of
+from .ledger_store import LedgerStore
+from .spend_book import SpendBook
+from .spend_totals import SpendTotals
+
+
+def _check_reopen(
+    owner: str, row: tuple | None, session: str, asked: tuple, client: str | None
+) -> None:
+    """Refuse re-opening a recorded session (``row``: algorithm, closed_at, sampling_rate,
+    client, max_step) by another client, with other terms (``asked``: algorithm, sampling
+    rate, max step), or once closed."""
+    if row is None:
+        return
+    if None not in (row[3], client) and row[3] != client:
+        raise NotPermitted(
+            f"session {session!r} was opened by another client, not {client!r}", owner
+        )
+    recorded = (row[0], row[2], row[4])
+    if recorded != asked:
+        terms = "algorithm {!r}, sampling rate {}, max_step {}"
+        raise InvalidRequest(
+            f"session {session!r} was opened with {terms.format(*recorded)}, not "
+            f"{terms.format(*asked)}; a resumed session keeps its terms",
+            owner,
+        )
+    if row[1] is not None:
+        raise UnknownSession(f"session {session!r} is closed", owner)
+
+
+class SessionBook:
+    """The sessions of the owners of one ledger ``store``: ``totals`` reads their spend, ``keys``
+    records their secure sessions, ``book`` is told of the caps and plans that change."""
+
+    def __init__(self, store: LedgerStore, totals: SpendTotals, keys: KeyStore, book: SpendBook):
+        self.store, self.totals, self.keys, self.book = store, totals, keys, book
+        store.on_forget(self._forget)
+        self._forget()
+
+    def _forget(self) -> None:
+        self._lattice_ids: set[int] | None = None  # owners recorded in ``mechanisms``
+
+    def open_session(
+        self,
+        owner: str,
+        session: str,
+        algorithm: str,
+        planned_answers: int,
+        sampling_rate: float | None = None,
+        noise_multiplier: float = 1.0,
+        admit: Admit | None = None,
+        client: str | None = None,
+        lattice: bool = False,
+    ) -> float | None:
+        """``open_sessions`` for one owner: its recorded cap (or None)."""
+        opening = Opening(owner, noise_multiplier, lattice, admit)
+        return self.open_sessions(
+            [opening], session, algorithm, planned_answers, sampling_rate, client
+        )[0]
+
+    def open_sessions(
+        self,
+        owners: list[Opening],
+        session: str,
+        algorithm: str,
+        planned_answers: int,
+        sampling_rate: float | None = None,
+        client: str | None = None,
+        max_step: float | None = None,
+    ) -> list[float | None]:
+        """Record a session for every owner of ``owners``, or resume an open one with the same
+        algorithm and sampling rate; each owner's recorded cap (or None).
+
+        Each owner's ``admit`` sees its spend and the reservations of its other open sgmcmc
+        sessions (at its noise multiplier) and may refuse; its cap is recorded. The checks and
+        the inserts are one ``BEGIN IMMEDIATE`` transaction with a constant number of
+        statements however many owners, so two concurrent plans never both fit what only one
+        of them fits, and a refusal by any owner records nothing. ``client``: the identity
+        opening it (None without an allow-list); a session recorded for another identity is
+        refused (``NotPermitted``). An owner's ``lattice`` is recorded in ``mechanisms``.
+        ``max_step``: the step the session declared (a resume must declare the same).
+        """
+        names = [o.owner for o in owners]
+        with self.store.writing():
+            recorded = {
+                row[0]: row[1:]
+                for row in self.store.db.execute(
+                    "SELECT owner, algorithm, closed_at, sampling_rate, client, max_step "
+                    "FROM sessions WHERE session=?",
+                    (session,),
+                )
+            }
+            asked = (algorithm, sampling_rate, max_step)
+            for name in names:
+                _check_reopen(name, recorded.get(name), session, asked, client)
+            self.keys.check_reopen(owners, session, recorded)
+            views = self._plan_views(owners, session, algorithm)
+            caps = [None if o.admit is None else o.admit(v) for o, v in zip(owners, views)]
+            row = (algorithm, planned_answers, sampling_rate, client, max_step)
+            self._record_sessions(owners, session, row, set(recorded))
+            ids = [self.store.id(name) for name in names]
+            self._record_owners(ids, owners, caps, session)
+        self.book.plans_changed(session)
+        self.book.caps_recorded(ids, caps)  # committed: the caches follow
+        if self._lattice_ids is not None:
+            self._lattice_ids.update(i for i, o in zip(ids, owners) if o.lattice)
+        return caps
+
+    def _record_sessions(
+        self, owners: list[Opening], session: str, row: tuple, recorded: set[str]
+    ) -> None:
+        """Insert the session of each owner not ``recorded`` (``row``: algorithm, plan,
+        sampling rate, client, max step); give each resumed one its new plan — admitted in full
+        by the caller (``admit`` saw the other sessions' reservations and this one's answers) —
+        so later admissions reserve it and its charges are held to it (invariant 12). Each
+        records the multiplier its gradient answers are charged at (call inside the
+        transaction)."""
+        algorithm, planned_answers, sampling_rate, client, max_step = row
+        now = time.time()
+        self.store.db.executemany(
+            "INSERT INTO sessions(owner, session, algorithm, planned_answers, opened_at, "
+            "sampling_rate, client, max_step, noise_multiplier) VALUES (?,?,?,?,?,?,?,?,?)",
+            [
+                (o.owner, session, algorithm, planned_answers, now, sampling_rate, client,
+                 max_step, o.session_multiplier)
+                for o in owners
+                if o.owner not in recorded
+            ],
+        )  # fmt: skip
+        self.store.db.executemany(
+            "UPDATE sessions SET planned_answers=?, noise_multiplier=? WHERE owner=? AND session=?",
+            [
+                (planned_answers, o.session_multiplier, o.owner, session)
+                for o in owners
+                if o.owner in recorded
+            ],
+        )
+
+    def _record_owners(
+        self, ids: list[int], owners: list[Opening], caps: list[float | None], session: str
+    ) -> None:
+        """Write each opening owner's cap, lattice mechanism and secure-session record (call
+        inside the transaction)."""
+        self.store.db.executemany(
+            "INSERT OR REPLACE INTO limits(owner_id, max_mu_squared) VALUES (?,?)",
+            [(i, cap) for i, cap in zip(ids, caps) if cap is not None],
+        )
+        self.store.db.executemany(
+            "INSERT OR REPLACE INTO mechanisms(owner_id, lattice) VALUES (?, 1)",
+            [(i,) for i, o in zip(ids, owners) if o.lattice],
+        )
+        self.keys.record(ids, owners, session)
+
+    def _plan_views(self, owners: list[Opening], session: str, algorithm: str) -> list[PlanView]:
+        """Each owner's spend and reservations, in a constant number of statements (call inside
+        the transaction)."""
+        ids = np.array([self.store.id(o.owner) for o in owners], dtype=np.int64)
+        session_id = self.store.id(session)
+        open_rows: dict[str, list[tuple]] = defaultdict(list)
+        for owner, *rest in self.store.db.execute(
+            "SELECT owner, session, algorithm, planned_answers, sampling_rate, noise_multiplier "
+            "FROM sessions WHERE closed_at IS NULL"
+        ):
+            open_rows[owner].append(tuple(rest))
+        sampled: dict[int, list[tuple]] = defaultdict(list)
+        for owner_id, sid, q, sigma, count in self.store.db.execute(
+            "SELECT owner_id, session_id, sampling_rate, noise_multiplier, SUM(answers) "
+            "FROM sampled GROUP BY owner_id, session_id, sampling_rate, noise_multiplier"
+        ):
+            sampled[owner_id].append((sid, q, sigma, int(count)))
+        totals, in_session = self.totals.spend(ids), self.totals.spend(ids, session_id)
+        existing = {
+            row[0]: row[1:]
+            for row in self.store.db.execute(
+                "SELECT owner, algorithm, planned_answers, closed_at, sampling_rate FROM sessions "
+                "WHERE session=?",
+                (session,),
+            )
+        }
+        views = []
+        for k, (opening, owner_id) in enumerate(zip(owners, ids.tolist())):
+            rows = sampled.get(owner_id, [])
+            mine = open_rows.get(opening.owner, [])
+            reserved = []
+            for name, kind, planned, rate, recorded_multiplier in mine:
+                if kind == SGMCMC and name != session:
+                    used = sum(c for sid, _, _, c in rows if sid == self.store.id(name))
+                    multiplier = recorded_multiplier or opening.noise_multiplier
+                    reserved.append(SubsampledGaussian(rate, multiplier, max(planned - used, 0)))
+            record = existing.get(opening.owner)
+            current = None
+            if record is not None:
+                spend = GaussianSpend(
+                    int(in_session[0][k]), float(in_session[1][k]), float(in_session[2][k])
+                )
+                events = events_of([r for r in rows if r[0] == session_id])
+                current = Session(
+                    session, record[0], record[1], record[2] is not None, spend, events, record[3]
+                )
+            total = GaussianSpend(int(totals[0][k]), float(totals[1][k]), float(totals[2][k]))
+            gaussian_open = algorithm != SGMCMC or any(kind != SGMCMC for _, kind, *_ in mine)
+            views.append(PlanView(current, total, events_of(rows), reserved, gaussian_open))
+        return views
+
+    def session_opener(self, owners: list[str], session: str) -> str | None:
+        """The client that opened ``session`` for some of ``owners`` (None: not recorded, or
+        opened without a client identity)."""
+        with self.store.reading():
+            for owner, client in self.store.db.execute(
+                "SELECT owner, client FROM sessions WHERE session=? AND client IS NOT NULL",
+                (session,),
+            ):
+                if owner in owners:
+                    return client
+        return None
+
+    def close_session(self, owner: str, session: str) -> None:
+        """Close the session: its plan no longer holds budget."""
+        self.close_sessions([owner], session)
+
+    def close_sessions(self, owners: list[str], session: str) -> None:
+        """Close the session of every owner of ``owners`` (one transaction)."""
+        now = time.time()
+        with self.store.writing():
+            self.store.db.executemany(
+                "UPDATE sessions SET closed_at=? WHERE owner=? AND session=? AND closed_at IS NULL",
+                [(now, owner, session) for owner in owners],
+            )
+        self.book.plans_changed(session)
+
+    def answered_on_lattice(self, owner: str) -> bool:
+        """Whether the owner ever answered with lattice noise (table ``mechanisms``; a writer
+        reads the table once)."""
+        with self.store.reading():
+            if self.store.read_only:
+                row = self.store.db.execute(
+                    "SELECT lattice FROM mechanisms WHERE owner_id=?", (self.store.id(owner),)
+                ).fetchone()
+                return bool(row and row[0])
+            if self._lattice_ids is None:
+                self._lattice_ids = {
+                    i
+                    for (i,) in self.store.db.execute(
+                        "SELECT owner_id FROM mechanisms WHERE lattice"
+                    )
+                }
+            self.store.load_names()
+            return self.store.known_id(owner) in self._lattice_ids
