@@ -15,8 +15,9 @@ This module sits just above the leaves (errors, models, privacy): ``common`` imp
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 
@@ -72,10 +73,14 @@ class QueryKind(ABC):
     noise_key: ClassVar[str]
     #: privacy.json's ``accounting`` words for runs of this kind
     report_basis: ClassVar[str]
+    #: privacy.json's name of an owner's noise level (``report_noise``)
+    report_sigma_key: ClassVar[str] = "sigma"
     #: scenario keys whose values set a plan's worst-case spend (``refusals.plan_causes``)
     spend_keys: ClassVar[tuple[str, ...]]
-    #: the owner's model must be an ``ExpFamModel`` with a public record count
-    needs_statistics: ClassVar[bool] = False
+    #: the named arrays (and scalars) a query of this kind carries besides its keys
+    arrays: ClassVar[tuple[str, ...]]
+    #: one answer's sensitivity grows with the step (a smaller step is a remedy for a refusal)
+    step_scaled: ClassVar[bool] = False
 
     # --- the request ------------------------------------------------------------------------
     def check_model(self, model: Model, public_n: int | None, owner: str) -> None:
@@ -115,6 +120,34 @@ class QueryKind(ABC):
                 f"only penalty sessions declare a max_step, not {self.ledger_name!r}", owner
             )
         return None
+
+    # --- a query ----------------------------------------------------------------------------
+    def ask(
+        self, host: Any, session: str, iteration: int, chains: np.ndarray, arrays: Mapping[str, Any]
+    ) -> Any:
+        """The owner host's answers to one query of this kind (``OwnerHost.<name>``): keys
+        (``session``, chain, ``iteration`` …) for ``chains`` ``(C,)``, with the kind's
+        ``arrays``; ``InvalidRequest`` when they are not exactly the kind's."""
+        if set(arrays) != set(self.arrays):
+            raise InvalidRequest(
+                f"a {self.name} query carries {', '.join(self.arrays)}, not "
+                f"{', '.join(sorted(arrays)) or 'nothing'}"
+            )
+        return getattr(host, self.name)(session, *self._host_args(iteration, chains, arrays))
+
+    @abstractmethod
+    def _host_args(
+        self, iteration: int, chains: np.ndarray, arrays: Mapping[str, Any]
+    ) -> tuple[Any, ...]:
+        """The arguments of the host's method after the session."""
+
+    def keys_per_chain(self, arrays: Mapping[str, Any]) -> int:
+        """Answers (keys) one query asks per chain."""
+        return 1
+
+    def reply_scale(self, arrays: Mapping[str, Any]) -> float:
+        """The unit of the answers' noise sd (σ_k × this): 1, or a gradient's clip."""
+        return 1.0
 
     @property
     def digest_tag(self) -> bytes:
@@ -161,6 +194,11 @@ class QueryKind(ABC):
     def event(self, answers: int, unit: float, sampling_rate: float | None) -> Event:
         """The accounting event of ``answers`` answers: each of μ = ``unit`` (Gaussian kinds)
         or of noise multiplier ``unit`` at Poisson rate ``sampling_rate`` (gradients)."""
+
+    def report_noise(self, sigma: float, sampler: Mapping[str, Any]) -> dict[str, Any]:
+        """An owner's noise fields in privacy.json: its noise level ``sigma`` under
+        ``report_sigma_key``, and what else sets its answers' noise (from ``sampler``)."""
+        return {self.report_sigma_key: sigma}
 
     def __repr__(self) -> str:
         return f"<query kind {self.name} ({self.ledger_name})>"

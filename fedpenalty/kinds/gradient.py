@@ -4,7 +4,10 @@ over a Poisson sample of rate q, plus N(0, (σ·clip)² I)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from ..errors import InvalidRequest
 from ..models import Model
@@ -30,6 +33,8 @@ class Gradient(QueryKind):
         "each owner's ledger; epsilon_paper_bound: not applicable; ledger_epsilon: the owner's "
         "spend across all its sessions, as its ledger reports it"
     )
+    report_sigma_key = "noise_multiplier"
+    arrays = ("theta", "clip")
     spend_keys = (
         "sampler.chains",
         "sampler.warmup",
@@ -37,6 +42,24 @@ class Gradient(QueryKind):
         "sampler.sampling_rate",
         "privacy.sigma",
     )
+
+    def report_noise(self, sigma: float, sampler: Mapping[str, Any]) -> dict[str, Any]:
+        """The noise multiplier with the sampling rate and clip the run asked for."""
+        return {
+            "noise_multiplier": sigma,
+            "sampling_rate": sampler["sampling_rate"],
+            "clip": sampler["clip"],
+        }
+
+    def _host_args(
+        self, iteration: int, chains: np.ndarray, arrays: Mapping[str, Any]
+    ) -> tuple[Any, ...]:
+        """θ ``(C, d)`` at ``iteration`` and the per-record ``clip``."""
+        return iteration, chains, arrays["theta"], arrays["clip"]
+
+    def reply_scale(self, arrays: Mapping[str, Any]) -> float:
+        """The clip: the noise sd of a gradient answer is σ·clip."""
+        return arrays["clip"]
 
     def width(self, model: Model) -> int:
         return model.dim

@@ -3,7 +3,10 @@ owner and key, Σ_x clip(ℓ(x,θ') − ℓ(x,θ), ±L‖θ' − θ‖) plus N(0
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from ..errors import InvalidRequest
 from ..models import Model
@@ -48,6 +51,8 @@ class LogRatio(GaussianKind):
     ledger_name = "penalty"
     sigma_meaning = "sd of the noisy log-likelihood-ratio sum (nats)"
     noise_key = "log_ratio_sd"
+    step_scaled = True
+    arrays = ("theta", "theta_prop")
     spend_keys = (
         "sampler.chains",
         "sampler.warmup",
@@ -59,6 +64,12 @@ class LogRatio(GaussianKind):
 
     def width(self, model: Model) -> int:
         return 1
+
+    def _host_args(
+        self, iteration: int, chains: np.ndarray, arrays: Mapping[str, Any]
+    ) -> tuple[Any, ...]:
+        """θ ``(C, d)`` and θ' ``(C, d)`` at ``iteration``."""
+        return iteration, chains, arrays["theta"], arrays["theta_prop"]
 
     def sensitivity(self, model: Model, neighbour: str, step: float) -> float:
         return float(model.log_ratio_sensitivity(step, neighbour))  # type: ignore[arg-type]

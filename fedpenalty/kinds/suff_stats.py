@@ -3,6 +3,11 @@ docs/design.md §2.2): ``stat_dim`` numbers per owner and key, each plus N(0, σ
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
 from ..errors import InvalidRequest
 from ..models import ExpFamModel, Model
 from .log_ratio import GaussianKind
@@ -17,6 +22,7 @@ class SuffStats(GaussianKind):
     ledger_name = "penalty_expfam"
     sigma_meaning = "sd of each component of the noisy sufficient-statistic sum"
     noise_key = "stat_sd"
+    arrays = ("block",)
     spend_keys = (
         "sampler.chains",
         "sampler.warmup",
@@ -24,7 +30,6 @@ class SuffStats(GaussianKind):
         "sampler.block",
         "privacy.sigma",
     )
-    needs_statistics = True
 
     def check_model(self, model: Model, public_n: int | None, owner: str) -> None:
         """Only exponential-family models have statistics, and answering from them needs the
@@ -41,6 +46,16 @@ class SuffStats(GaussianKind):
     def width(self, model: Model) -> int:
         """``stat_dim`` (1 for a model without statistics, whose sessions are refused)."""
         return model.stat_dim if isinstance(model, ExpFamModel) else 1
+
+    def _host_args(
+        self, iteration: int, chains: np.ndarray, arrays: Mapping[str, Any]
+    ) -> tuple[Any, ...]:
+        """``block`` copies per chain, keyed from ``iteration`` (the host's ``start``) on."""
+        return chains, iteration, arrays["block"]
+
+    def keys_per_chain(self, arrays: Mapping[str, Any]) -> int:
+        """``block`` copies per chain."""
+        return int(arrays["block"])
 
     def sensitivity(self, model: Model, neighbour: str, step: float) -> float:
         if not isinstance(model, ExpFamModel):

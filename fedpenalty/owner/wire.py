@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -88,6 +91,69 @@ def answers_reply(msg: pb.Answers) -> Reply:
             f"{len(noise_sd)} noise sds"
         )
     return Reply(values.reshape(shape), noise_sd)
+
+
+# --- queries ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class QueryCodec:
+    """One query kind's message on the wire (the ``QueryRequest`` oneof field named as the
+    kind): ``message`` its class; ``fields`` the message's fields besides session and chains
+    from (iteration, arrays); ``arrays`` (iteration, arrays) back from a message of C chains
+    (``InvalidRequest`` for a malformed one); ``keys`` the answers it asks per chain."""
+
+    message: type
+    fields: Callable[[int, Mapping[str, Any]], dict[str, Any]]
+    arrays: Callable[[Any, int], tuple[int, dict[str, Any]]]
+    keys: Callable[[Any], int] = lambda msg: 1
+
+
+#: Query kind (v2 name, ``kinds.KINDS``) → its codec; one line per kind.
+QUERY_CODECS: dict[str, QueryCodec] = {
+    "log_ratio": QueryCodec(
+        pb.LogRatioRequest,
+        lambda it, a: {
+            "iteration": int(it),
+            "theta": np.ravel(a["theta"]).tolist(),
+            "theta_prop": np.ravel(a["theta_prop"]).tolist(),
+        },
+        lambda m, c: (
+            m.iteration,
+            {"theta": rows(m.theta, c, "theta"), "theta_prop": rows(m.theta_prop, c, "theta_prop")},
+        ),
+    ),
+    "suff_stats": QueryCodec(
+        pb.SuffStatsRequest,
+        lambda it, a: {"start": int(it), "block": int(a["block"])},
+        lambda m, c: (m.start, {"block": m.block}),
+        lambda m: m.block,
+    ),
+    "gradient": QueryCodec(
+        pb.GradientRequest,
+        lambda it, a: {
+            "iteration": int(it),
+            "theta": np.ravel(a["theta"]).tolist(),
+            "clip": a["clip"],
+        },
+        lambda m, c: (m.iteration, {"theta": rows(m.theta, c, "theta"), "clip": m.clip}),
+    ),
+}
+
+
+def query_codec(kind: str) -> QueryCodec:
+    """The codec of ``kind`` (v2 name); ``InvalidRequest`` naming the kinds the wire carries."""
+    codec = QUERY_CODECS.get(kind)
+    if codec is None:
+        raise errors.InvalidRequest(
+            f"no query kind {kind!r} on the wire; it carries {', '.join(QUERY_CODECS)}"
+        )
+    return codec
+
+
+def query_request(kind: str, session: str, iteration: int, chains, arrays) -> Any:
+    """A query of ``kind`` as its message (``QueryCodec``), for ``QueryRequest.<kind>``."""
+    codec = query_codec(kind)
+    chain_list = np.asarray(chains).tolist()
+    return codec.message(session=session, chains=chain_list, **codec.fields(iteration, arrays))
 
 
 # --- secure aggregation -------------------------------------------------------------------
