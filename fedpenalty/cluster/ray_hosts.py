@@ -50,7 +50,7 @@ HOST_METHODS = frozenset(
     {
         "describe",
         "session_keys",
-        "open_session",
+        "open",
         "close_session",
         "privacy_reports",
     }

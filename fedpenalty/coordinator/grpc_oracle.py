@@ -52,6 +52,7 @@ from ..kinds import query_kind
 from ..models import Model, build_model
 from ..owner import wire
 from ..owner.owner_config import TlsFiles
+from ..owner.session_request import SessionRequest
 from ..proto import owner_pb2 as pb
 from ..proto import owner_pb2_grpc as pb_grpc
 from .oracle import Answers, Oracle, SecureAggregation, Unreported
@@ -208,16 +209,12 @@ class GrpcOracle(Oracle):
         secure: SecureAggregation | None = None,
     ) -> str:
         session = session or uuid.uuid4().hex
-        request = pb.OpenSessionRequest(
-            session=session, algorithm=algorithm, planned_answers=planned_answers
+        peers = None if secure is None else secure_open(self._session_keys(session), secure)
+        request = wire.open_message(
+            SessionRequest.of(
+                session, algorithm, planned_answers, sampling_rate, max_step=max_step, secure=peers
+            )
         )
-        if sampling_rate is not None:
-            request.sampling_rate = sampling_rate
-        if max_step is not None:
-            request.max_step = max_step
-        if secure is not None:
-            keys = self._session_keys(session)
-            request.secure.CopyFrom(wire.secure_message(secure_open(keys, secure)))
         self._run(self._each(lambda h: self._unary(h, h.stub.OpenSession, request)))
         self._noise_sd = owner_noise_sd(secure, self._sigma, len(self._sigma))
         self.session, self._opened = session, request

@@ -14,6 +14,7 @@ import numpy as np
 from ..common import OwnerDescription, PrivacyReport
 from ..kinds import query_kind
 from ..owner import Ledger, OwnerHost, OwnerNode
+from ..owner.session_request import SessionRequest
 from .oracle import Answers, Oracle, SecureAggregation, Unreported
 from .secure_sum import combine, secure_open
 from .transport_base import Launched, OwnerSetup, Transport
@@ -42,8 +43,15 @@ class InProcessOracle(Oracle):
         request = None
         if secure is not None:
             request = secure_open(self.host.session_keys(session), secure)
-        self.host.open_session(
-            session, algorithm, planned_answers, sampling_rate, max_step=max_step, secure=request
+        self.host.open(
+            SessionRequest.of(
+                session,
+                algorithm,
+                planned_answers,
+                sampling_rate,
+                max_step=max_step,
+                secure=request,
+            )
         )
         self.session = session
         return session

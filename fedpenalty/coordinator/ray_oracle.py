@@ -25,6 +25,7 @@ from ..common import OwnerDescription, PrivacyReport
 from ..data import OwnerRecords
 from ..errors import ConfigError, OwnerError, OwnerUnavailable
 from ..owner.aggregation import PeerKey
+from ..owner.session_request import SessionRequest
 from .oracle import Answers, Oracle, SecureAggregation, Unreported
 from .secure_sum import combine, secure_open
 from .transport_base import Launched, OwnerSetup, Transport
@@ -63,13 +64,15 @@ class RayOracle(Oracle):
         if secure is not None:
             request = secure_open(self._session_keys(session), secure)
         self._each(
-            "open_session",
-            session,
-            algorithm,
-            planned_answers,
-            sampling_rate,
-            max_step=max_step,
-            secure=request,
+            "open",
+            SessionRequest.of(
+                session,
+                algorithm,
+                planned_answers,
+                sampling_rate,
+                max_step=max_step,
+                secure=request,
+            ),
         )
         self.session = session
         return session

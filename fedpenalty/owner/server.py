@@ -183,8 +183,6 @@ class OwnerServicer(pb_grpc.OwnerServicer):
         return session
 
     def _open(self, request: pb.OpenSessionRequest, client: str | None) -> None:
-        rate = request.sampling_rate if request.HasField("sampling_rate") else None
-        step = request.max_step if request.HasField("max_step") else None
         secure = wire.secure_open(request.secure) if request.HasField("secure") else None
         session = self._own(request.session, client)
         if secure is not None and self._peers is not None:
@@ -194,9 +192,7 @@ class OwnerServicer(pb_grpc.OwnerServicer):
             secure = replace(secure, authenticated=True)
         # the ledger binds the session to ``client`` too, so a restarted server still refuses
         # another client's re-open
-        self.host.open_session(
-            session, request.algorithm, request.planned_answers, rate, client, step, secure
-        )
+        self.host.open(wire.session_request(request, client, secure))
         if client is not None:
             self._opened_by[session] = client
 
@@ -247,7 +243,7 @@ class OwnerServicer(pb_grpc.OwnerServicer):
         log.info(
             "session %s: %s%s%s, plan of %d answers per owner, %d owner(s) [%s], from %s%s",
             request.session,
-            request.algorithm,
+            request.kind or request.algorithm,
             f" at sampling rate {request.sampling_rate:g}"
             if request.HasField("sampling_rate")
             else "",

@@ -18,9 +18,11 @@ import numpy as np
 
 from .. import errors
 from ..common import OwnerDescription, OwnNoise, Policy, PrivacyReport, SecureTerms, SpendReport
+from ..kinds import KindTerms, query_kind
 from ..models.base import check_neighbour
 from ..proto import owner_pb2 as pb
 from .aggregation import PeerKey, Reply, SecureOpen
+from .session_request import SessionRequest
 
 #: trailing-metadata keys of a refused unary call
 ERROR_KEY, OWNER_KEY, EPSILON_LEFT_KEY = (
@@ -180,6 +182,47 @@ def secure_message(secure: SecureOpen) -> pb.SecureAggregation:
 
 def secure_open(msg: pb.SecureAggregation) -> SecureOpen:
     return SecureOpen(tuple(peer_key(k) for k in msg.peers), msg.total_noise_sd, int(msg.colluders))
+
+
+# --- sessions -----------------------------------------------------------------------------
+def open_message(request: SessionRequest) -> pb.OpenSessionRequest:
+    """A session request on the wire: its kind by the v2 name (``kind``) and, for owners that
+    speak only v1, by its ledger name (``algorithm``)."""
+    terms = request.single()
+    kind = query_kind(terms.kind)
+    msg = pb.OpenSessionRequest(
+        session=request.session,
+        kind=kind.name,
+        algorithm=kind.ledger_name,
+        planned_answers=terms.planned_answers,
+    )
+    if terms.sampling_rate is not None:
+        msg.sampling_rate = terms.sampling_rate
+    if terms.max_step is not None:
+        msg.max_step = terms.max_step
+    if request.secure is not None:
+        msg.secure.CopyFrom(secure_message(request.secure))
+    return msg
+
+
+def session_request(
+    msg: pb.OpenSessionRequest, client: str | None, secure: SecureOpen | None
+) -> SessionRequest:
+    """``OpenSession`` → the request the host opens, for ``client`` with ``secure`` (decoded
+    by the server, which alone may mark its peers authenticated). The kind is ``kind`` (v2) or
+    else ``algorithm`` (v1); a message naming both must name one kind."""
+    if msg.kind and msg.algorithm and query_kind(msg.kind) is not query_kind(msg.algorithm):
+        raise errors.InvalidRequest(
+            f"the session names two query kinds: kind {msg.kind!r} and algorithm "
+            f"{msg.algorithm!r}; name one (kind)"
+        )
+    terms = KindTerms(
+        msg.kind or msg.algorithm,
+        msg.planned_answers,
+        msg.sampling_rate if msg.HasField("sampling_rate") else None,
+        msg.max_step if msg.HasField("max_step") else None,
+    )
+    return SessionRequest(msg.session, (terms,), client, secure)
 
 
 # --- descriptions and reports -------------------------------------------------------------
