@@ -162,3 +162,30 @@ def test_owner_toml_noise_levels_that_disagree_are_refused():
         noise_level({"privacy": {"log_ratio_sd": 1.0, "stat_sd": 550.0}})
     raw = {"privacy": {"log_ratio_sd": 1.0, "sigma": 1.0}}
     assert noise_level(raw) == "log_ratio_sd" and raw["privacy"] == {"sigma": 1.0}
+
+
+def test_a_served_owner_reads_v1_and_v2_session_requests(tmp_path):
+    """Over gRPC: a v1 client (``algorithm``), a v2 client (``kind``) and this coordinator
+    (both) open sessions of the same kind; two names that disagree are INVALID_ARGUMENT."""
+    import grpc
+
+    from fedpenalty.owner.server import ServerThread
+    from fedpenalty.proto import owner_pb2_grpc as pb_grpc
+
+    host = OwnerHost([make_node(tmp_path)])
+    with ServerThread(host) as server, grpc.insecure_channel(server.address) as channel:
+        stub = pb_grpc.OwnerStub(channel)
+        sent = {
+            "v1": {"algorithm": "penalty"},
+            "v2": {"kind": "log_ratio"},
+            "both": {"kind": "log_ratio", "algorithm": "penalty"},
+        }
+        for session, names in sent.items():
+            stub.OpenSession(pb.OpenSessionRequest(session=session, planned_answers=4, **names))
+            assert host.nodes[0].require_session(session, "log_ratio").kind is KINDS["log_ratio"]
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.OpenSession(
+                pb.OpenSessionRequest(session="x", kind="gradient", algorithm="penalty")
+            )
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "two query kinds" in caught.value.details()
