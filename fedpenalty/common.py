@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .errors import ConfigError
+from .kinds import KINDS
 from .privacy import GaussianSpend
 from .privacy.owner_epsilon import owner_epsilon
 from .privacy.subsampled import SubsampledGaussian
@@ -27,14 +28,13 @@ from .schema import (
     check_fields,
 )
 
-#: The kinds of query an owner answers (a session is opened for one of them): noisy
-#: log-likelihood ratios (penalty MH), noisy sufficient-statistic copies (exponential-family
-#: penalty MH), and clipped, Poisson-subsampled, noised gradients (SGLD, SGHMC, SGNHT).
-LOG_RATIO = "penalty"
-SUFF_STATS = "penalty_expfam"
-SGMCMC = "sgmcmc"
-QUERY_KINDS = (LOG_RATIO, SUFF_STATS, SGMCMC)
-
+#: The ledger names of the query kinds (``kinds.KINDS``), kept for modules that still name a
+#: kind by its string: noisy log-likelihood ratios (penalty MH), noisy sufficient-statistic
+#: copies (exponential-family penalty MH), and clipped, Poisson-subsampled, noised gradients
+#: (SGLD, SGHMC, SGNHT).
+LOG_RATIO = KINDS["log_ratio"].ledger_name
+SUFF_STATS = KINDS["suff_stats"].ledger_name
+SGMCMC = KINDS["gradient"].ledger_name
 
 #: The smallest gradient noise sd σ·clip an owner uses: the smallest normal float (below it the
 #: noise is subnormal or rounds to 0 while the ledger would still count σ).
@@ -46,9 +46,11 @@ class Policy:
     """Owner policy (``[privacy]`` of OWNER.toml); every field is checked on construction
     (``ConfigError`` naming ``privacy.<field>``).
 
-    sigma: noise sd of one answer — of the log-likelihood-ratio sum (``penalty``) or of each
-        component of the sufficient-statistic sum (``penalty_expfam``); for gradient answers
-        (``sgmcmc``) the noise *multiplier*: noise sd σ·clip on each coordinate.
+    sigma: the owner's noise level, whose meaning is its query kind's (``QueryKind.sigma_meaning``):
+        the sd of the log-likelihood-ratio sum (``log_ratio``), of each component of the
+        sufficient-statistic sum (``suff_stats``), or for gradient answers (``gradient``) the
+        noise *multiplier*: noise sd σ·clip on each coordinate. OWNER.toml names it for the
+        kind (``QueryKind.noise_key``: log_ratio_sd, stat_sd, gradient_noise_multiplier).
     max_step: the largest ‖θ' − θ‖₂ the owner answers for (bounds each answer's sensitivity).
     budget_epsilon, delta: the owner refuses any answer that would take its cumulative
         ε(δ) past ``budget_epsilon``.

@@ -12,10 +12,11 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from .common import LOG_RATIO, SGMCMC, SUFF_STATS, Policy
+from .common import Policy
 from .config import Scenario
 from .errors import BudgetExhausted, FedPenaltyError
-from .models import ExpFamModel, Model
+from .kinds import GaussianKind, query_kind
+from .models import Model
 from .owner.noise import lattice_gradient_multiplier
 from .privacy import GaussianSpend
 from .privacy.owner_epsilon import max_gdp_mu_squared, owner_epsilon
@@ -58,18 +59,28 @@ def plan_needs(
     The earlier spend is taken as Gaussian answers of the total μ whose ε is
     ``spent_epsilon`` (``_spent``): exact for an owner whose earlier answers were all Gaussian
     (log-likelihood ratios, statistic copies), a stand-in of equal ε at δ otherwise."""
-    budget, delta, neighbour = policy.budget_epsilon, policy.delta, policy.neighbour
+    kind = query_kind(query)
     before = _spent(spent_epsilon, policy, lattice)
-    if query == SGMCMC:
+    if not isinstance(kind, GaussianKind):
         return _gradient_needs(model, policy, answers, session["sampling_rate"], lattice, before)
-    # answers are charged at least at the owner's charged_step (Policy.charged_step)
-    step = max(min(policy.max_step, session.get("max_step", policy.max_step)), policy.charged_step)
-    if query == LOG_RATIO:
-        sensitivity = float(model.log_ratio_sensitivity(step, neighbour))
-    else:
-        assert isinstance(model, ExpFamModel)
-        sensitivity = model.stat_sensitivity(neighbour)
-    mu = sensitivity / policy.sigma
+    return _gaussian_needs(kind, model, policy, answers, session.get("max_step"), lattice, before)
+
+
+def _gaussian_needs(
+    kind: GaussianKind,
+    model: Model,
+    policy: Policy,
+    answers: int,
+    max_step: float | None,
+    lattice: bool,
+    before: GaussianSpend,
+) -> PlanNeeds:
+    """``plan_needs`` of Gaussian answers of ``kind`` after the Gaussian spend ``before``, each
+    at the kind's worst-case sensitivity (at ``max_step``, never below the owner's
+    charged_step: ``QueryKind.worst_sensitivity``, as the owner admits it)."""
+    budget, delta, neighbour = policy.budget_epsilon, policy.delta, policy.neighbour
+    step = kind.worst_step(policy, max_step)
+    mu = kind.worst_sensitivity(model, policy, max_step) / policy.sigma
     spend = GaussianSpend(
         before.answers + answers, before.mu_squared + answers * mu * mu, max(before.max_mu, mu)
     )
@@ -83,7 +94,7 @@ def plan_needs(
         need,
         int(left / (mu * mu)),
         policy.sigma / scale,
-        step * scale if query == LOG_RATIO else None,
+        step * scale if kind.step_scaled else None,
     )
 
 
@@ -199,9 +210,12 @@ def budget_refusal(
         if deployed
         else "privacy.budget_epsilon"
     )
-    sigma_key = ("the owner's [privacy] sigma in OWNER.toml" if deployed else "privacy.sigma") + (
-        " (noise multiplier)" if query == SGMCMC else ""
-    )
+    kind = query_kind(query)
+    sigma_key = (
+        f"the owner's [privacy] {kind.noise_key} (or sigma) in OWNER.toml"
+        if deployed
+        else "privacy.sigma"
+    ) + (" (noise multiplier)" if not isinstance(kind, GaussianKind) else "")
     options = [f"{budget_key} ≥ {_up(needs.epsilon)}"]
     if needs.max_answers is None:
         options.append(
@@ -229,32 +243,10 @@ def budget_refusal(
     return PlanRefused(f"{head}. To run, change one of{note}: {'; '.join(options)}")
 
 
-#: The scenario keys whose values set the worst-case spend of a plan, per query kind
-#: (docs/design.md §2.5); ``privacy.max_step`` only when set.
-SPEND_KEYS: dict[str, tuple[str, ...]] = {
-    LOG_RATIO: (
-        "sampler.chains",
-        "sampler.warmup",
-        "sampler.iterations",
-        "sampler.step",
-        "privacy.max_step",
-        "privacy.sigma",
-    ),
-    SUFF_STATS: (
-        "sampler.chains",
-        "sampler.warmup",
-        "sampler.iterations",
-        "sampler.block",
-        "privacy.sigma",
-    ),
-    SGMCMC: (
-        "sampler.chains",
-        "sampler.warmup",
-        "sampler.iterations",
-        "sampler.sampling_rate",
-        "privacy.sigma",
-    ),
-}
+def spend_keys(query: str) -> tuple[str, ...]:
+    """The scenario keys whose values set the worst-case spend of a plan of kind ``query``
+    (docs/design.md §2.5; the kind's ``spend_keys``); ``privacy.max_step`` only when set."""
+    return query_kind(query).spend_keys
 
 
 def plan_causes(scenario: Scenario, query: str, policy: Policy, deployed: bool) -> str:
@@ -262,7 +254,7 @@ def plan_causes(scenario: Scenario, query: str, policy: Policy, deployed: bool) 
     e.g. "sampler.step = 0.05 (the generic default in fedpenalty/config.py)"; a deployed
     owner's noise and step limit come from its OWNER.toml instead."""
     words = []
-    for key in SPEND_KEYS[query]:
+    for key in spend_keys(query):
         section, name = key.split(".")
         if deployed and section == "privacy":
             continue

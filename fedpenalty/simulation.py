@@ -44,7 +44,7 @@ import numpy as np
 import xarray as xr
 
 from . import plots
-from .common import LOG_RATIO, SGMCMC, SUFF_STATS, Policy, PrivacyReport
+from .common import Policy, PrivacyReport
 from .config import Scenario, load_scenario
 from .coordinator import checkpoint
 from .coordinator.algorithms import ALGORITHMS, Algorithm
@@ -73,6 +73,7 @@ from .errors import (
     OwnerError,
 )
 from .inference_data import POSTERIOR_FILE, SpendTrace, posterior_tree, read_spend, write_posterior
+from .kinds import GaussianKind, query_kind
 from .models import ExpFamModel, Model, Reference, build_model
 from .owner.owner_config import TlsFiles
 from .refusals import budget_refusal, plan_causes, plan_needs, policy_refusal
@@ -80,26 +81,9 @@ from .refusals import budget_refusal, plan_causes, plan_needs, policy_refusal
 CHECKPOINT, RUN_INFO = "checkpoint.npz", "run.json"
 
 
-#: How each owner's privacy is accounted, by the owners' query kind (the ``accounting`` line of
-#: privacy.json; None: a trusted curator's non-private baseline).
-_LEDGER = "ledger_epsilon: the owner's spend across all its sessions, as its ledger reports it"
-_GDP = (
-    "Gaussian answers composed by their total μ (each μ = Δ/σ): accountant 'gdp' is the exact "
-    "μ-GDP ε(δ) (analytic Gaussian) of float noise (simulated owners); 'rdp' is the Rényi-DP ε of "
-    "the same μ, for owners releasing exact lattice answers (deployed owners, docs/design.md "
-    "§2.7); epsilon_paper_bound: classical Gaussian mechanism + advanced composition (null: not "
-    "applicable); " + _LEDGER
-)
-ACCOUNTING = {
-    LOG_RATIO: _GDP,
-    SUFF_STATS: _GDP,
-    SGMCMC: "Poisson-subsampled Gaussian gradient answers (rate sampling_rate, noise sd "
-    "noise_multiplier × clip) "
-    "composed by dp-accounting's PLD accountant (pessimistic) in each owner's ledger; "
-    "epsilon_paper_bound: "
-    "not applicable; " + _LEDGER,
-    None: "non-private baseline: a trusted curator pools every record; no owner privacy",
-}
+#: privacy.json's ``accounting`` line of a run without owners (the owners' is their query
+#: kind's ``report_basis``).
+CURATOR_ACCOUNTING = "non-private baseline: a trusted curator pools every record; no owner privacy"
 #: privacy.json's ``noise`` line of a simulation (docs/design.md §2.7, invariant 7).
 SIMULATED_NOISE = (
     "simulated owners: float Gaussian noise seeded from run.seed and addressed by (session, "
@@ -402,7 +386,8 @@ def _run_owners(
         with _settling(launched.oracle, out, info, stopped):
             extra = _chain_diagnostics(chains, algorithm)
             simulated = launched.oracle.simulation_diagnostics()
-            if simulated is not None and algorithm.query != SGMCMC:  # log-ratio counters
+            # log-ratio counters, kept for runs of Gaussian answers
+            if simulated is not None and isinstance(query_kind(algorithm.query), GaussianKind):
                 extra["simulation_only"] = simulated
             privacy = privacy_summary(reports, policies, algorithm, scenario)
             if privacy["owners"]:
@@ -495,7 +480,7 @@ def _run_pooled(
         "algorithm": algorithm.name,
         "trusted_curator": True,
         "owners": [],
-        "accounting": ACCOUNTING[None],
+        "accounting": CURATOR_ACCOUNTING,
     }
     outputs = _Outputs(model, algorithm.name, reference, _sample_stats(chains, scenario, algorithm))
     return _finish(
@@ -872,7 +857,8 @@ class _SpendRecorder:
         earlier = read_spend(out / POSTERIOR_FILE) if resume is not None else None
         trace = SpendTrace.empty(reports) if earlier is None else earlier.before(done)
         total = int(sampler["warmup"]) + int(sampler["iterations"])
-        recorder = cls(oracle, trace, max(1, total // cls.POINTS), algorithm.query == SGMCMC)
+        gradient = not isinstance(query_kind(algorithm.query), GaussianKind)
+        recorder = cls(oracle, trace, max(1, total // cls.POINTS), gradient)
         recorder.trace = trace.added(done, reports, recorder.gradient)
         return recorder
 
@@ -1013,7 +999,7 @@ def privacy_summary(
         "neighbour": neighbour,
         "neighbour_meaning": NEIGHBOUR_MEANING.get(neighbour, "owners differ"),
         "algorithm": algorithm.name,
-        "accounting": ACCOUNTING[algorithm.query],
+        "accounting": query_kind(algorithm.query).report_basis,
         "trusted_curator": False,
         "release": "each owner's own ledger",
         **aggregation_fields(requested(scenario["privacy"]), reports),
@@ -1034,21 +1020,13 @@ def owner_privacy(
     owner's σ as ``noise_multiplier`` with the sampling rate and clip they asked for; ``mu`` is
     null unless the owner's ε is the exact GDP one. With secure aggregation the owner's ε from
     its own noise alone, and no σ (its noise is s/√(K − t), ``owner_fields``)."""
-    sampler = scenario["sampler"]
-    gradient = algorithm.query == SGMCMC
+    kind = query_kind(algorithm.query)
+    gradient = not isinstance(kind, GaussianKind)
     spend = report.session
     assert spend is not None  # the reports were asked for this run's session
-    noise = (
-        {
-            "noise_multiplier": policy.sigma,
-            "sampling_rate": sampler["sampling_rate"],
-            "clip": sampler["clip"],
-        }
-        if gradient
-        else {"sigma": policy.sigma}
-    )
+    noise = kind.report_noise(policy.sigma, scenario["sampler"])
     if requested(scenario["privacy"]) is not None:
-        noise.pop("noise_multiplier" if gradient else "sigma")
+        noise.pop(kind.report_sigma_key)
     return {
         "owner": report.owner,
         "n": report.n,

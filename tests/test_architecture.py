@@ -14,6 +14,7 @@ from fedpenalty.config import resolve
 from fedpenalty.coordinator.algorithms import ALGORITHMS
 from fedpenalty.coordinator.base import ChainAlgorithm, ReleaseAlgorithm
 from fedpenalty.coordinator.transports import TRANSPORTS
+from fedpenalty.kinds import KINDS
 
 ROOT = Path(fedpenalty.__file__).parent
 #: Kernel modules: pure numpy over the oracle interface (docs/design.md §4).
@@ -21,6 +22,8 @@ KERNELS = ("base", "mh", "adapt", "exact", "expfam")
 KERNELS += ("sgmcmc", "sgld", "sghmc", "sgnht", "driver")
 #: The leaves every layer may import; they import no other part of the package.
 LEAVES = ("errors", "models", "privacy")
+#: Just above the leaves: the query kinds (``common`` imports their registry).
+KINDS_LAYER = "kinds"
 
 
 def _module(path: Path) -> str:
@@ -136,6 +139,9 @@ def test_layers_point_one_way():
         if _part(module) in (f"fedpenalty.{leaf}" for leaf in LEAVES):
             allowed = {f"fedpenalty.{leaf}" for leaf in LEAVES}
             assert parts <= allowed, f"leaf {module} imports {parts - allowed}"
+        if _part(module) == f"fedpenalty.{KINDS_LAYER}":
+            allowed = {f"fedpenalty.{leaf}" for leaf in (*LEAVES, KINDS_LAYER)}
+            assert parts <= allowed, f"query kind {module} imports {parts - allowed}"
 
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
@@ -150,7 +156,8 @@ def test_registered_algorithms_take_the_settings_they_declare(name):
             assert key in resolve({})["sampler"], (
                 f"{name} declares sampler.{key}, which the scenario has not"
             )
-        assert algorithm.query in (None, "penalty", "penalty_expfam", "sgmcmc")
+        ledger_names = {kind.ledger_name for kind in KINDS.values()}
+        assert algorithm.query is None or algorithm.query in ledger_names
     else:
         assert isinstance(algorithm, ReleaseAlgorithm)
 

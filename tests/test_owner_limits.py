@@ -132,14 +132,14 @@ def test_heavy_work_does_not_block_the_server(monkeypatch):
     records = GAUSS.simulate_records(np.random.default_rng(4), np.array([0.2]), 100)
     h = host(GAUSS, records)
     entered, release = threading.Event(), threading.Event()
-    open_session = h.open_session
+    open_session = h.open  # what the server calls with the decoded SessionRequest
 
     def slow_open(*args, **kwargs):
         entered.set()
         release.wait(30)  # bounded: the test releases it at once
         open_session(*args, **kwargs)
 
-    monkeypatch.setattr(h, "open_session", slow_open)
+    monkeypatch.setattr(h, "open", slow_open)
     with ServerThread(h) as server, grpc.insecure_channel(server.address) as channel:
         opening = pb_grpc.OwnerStub(channel).OpenSession.future(
             pb.OpenSessionRequest(session="s", algorithm="penalty", planned_answers=10), timeout=60

@@ -229,13 +229,13 @@ def test_a_killed_actor_stops_the_run_naming_its_owners_and_the_resumed_run_is_e
     calls = {"log_ratio": 0}
     answer = RayHosts.answer
 
-    def killing(self, method, args, scale):
-        if method == "log_ratio":
+    def killing(self, query):
+        if query[0] == "log_ratio":  # (kind, session, iteration, chains, arrays)
             calls["log_ratio"] += 1
             if calls["log_ratio"] == 120:  # iteration 119 (0-based) finds actor 1 dead
                 ray.kill(self.actors[1])
                 wait_until_dead(self.actors[1])
-        return answer(self, method, args, scale)
+        return answer(self, query)
 
     monkeypatch.setattr(RayHosts, "answer", killing)
     result = simulate(tmp_path, "run", "run.transport='ray'", "run.checkpoint_every=50", *settings)

@@ -32,6 +32,7 @@ from ..common import OwnerDescription, Policy
 from ..data import RecordSource
 from ..errors import ConfigError, FedPenaltyError, OwnerError, OwnerUnavailable
 from ..extras import require
+from ..kinds import query_kind
 from ..models import Model, build_model
 from ..owner import Ledger, OwnerHost, OwnerNode, wire
 from ..owner.aggregation import Reply
@@ -49,16 +50,11 @@ HOST_METHODS = frozenset(
     {
         "describe",
         "session_keys",
-        "open_session",
+        "open",
         "close_session",
-        "log_ratio",
-        "suff_stats",
-        "gradient",
         "privacy_reports",
     }
 )
-#: The queries among them: answered as the host's ``Reply`` (``OwnerHostActor.answer``).
-QUERY_METHODS = frozenset({"log_ratio", "suff_stats", "gradient"})
 
 
 @dataclass(frozen=True)
@@ -183,17 +179,20 @@ class OwnerHostActor:
         except FedPenaltyError as exc:
             return Failure.of(exc)
 
-    def answer(self, method: str, args: tuple, scale: float) -> Reply | Failure:
+    def answer(self, query: tuple) -> Reply | Failure:
         """A query's answers as the host's ``Reply`` (``OwnerHost.reply``: plain answers with
-        each owner's noise sd × ``scale``, or a secure session's masked sum); ``args[0]`` is
-        the session."""
-        if method not in QUERY_METHODS:
-            raise ValueError(f"not an owner-host query: {method!r}")
-        values = self.call(method, args, {})
-        if isinstance(values, Failure):
-            return values
-        assert self.host is not None  # ``call`` answered
-        return self.host.reply(args[0], values, scale)
+        each owner's noise sd × the kind's ``reply_scale``, or a secure session's masked sum),
+        or the ``Failure`` of an owner's refusal. ``query``: (kind, session, iteration, chains,
+        arrays), the kind by name (``kinds.query_kind``; an unknown one is refused)."""
+        name, session, iteration, chains, arrays = query
+        if self.host is None:
+            return Failure("OwnerUnavailable", "this Ray actor hosts no owners")
+        try:
+            kind = query_kind(name)
+            values = kind.ask(self.host, session, iteration, chains, arrays)
+        except FedPenaltyError as exc:
+            return Failure.of(exc)
+        return self.host.reply(session, values, kind.reply_scale(arrays))
 
     def simulation_counters(self) -> list[tuple[bool, int, int]] | None:
         """Per owner (answers from sufficient statistics, clip binds, log-ratio terms), or None
@@ -354,10 +353,10 @@ class RayHosts:
         ``OwnerUnavailable``."""
         return self.gather([a.call.remote(method, args, kwargs) for a in self.actors])
 
-    def answer(self, method: str, args: tuple, scale: float) -> list[Any]:
+    def answer(self, query: tuple) -> list[Any]:
         """A query on every actor (``OwnerHostActor.answer``), issued and awaited as ``call``
         does: each actor's ``Reply`` or ``Failure``."""
-        return self.gather([a.answer.remote(method, args, scale) for a in self.actors])
+        return self.gather([a.answer.remote(query) for a in self.actors])
 
     def gather(self, refs: list[Any]) -> list[Any]:
         """The replies to ``refs`` (one per actor, in actor order)."""

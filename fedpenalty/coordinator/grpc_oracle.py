@@ -48,12 +48,14 @@ import numpy as np
 from ..cluster.local import LocalCluster, default_owner_hosts
 from ..common import OwnerDescription, PrivacyReport
 from ..errors import ConfigError, OwnerError, OwnerUnavailable, UnknownSession
+from ..kinds import query_kind
 from ..models import Model, build_model
 from ..owner import wire
 from ..owner.owner_config import TlsFiles
+from ..owner.session_request import SessionRequest
 from ..proto import owner_pb2 as pb
 from ..proto import owner_pb2_grpc as pb_grpc
-from .oracle import Answers, SecureAggregation, Unreported
+from .oracle import Answers, Oracle, SecureAggregation, Unreported
 from .secure_sum import combine, owner_noise_sd, secure_open
 from .tls_names import is_name_mismatch, mismatch_message
 from .transport_base import Launched, OwnerSetup, Transport
@@ -137,7 +139,7 @@ def check_models(owners: Sequence[OwnerDescription], model: Model) -> None:
             )
 
 
-class GrpcOracle:
+class GrpcOracle(Oracle):
     """All owners behind ``addresses`` (HOST:PORT of owner hosts), in address order then each
     host's owner order. ``model``: when given, every owner must serve exactly this model.
     ``deadline``: seconds one call may take; ``retry_seconds``: how long an unreachable host
@@ -207,16 +209,12 @@ class GrpcOracle:
         secure: SecureAggregation | None = None,
     ) -> str:
         session = session or uuid.uuid4().hex
-        request = pb.OpenSessionRequest(
-            session=session, algorithm=algorithm, planned_answers=planned_answers
+        peers = None if secure is None else secure_open(self._session_keys(session), secure)
+        request = wire.open_message(
+            SessionRequest.of(
+                session, algorithm, planned_answers, sampling_rate, max_step=max_step, secure=peers
+            )
         )
-        if sampling_rate is not None:
-            request.sampling_rate = sampling_rate
-        if max_step is not None:
-            request.max_step = max_step
-        if secure is not None:
-            keys = self._session_keys(session)
-            request.secure.CopyFrom(wire.secure_message(secure_open(keys, secure)))
         self._run(self._each(lambda h: self._unary(h, h.stub.OpenSession, request)))
         self._noise_sd = owner_noise_sd(secure, self._sigma, len(self._sigma))
         self.session, self._opened = session, request
@@ -231,40 +229,16 @@ class GrpcOracle:
             raise OwnerError("the owner hosts sent session keys of other owners than they describe")
         return keys
 
-    def log_ratio(
-        self, iteration: int, chains: np.ndarray, theta: np.ndarray, theta_prop: np.ndarray
-    ) -> Answers:
-        query = pb.LogRatioRequest(
-            session=self._require_session(),
-            iteration=int(iteration),
-            chains=np.asarray(chains).tolist(),
-            theta=np.ravel(theta).tolist(),
-            theta_prop=np.ravel(theta_prop).tolist(),
-        )
-        return self._query(lambda r: r.log_ratio.CopyFrom(query), 1.0, len(query.chains))
+    def query(self, kind: str, iteration: int, chains: np.ndarray, **arrays: Any) -> Answers:
+        """One query on every host's stream, as the kind's message (``wire.QUERY_CODECS``)."""
+        asked = query_kind(kind)
+        message = wire.query_request(asked.name, self._require_session(), iteration, chains, arrays)
+        keys = len(message.chains) * asked.keys_per_chain(arrays)
 
-    def suff_stats(self, chains: np.ndarray, start: int, block: int) -> Answers:
-        query = pb.SuffStatsRequest(
-            session=self._require_session(),
-            chains=np.asarray(chains).tolist(),
-            start=int(start),
-            block=int(block),
-        )
-        return self._query(
-            lambda r: r.suff_stats.CopyFrom(query), 1.0, len(query.chains) * int(block)
-        )
+        def fill(request: pb.QueryRequest) -> None:
+            getattr(request, asked.name).CopyFrom(message)
 
-    def gradient(
-        self, iteration: int, chains: np.ndarray, theta: np.ndarray, clip: float
-    ) -> Answers:
-        query = pb.GradientRequest(
-            session=self._require_session(),
-            iteration=int(iteration),
-            chains=np.asarray(chains).tolist(),
-            theta=np.ravel(theta).tolist(),
-            clip=clip,
-        )
-        return self._query(lambda r: r.gradient.CopyFrom(query), clip, len(query.chains))
+        return self._query(fill, asked.reply_scale(arrays), keys)
 
     def privacy_reports(self) -> list[PrivacyReport]:
         request = pb.PrivacyReportRequest(session=self.session or "")

@@ -12,13 +12,15 @@ from typing import Any
 import numpy as np
 
 from ..common import OwnerDescription, PrivacyReport
+from ..kinds import query_kind
 from ..owner import Ledger, OwnerHost, OwnerNode
-from .oracle import Answers, SecureAggregation, Unreported
+from ..owner.session_request import SessionRequest
+from .oracle import Answers, Oracle, SecureAggregation, Unreported
 from .secure_sum import combine, secure_open
 from .transport_base import Launched, OwnerSetup, Transport
 
 
-class InProcessOracle:
+class InProcessOracle(Oracle):
     """Owners living in this process, served by one ``OwnerHost`` (no serialisation)."""
 
     def __init__(self, nodes: Sequence[OwnerNode]):
@@ -41,8 +43,15 @@ class InProcessOracle:
         request = None
         if secure is not None:
             request = secure_open(self.host.session_keys(session), secure)
-        self.host.open_session(
-            session, algorithm, planned_answers, sampling_rate, max_step=max_step, secure=request
+        self.host.open(
+            SessionRequest.of(
+                session,
+                algorithm,
+                planned_answers,
+                sampling_rate,
+                max_step=max_step,
+                secure=request,
+            )
         )
         self.session = session
         return session
@@ -52,24 +61,11 @@ class InProcessOracle:
             raise RuntimeError("open_session must be called first")
         return self.session
 
-    def log_ratio(
-        self, iteration: int, chains: np.ndarray, theta: np.ndarray, theta_prop: np.ndarray
-    ) -> Answers:
+    def query(self, kind: str, iteration: int, chains: np.ndarray, **arrays: Any) -> Answers:
         session = self._require_session()
-        values = self.host.log_ratio(session, iteration, chains, theta, theta_prop)
-        return combine([self.host.reply(session, values)])
-
-    def suff_stats(self, chains: np.ndarray, start: int, block: int) -> Answers:
-        session = self._require_session()
-        values = self.host.suff_stats(session, chains, start, block)
-        return combine([self.host.reply(session, values)])
-
-    def gradient(
-        self, iteration: int, chains: np.ndarray, theta: np.ndarray, clip: float
-    ) -> Answers:
-        session = self._require_session()
-        values = self.host.gradient(session, iteration, chains, theta, clip)
-        return combine([self.host.reply(session, values, clip)])
+        asked = query_kind(kind)
+        values = asked.ask(self.host, session, iteration, chains, arrays)
+        return combine([self.host.reply(session, values, asked.reply_scale(arrays))])
 
     def privacy_reports(self) -> list[PrivacyReport]:
         return self.host.privacy_reports(self.session)

@@ -57,7 +57,9 @@ class Unreported:
 
 
 class Oracle(Protocol):
-    """All owners, as seen by the coordinator."""
+    """All owners, as seen by the coordinator. A transport subclasses it and implements
+    ``query`` (one generic call that knows no kind) and the session and report methods; the
+    per-kind ``log_ratio``, ``suff_stats`` and ``gradient`` are wrappers over ``query``."""
 
     def describe(self) -> list[OwnerDescription]:
         """Public facts of every owner, in a fixed order (the order of ``Answers.values``)."""
@@ -78,20 +80,31 @@ class Oracle(Protocol):
         every owner's session key is relayed to all of them first, and every answer comes back
         as the decoded sum."""
 
+    def query(self, kind: str, iteration: int, chains: np.ndarray, **arrays: Any) -> Answers:
+        """One query of ``kind`` (its protocol-v2 name, ``kinds.KINDS``) at every owner, for
+        ``chains`` ``(C,)`` keyed from ``iteration`` on, carrying the kind's ``arrays``
+        (``QueryKind.arrays``). What every transport implements; the kernels call the thin
+        per-kind methods below."""
+        ...
+
     def log_ratio(
         self, iteration: int, chains: np.ndarray, theta: np.ndarray, theta_prop: np.ndarray
     ) -> Answers:
         """Noisy log-likelihood ratios: chains ``(C,)``, theta/theta_prop ``(C, d)`` →
         values ``(K, C)``."""
+        return self.query("log_ratio", iteration, chains, theta=theta, theta_prop=theta_prop)
 
     def suff_stats(self, chains: np.ndarray, start: int, block: int) -> Answers:
-        """``block`` noisy copies of each owner's Σ S(x) per chain → values ``(K, C, block, s)``."""
+        """``block`` noisy copies of each owner's Σ S(x) per chain → values ``(K, C, block, s)``;
+        copy j of chain c is keyed (c, start + j)."""
+        return self.query("suff_stats", start, chains, block=block)
 
     def gradient(
         self, iteration: int, chains: np.ndarray, theta: np.ndarray, clip: float
     ) -> Answers:
         """Noisy clipped gradient sums: chains ``(C,)``, theta ``(C, d)`` → values ``(K, C, d)``;
         ``noise_sd`` is σ_k·clip. Divide by the session's sampling rate for an unbiased sum."""
+        return self.query("gradient", iteration, chains, theta=theta, clip=clip)
 
     def privacy_reports(self) -> list[PrivacyReport]:
         """Each owner's own report (its ledger is the authority), for the open session."""

@@ -25,7 +25,8 @@ from ..common import OwnerDescription, PrivacyReport
 from ..data import OwnerRecords
 from ..errors import ConfigError, OwnerError, OwnerUnavailable
 from ..owner.aggregation import PeerKey
-from .oracle import Answers, SecureAggregation, Unreported
+from ..owner.session_request import SessionRequest
+from .oracle import Answers, Oracle, SecureAggregation, Unreported
 from .secure_sum import combine, secure_open
 from .transport_base import Launched, OwnerSetup, Transport
 
@@ -37,7 +38,7 @@ SIMULATION_NOTE = (
 )
 
 
-class RayOracle:
+class RayOracle(Oracle):
     """All owners hosted by ``hosts`` (Ray actors), in actor order, then each actor's order."""
 
     def __init__(self, hosts: RayHosts, owners: list[OwnerDescription]):
@@ -63,13 +64,15 @@ class RayOracle:
         if secure is not None:
             request = secure_open(self._session_keys(session), secure)
         self._each(
-            "open_session",
-            session,
-            algorithm,
-            planned_answers,
-            sampling_rate,
-            max_step=max_step,
-            secure=request,
+            "open",
+            SessionRequest.of(
+                session,
+                algorithm,
+                planned_answers,
+                sampling_rate,
+                max_step=max_step,
+                secure=request,
+            ),
         )
         self.session = session
         return session
@@ -81,20 +84,12 @@ class RayOracle:
             raise OwnerError("the Ray actors sent session keys of other owners than they describe")
         return keys
 
-    def log_ratio(
-        self, iteration: int, chains: np.ndarray, theta: np.ndarray, theta_prop: np.ndarray
-    ) -> Answers:
-        session = self._require_session()
-        return self._query("log_ratio", 1.0, session, iteration, chains, theta, theta_prop)
-
-    def suff_stats(self, chains: np.ndarray, start: int, block: int) -> Answers:
-        return self._query("suff_stats", 1.0, self._require_session(), chains, start, block)
-
-    def gradient(
-        self, iteration: int, chains: np.ndarray, theta: np.ndarray, clip: float
-    ) -> Answers:
-        session = self._require_session()
-        return self._query("gradient", clip, session, iteration, chains, theta, clip)
+    def query(self, kind: str, iteration: int, chains: np.ndarray, **arrays: Any) -> Answers:
+        """One query on every actor (``OwnerHostActor.answer``), combined
+        (``secure_sum.combine``) once all have answered: plain answers stacked in owner order
+        ``(K, …)``, a secure session's masked sums decoded into one row."""
+        args = (kind, self._require_session(), iteration, chains, arrays)
+        return combine(self.hosts.raise_failures(self.hosts.answer(args)))
 
     def privacy_reports(self) -> list[PrivacyReport]:
         return [r for block in self._each("privacy_reports", self.session) for r in block]
@@ -157,12 +152,6 @@ class RayOracle:
     def _each(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """``OwnerHost.method(*args, **kwargs)`` on every actor; the first refusal is raised."""
         return self.hosts.raise_failures(self.hosts.call(method, *args, **kwargs))
-
-    def _query(self, method: str, scale: float, *args: Any) -> Answers:
-        """One query on every actor, combined (``secure_sum.combine``) once all have answered:
-        plain answers stacked in owner order ``(K, …)``, a secure session's masked sums decoded
-        into one row. ``scale``: the answer unit (gradients: the clip)."""
-        return combine(self.hosts.raise_failures(self.hosts.answer(method, args, scale)))
 
 
 #: In ``<run>/owners``: how many owners each actor hosts, so that the transport started again

@@ -4,5 +4,6 @@
 from .host import OwnerHost
 from .ledger import Ledger
 from .node import OwnerNode
+from .session_request import SessionRequest
 
-__all__ = ["Ledger", "OwnerHost", "OwnerNode"]
+__all__ = ["Ledger", "OwnerHost", "OwnerNode", "SessionRequest"]

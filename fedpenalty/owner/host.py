@@ -37,6 +37,7 @@ from ..common import (
     PrivacyReport,
 )
 from ..errors import InvalidRequest, ReplayConflict, UnknownSession
+from ..kinds import KINDS, query_kind
 from ..models import ExpFamModel
 from .aggregation import PeerKey, Reply, SecureOpen, SecureSession, agree, scaled_step
 from .gradient import clipped_gradient_sum
@@ -55,12 +56,13 @@ from .noise import (
     seed_material,
     word_source,
 )
+from .session_request import SessionRequest
 
 #: Exact values are clipped to ±2⁵² γ before rounding (data independent; 1-Lipschitz).
 LATTICE_LIMIT = 2.0**52
 
-_STATS_DIGEST = hashlib.sha256(SUFF_STATS.encode()).digest()
-_LOG_RATIO_TAG = LOG_RATIO.encode()
+_STATS_DIGEST = hashlib.sha256(KINDS["suff_stats"].digest_tag).digest()
+_LOG_RATIO_TAG = KINDS["log_ratio"].digest_tag
 
 
 class _LedgerPart:
@@ -179,9 +181,10 @@ class OwnerHost:
         self._records = np.array([len(n.records) for n in nodes])
         self._max_work = np.array([n.policy.max_record_evaluations for n in nodes])
         self._max_answers = min(n.policy.max_answers_per_request for n in nodes)
-        # sensitivity per unit step of a log-ratio answer: (2 or 1)·L
+        # sensitivity per unit step of a log-ratio answer: (2 or 1)·L (the kind's)
+        per_step = KINDS["log_ratio"].sensitivity
         self._delta_per_step = np.array(
-            [float(self.model.log_ratio_sensitivity(1.0, n.policy.neighbour)) for n in nodes]
+            [per_step(self.model, n.policy.neighbour, 1.0) for n in nodes]
         )
         by_ledger: dict[int, list[int]] = defaultdict(list)
         for i, node in enumerate(nodes):
@@ -190,9 +193,8 @@ class OwnerHost:
         if isinstance(self.model, ExpFamModel):
             sums = [n.stat_sum for n in nodes]  # set for every exponential-family owner
             self._stat_sum = np.stack(sums)  # type: ignore[arg-type]
-            self._stat_delta = np.array(
-                [self.model.stat_sensitivity(n.policy.neighbour) for n in nodes]
-            )
+            stat = KINDS["suff_stats"].sensitivity
+            self._stat_delta = np.array([stat(self.model, n.policy.neighbour, 1.0) for n in nodes])
         self._n = np.array([len(n.records) for n in nodes], dtype=float)
         self._fast = not any(n.per_record for n in nodes)
         self._lattice = self._lattice_noise(nodes, sigma)
@@ -340,22 +342,23 @@ class OwnerHost:
         max_step: float | None = None,
         secure: SecureOpen | None = None,
     ) -> None:
-        """Open (or resume) ``session`` at every hosted owner (``node.open_sessions``):
+        """Open (or resume) a session of one kind from ``SessionRequest.of``'s fields (``open``):
         ``client`` opens it; a penalty session may declare its largest step ``max_step``;
         ``secure``: with secure aggregation among ``secure.peers`` (docs/design.md §2.6)."""
+        self.open(
+            SessionRequest.of(
+                session, algorithm, planned_answers, sampling_rate, client, max_step, secure
+            )
+        )
+
+    def open(self, request: SessionRequest) -> None:
+        """Open (or resume) ``request.session`` at every hosted owner (``node.open_sessions``)."""
+        session, secure = request.session, request.secure
         mechanism = None
         if secure is not None:
-            mechanism = self._secure_mechanism(session, algorithm, secure)
-        open_sessions(
-            self.nodes,
-            session,
-            algorithm,
-            planned_answers,
-            sampling_rate,
-            client,
-            max_step,
-            secure,
-        )
+            kind = query_kind(request.single(self.label).kind, self.label)
+            mechanism = self._secure_mechanism(session, kind.ledger_name, secure)
+        open_sessions(self.nodes, request)
         if mechanism is not None:
             self._secure[session] = mechanism
         for part in self._ledgers:
@@ -608,7 +611,7 @@ class OwnerHost:
         theta = self._check_theta("theta", theta, len(chains))
         clip = self._check_clip(clip)
         self._check_work(len(chains))
-        tag = SGMCMC.encode() + np.float64(clip).tobytes()
+        tag = KINDS["gradient"].digest_tag + np.float64(clip).tobytes()
         digests = [
             hashlib.sha256(tag + theta[c].astype("<f8").tobytes()).digest()
             for c in range(len(chains))

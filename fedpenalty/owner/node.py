@@ -19,13 +19,9 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from ..common import (
-    LOG_RATIO,
     PEERS_AUTHENTICATED,
     PEERS_OWN_NOISE,
     PEERS_SIMULATED,
-    QUERY_KINDS,
-    SGMCMC,
-    SUFF_STATS,
     OwnerDescription,
     OwnNoise,
     Policy,
@@ -34,6 +30,7 @@ from ..common import (
     SpendReport,
 )
 from ..errors import BudgetExhausted, InvalidRequest, UnknownSession
+from ..kinds import KindTerms, QueryKind, query_kind
 from ..models import ExpFamModel, Model
 from ..privacy import GaussianSpend
 from ..privacy.owner_epsilon import max_gdp_mu_squared, owner_epsilon
@@ -48,21 +45,27 @@ from .aggregation import (
 )
 from .ledger import Ledger, Opening, PlanView, Report, SecureRecord, SecureSpend
 from .noise import LATTICE_BITS, NoiseKey, lattice_gradient_multiplier, seed_material
+from .session_request import SessionRequest
 
 
 @dataclass(frozen=True)
 class _OpenSession:
-    """An open session as the owner validated it: ``max_step`` is the largest ‖θ′ − θ‖ its
-    requests may ask (penalty: the declared one, else the policy's; None for other kinds);
-    ``secure``: the terms of a session with secure aggregation (docs/design.md §2.6) and
-    ``record``, what its ledger keeps of them."""
+    """An open session as the owner validated it: its query ``kind``; ``max_step`` is the
+    largest ‖θ′ − θ‖ its requests may ask (log ratios: the declared one, else the policy's;
+    None for other kinds); ``secure``: the terms of a session with secure aggregation
+    (docs/design.md §2.6) and ``record``, what its ledger keeps of them."""
 
-    algorithm: str
+    kind: QueryKind
     planned_answers: int
     sampling_rate: float | None
     max_step: float | None = None
     secure: SecureTerms | None = None
     record: SecureRecord | None = None
+
+    @property
+    def algorithm(self) -> str:
+        """The kind's ledger name (what the ledger records and the noise streams mix in)."""
+        return self.kind.ledger_name
 
 
 @dataclass
@@ -248,22 +251,16 @@ class OwnerNode:
     def worst_case_mu(
         self, algorithm: str, max_step: float | None = None, secure: SecureTerms | None = None
     ) -> float:
-        """μ of the most expensive single answer the policy allows for ``algorithm`` (log-ratios:
-        at ``max_step``, default the policy's); with lattice noise, plus the most rounding can
-        add (√w·2^−LATTICE_BITS, whatever host: γ lies 2²⁰ below the noise sd, which a secure
-        session's s exceeds). ``secure``: divided by s instead of σ."""
+        """μ of the most expensive single answer the policy allows for ``algorithm`` (a kind's
+        v2 or ledger name; its ``worst_sensitivity``: log-ratios at ``max_step``, default the
+        policy's); with lattice noise, plus the most rounding can add (√w·2^−LATTICE_BITS,
+        whatever host: γ lies 2²⁰ below the noise sd, which a secure session's s exceeds).
+        ``secure``: divided by s instead of σ."""
+        kind = query_kind(algorithm, self.name)
         policy = self.policy
         sd = policy.sigma if secure is None else secure.total_noise_sd
-        if algorithm == LOG_RATIO:
-            width = 1
-            # every answer is charged at least at charged_step (invariant 14), so the worst
-            # case of a session declaring a shorter step is an answer at charged_step
-            step = max(policy.max_step if max_step is None else max_step, policy.charged_step)
-            delta = float(self.model.log_ratio_sensitivity(step, policy.neighbour))
-        else:
-            assert isinstance(self.model, ExpFamModel)
-            width = self.model.stat_dim
-            delta = self.model.stat_sensitivity(policy.neighbour)
+        delta = kind.worst_sensitivity(self.model, policy, max_step)
+        width = kind.width(self.model)
         rounding = math.sqrt(width) * 2.0**-LATTICE_BITS if self.lattice else 0.0
         return delta / sd + rounding
 
@@ -278,18 +275,20 @@ class OwnerNode:
         max_step: float | None = None,
         secure: SecureOpen | None = None,
     ) -> None:
-        """Open (or resume) a session; refuse a plan whose worst case the budget cannot cover
-        (``open_sessions`` for this owner alone)."""
-        open_sessions(
-            [self], session, algorithm, planned_answers, sampling_rate, client, max_step, secure
+        """Open (or resume) a session of one kind (``SessionRequest.of``'s fields); refuse a
+        plan whose worst case the budget cannot cover (``open_sessions`` for this owner alone)."""
+        request = SessionRequest.of(
+            session, algorithm, planned_answers, sampling_rate, client, max_step, secure
         )
+        open_sessions([self], request)
 
     def _admit(self, view: PlanView, opened: _OpenSession) -> float | None:
         """Refuse the plan unless it fits (``_check_plan``); the μ² Gaussian answers may still
         spend with every gradient answer given or planned, when some Gaussian session is open
         and gradient answers are given or planned (else None: the cap stands)."""
         committed = self._check_plan(view, opened)
-        if view.gaussian_open and (opened.algorithm == SGMCMC or committed):
+        # a gradient session's own planned event is always among ``committed``
+        if view.gaussian_open and committed:
             return max_gdp_mu_squared(
                 self.policy.budget_epsilon,
                 self.policy.delta,
@@ -299,21 +298,13 @@ class OwnerNode:
             )
         return None
 
-    def _check_session_request(
-        self,
-        session: str,
-        algorithm: str,
-        planned_answers: int,
-        sampling_rate: float | None,
-        max_step: float | None = None,
-        secure: SecureOpen | None = None,
-    ) -> _OpenSession:
+    def _check_session_request(self, request: SessionRequest) -> _OpenSession:
         """``InvalidRequest`` for a malformed session request; else the session to record."""
+        session, secure = request.session, request.secure
         self._check_session_id(session)
-        opened = self._check_session_terms(algorithm, planned_answers, sampling_rate)
-        step = self._check_session_step(algorithm, max_step)
+        opened = self._check_session_terms(request.single(self.name))
         if secure is None:
-            return replace(opened, max_step=step)
+            return opened
         if not self.lattice:
             raise InvalidRequest(
                 "secure aggregation needs lattice answers; this owner gives float answers",
@@ -329,9 +320,9 @@ class OwnerNode:
         # the ledger keeps the terms charged (with unauthenticated peers: t = K − 1 at its own
         # noise sd), so its plans, budget and own-noise report use them; the transcript binds
         # the terms every owner counted
-        digest = transcript(session, algorithm, agreed.terms, secure.peers)
+        digest = transcript(session, opened.algorithm, agreed.terms, secure.peers)
         record = SecureRecord(agreed.charged, digest)
-        return replace(opened, max_step=step, secure=agreed.charged, record=record)
+        return replace(opened, secure=agreed.charged, record=record)
 
     def _check_session_id(self, session: str) -> None:
         if not isinstance(session, str) or not session or len(session) > 128:
@@ -339,93 +330,30 @@ class OwnerNode:
                 "session id must be a non-empty string of at most 128 characters", self.name
             )
 
-    def _check_session_terms(
-        self, algorithm: str, planned_answers: int, sampling_rate: float | None
-    ) -> _OpenSession:
-        """The algorithm, plan and sampling rate of a session request, checked."""
-        if algorithm not in QUERY_KINDS:
-            raise InvalidRequest(
-                f"unknown algorithm {algorithm!r}; this owner answers {', '.join(QUERY_KINDS)}",
-                self.name,
-            )
-        if algorithm == SUFF_STATS and not isinstance(self.model, ExpFamModel):
-            raise InvalidRequest(
-                f"model {self.model.name!r} has no sufficient statistics", self.name
-            )
-        if algorithm == SUFF_STATS and self.public_n is None:
-            raise InvalidRequest(
-                "penalty_expfam needs each owner's record count n, which this owner keeps "
-                "private under add_remove neighbours; use the penalty algorithm",
-                self.name,
-            )
-        planned_ok = isinstance(planned_answers, (int, np.integer)) and planned_answers >= 0
-        if isinstance(planned_answers, bool) or not planned_ok:
-            raise InvalidRequest(
-                f"planned_answers must be a non-negative integer, got {planned_answers!r}",
-                self.name,
-            )
-        if algorithm != SGMCMC:
-            if sampling_rate is not None:
-                raise InvalidRequest(
-                    f"only sgmcmc sessions take a sampling_rate, not {algorithm!r}", self.name
-                )
-            return _OpenSession(algorithm, int(planned_answers), None)
-        q, limit = sampling_rate, self.policy.max_sampling_rate
-        if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0 < q <= limit:
-            raise InvalidRequest(
-                f"sgmcmc sessions need a sampling_rate in (0, {limit:g}] (this owner's "
-                f"max_sampling_rate), got {q!r}",
-                self.name,
-            )
-        return _OpenSession(algorithm, int(planned_answers), float(q), None)
-
-    def _check_session_step(self, algorithm: str, max_step: float | None) -> float | None:
-        """The session's largest step: the declared ``max_step`` (penalty sessions only, in
-        [min_step, the policy's max_step]) or the policy's; None for other kinds."""
-        policy = self.policy
-        if algorithm != LOG_RATIO:
-            if max_step is not None:
-                raise InvalidRequest(
-                    f"only penalty sessions declare a max_step, not {algorithm!r}", self.name
-                )
-            return None
-        if max_step is None:
-            return policy.max_step
-        ok = isinstance(max_step, (int, float)) and not isinstance(max_step, bool)
-        if not ok or not policy.min_step <= max_step <= policy.max_step:
-            raise InvalidRequest(
-                f"the session's max_step {max_step!r} must lie in [{policy.min_step:g}, "
-                f"{policy.max_step:g}] (this owner's min_step and max_step)",
-                self.name,
-            )
-        return float(max_step)
+    def _check_session_terms(self, terms: KindTerms) -> _OpenSession:
+        """The kind, plan, sampling rate and largest step of a session request, checked by
+        the kind against this owner's model and policy."""
+        kind = query_kind(terms.kind, self.name)
+        kind.check_model(self.model, self.public_n, self.name)
+        checked = kind.check_terms(terms, self.policy, self.name)
+        return _OpenSession(kind, checked.planned_answers, checked.sampling_rate, checked.max_step)
 
     def _check_plan(self, view: PlanView, opened: _OpenSession) -> list[SubsampledGaussian]:
         """``BudgetExhausted`` unless the plan's worst case (at the session's max step) fits the
         budget with everything spent and reserved (``view``); returns the gradient answers
         given, held by other sessions and (sgmcmc) planned by this one."""
-        algorithm, planned_answers, rate = (
-            opened.algorithm,
-            opened.planned_answers,
-            opened.sampling_rate,
-        )
+        kind, planned_answers = opened.kind, opened.planned_answers
         existing = view.existing
         already = existing.spend.answers + sum(e.count for e in existing.sampled) if existing else 0
         remaining = max(planned_answers - already, 0)
         total, committed = view.total, view.sampled + view.reserved
-        if rate is not None:
-            committed = [
-                *committed,
-                SubsampledGaussian(rate, self.gradient_multiplier(opened.secure), remaining),
-            ]
-            worst_spend = total
+        unit = kind.answer_unit(self, opened.max_step, opened.secure)
+        event = kind.event(remaining, unit, opened.sampling_rate)
+        worst_spend = total
+        if isinstance(event, GaussianSpend):
+            worst_spend = total.combine(event)
         else:
-            worst_mu = self.worst_case_mu(algorithm, opened.max_step, opened.secure)
-            worst_spend = GaussianSpend(
-                total.answers + remaining,
-                total.mu_squared + remaining * worst_mu**2,
-                max(total.max_mu, worst_mu),
-            )
+            committed = [*committed, event]
         policy = self.policy
         worst, _ = owner_epsilon(
             worst_spend, committed, policy.delta, policy.neighbour, self.renyi_accounting
@@ -435,8 +363,8 @@ class OwnerNode:
                 total, view.sampled, policy.delta, policy.neighbour, self.renyi_accounting
             )
             raise BudgetExhausted(
-                f"refusing a plan of {planned_answers} {algorithm} answers: in the worst case "
-                f"{self._worst_case_words(opened)} it would take ε from {now:.4g} to "
+                f"refusing a plan of {planned_answers} {kind.ledger_name} answers: in the worst "
+                f"case {self._worst_case_words(opened)} it would take ε from {now:.4g} to "
                 f"{worst:.4g} at δ={policy.delta:g}, past the budget ε={policy.budget_epsilon:g}",
                 self.name,
                 epsilon_left=max(policy.budget_epsilon - now, 0.0),
@@ -451,16 +379,13 @@ class OwnerNode:
     def close_session(self, session: str) -> None:
         close_sessions([self], session)
 
-    def open_session_record(self, session: str) -> _OpenSession | None:
-        return self._sessions.get(session)
-
     def require_session(self, session: str, algorithm: str | None) -> _OpenSession:
         """The open ``session`` (for ``algorithm``, when given), or raise. A restarted owner
         knows a session again once the coordinator re-opens (resumes) it."""
         opened = self._sessions.get(session) if isinstance(session, str) else None
         if opened is None:
             raise UnknownSession(f"unknown or closed session {session!r}", self.name)
-        if algorithm is not None and opened.algorithm != algorithm:
+        if algorithm is not None and opened.kind is not query_kind(algorithm, self.name):
             raise InvalidRequest(
                 f"session {session!r} is a {opened.algorithm!r} session, not {algorithm!r}",
                 self.name,
@@ -595,22 +520,13 @@ def own_noise_report(ledger: Ledger, owner: str, dim: int, policy: Policy) -> Sp
     return SpendReport.of(spend, sampled, policy.delta, policy.neighbour, True)
 
 
-def open_sessions(
-    nodes: Sequence[OwnerNode],
-    session: str,
-    algorithm: str,
-    planned_answers: int,
-    sampling_rate: float | None = None,
-    client: str | None = None,
-    max_step: float | None = None,
-    secure: SecureOpen | None = None,
-) -> None:
-    """Open (or resume) ``session`` at every node; refuse a plan whose worst case some node's
-    budget cannot cover.
+def open_sessions(nodes: Sequence[OwnerNode], request: SessionRequest) -> None:
+    """Open (or resume) ``request.session`` at every node; refuse a plan whose worst case some
+    node's budget cannot cover.
 
-    ``sgmcmc`` sessions name their Poisson ``sampling_rate`` and may then give at most
+    Gradient sessions name their Poisson ``sampling_rate`` and may then give at most
     ``planned_answers`` gradient answers (the plan is what the budget is checked for).
-    ``penalty`` sessions may declare ``max_step`` (≤ each owner's): the plan is checked at that
+    Log-ratio sessions may declare ``max_step`` (≤ each owner's): the plan is checked at that
     step and every request held to it. The checks read spend and reservations from each ledger
     in the one transaction that records the sessions of its owners (docs/design.md §3,
     invariant 8); a refusal by any owner of a ledger records nothing in it. ``client``: who
@@ -618,14 +534,10 @@ def open_sessions(
     (docs/design.md §2.6): each owner checks the peer keys and terms against its policy
     (``aggregation.agree``), and its ledger keeps them; a resumed session must show the same.
     """
-    requests = [
-        n._check_session_request(
-            session, algorithm, planned_answers, sampling_rate, max_step, secure
-        )
-        for n in nodes
-    ]
+    requests = [n._check_session_request(request) for n in nodes]
     SESSION_EVENTS[0] += 1
     positions = {id(n): i for i, n in enumerate(nodes)}
+    terms = request.single()
     for group in _by_ledger(nodes):
         opened = [requests[positions[id(n)]] for n in group]
         openings = [
@@ -635,22 +547,22 @@ def open_sessions(
                 n.lattice,
                 functools.partial(n._admit, opened=o),
                 o.record,
-                n.gradient_multiplier(o.secure) if o.algorithm == SGMCMC else None,
+                o.kind.session_multiplier(n, o.secure),
             )
             for n, o in zip(group, opened)
         ]
         first = opened[0]
         caps = group[0].ledger.open_sessions(
             openings,
-            session,
-            algorithm,
+            request.session,
+            first.algorithm,
             first.planned_answers,
             first.sampling_rate,
-            client,
-            max_step,
+            request.client,
+            terms.max_step,
         )
         for node, o, cap in zip(group, opened, caps):
-            node._sessions[session] = o
+            node._sessions[request.session] = o
             if cap is not None:
                 node.max_mu_squared = cap
 

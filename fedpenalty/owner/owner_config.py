@@ -2,7 +2,10 @@
 
     [model]    the scenario's [model] table (fedpenalty.models.build_model)
     [data]     path = "records.csv"            one CSV or NPZ file (fedpenalty.data.load_records)
-    [privacy]  sigma, max_step, budget_epsilon, delta, neighbour, max_answers_per_request,
+    [privacy]  the noise level, named for the kind it is meant for: log_ratio_sd (sd of a
+               log-likelihood-ratio answer), stat_sd (sd of each statistic component) or
+               gradient_noise_multiplier (gradient noise sd / clip) — or, as before, sigma;
+               max_step, budget_epsilon, delta, neighbour, max_answers_per_request,
                max_sampling_rate, max_clip, min_step, min_clip, max_record_evaluations,
                min_charged_step, total_noise_sd, colluders, min_peers, unauthenticated_peers
                (the owner's Policy; defaults are Policy's)
@@ -27,6 +30,7 @@ from pydantic import Field
 from ..common import Policy
 from ..data import read_records
 from ..errors import ConfigError
+from ..kinds import KINDS
 from ..models import Model, build_model
 from ..schema import NonEmptyStr, PositiveInt, Section, one_of, refusal, validate_file
 from .ledger import Ledger
@@ -176,11 +180,16 @@ def load_owner_config(
         raise ConfigError(f"cannot read owner file {path}: {exc}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML ({exc})") from exc
+    named = None
     try:
+        named = noise_level(raw)
         owner = validate_file(OwnerFile, raw)
         model = build_model(owner.model)
     except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc}") from exc
+        message = (
+            str(exc) if named is None else str(exc).replace("privacy.sigma", f"privacy.{named}")
+        )
+        raise ConfigError(f"{path}: {message}") from exc
     server, base = owner.server, path.parent
     name = server.name or path.stem
     cert, key, ca = server.tls_cert, server.tls_key, server.tls_ca
@@ -214,6 +223,38 @@ def load_owner_config(
         allowed_peers=tuple(server.allowed_peers),
         source=path,
     )
+
+
+#: OWNER.toml's names of the noise level, one per query kind (``QueryKind.noise_key``).
+NOISE_KEYS = {kind.noise_key: kind for kind in KINDS.values()}
+
+
+def noise_level(raw: dict[str, Any]) -> str | None:
+    """Read the ``[privacy]`` noise level of ``raw`` into ``sigma`` (in place), whichever name
+    it has: one of ``NOISE_KEYS`` (returned) or ``sigma`` (None, with a log line naming the new
+    keys). An owner has one noise level today, so names that disagree are a ``ConfigError``."""
+    privacy = raw.get("privacy")
+    if not isinstance(privacy, dict):
+        return None
+    given = {key: privacy.pop(key) for key in list(privacy) if key in NOISE_KEYS}
+    if "sigma" in privacy:
+        given["sigma"] = privacy["sigma"]
+        if len(given) == 1:
+            log.info(
+                "privacy.sigma is this owner's noise level for every query kind; it may be "
+                "named for what it is: %s",
+                "; ".join(f"{k} ({kind.sigma_meaning})" for k, kind in NOISE_KEYS.items()),
+            )
+    if len({repr(v) for v in given.values()}) > 1:
+        shown = ", ".join(f"privacy.{k} = {v!r}" for k, v in given.items())
+        raise ConfigError(
+            f"{shown}: an owner has one noise level for every query kind; give one of "
+            f"{', '.join(NOISE_KEYS)} or sigma"
+        )
+    if not given:
+        return None
+    privacy["sigma"] = next(iter(given.values()))
+    return next((k for k in given if k != "sigma"), None)
 
 
 def check_listen(listen: str, key: str) -> None:

@@ -46,6 +46,7 @@ from grpc_reflection.v1alpha import reflection
 
 from ..common import PrivacyReport
 from ..errors import ConfigError, InvalidRequest, NotPermitted, OwnerError
+from ..kinds import query_kind
 from ..proto import owner_pb2 as pb
 from ..proto import owner_pb2_grpc as pb_grpc
 from . import wire
@@ -182,8 +183,6 @@ class OwnerServicer(pb_grpc.OwnerServicer):
         return session
 
     def _open(self, request: pb.OpenSessionRequest, client: str | None) -> None:
-        rate = request.sampling_rate if request.HasField("sampling_rate") else None
-        step = request.max_step if request.HasField("max_step") else None
         secure = wire.secure_open(request.secure) if request.HasField("secure") else None
         session = self._own(request.session, client)
         if secure is not None and self._peers is not None:
@@ -193,9 +192,7 @@ class OwnerServicer(pb_grpc.OwnerServicer):
             secure = replace(secure, authenticated=True)
         # the ledger binds the session to ``client`` too, so a restarted server still refuses
         # another client's re-open
-        self.host.open_session(
-            session, request.algorithm, request.planned_answers, rate, client, step, secure
-        )
+        self.host.open(wire.session_request(request, client, secure))
         if client is not None:
             self._opened_by[session] = client
 
@@ -216,36 +213,18 @@ class OwnerServicer(pb_grpc.OwnerServicer):
             )
 
     # --- the host's operations on decoded messages -------------------------------------------
-    def _log_ratio(self, r: pb.LogRatioRequest, client: str | None) -> pb.Answers:
+    def _query(self, name: str, r, client: str | None) -> pb.Answers:
+        """One query of the kind ``name`` (v2, ``kinds.KINDS``) from its message ``r``
+        (``wire.QUERY_CODECS``): the reply's size checked, the session's client checked, then
+        the kind asks the host."""
+        kind = query_kind(name)
+        codec = wire.query_codec(kind.name)
         chains = np.asarray(r.chains, dtype=np.int64)
-        self._check_reply(r.session, len(chains), 1)
-        values = self.host.log_ratio(
-            self._own(r.session, client),
-            r.iteration,
-            chains,
-            wire.rows(r.theta, len(chains), "theta"),
-            wire.rows(r.theta_prop, len(chains), "theta_prop"),
-        )
-        return wire.answers_message(self.host.reply(r.session, values))
-
-    def _suff_stats(self, r: pb.SuffStatsRequest, client: str | None) -> pb.Answers:
-        self._check_reply(r.session, len(r.chains) * r.block, self.host.stat_width)
-        values = self.host.suff_stats(
-            self._own(r.session, client), np.asarray(r.chains, dtype=np.int64), r.start, r.block
-        )
-        return wire.answers_message(self.host.reply(r.session, values))
-
-    def _gradient(self, r: pb.GradientRequest, client: str | None) -> pb.Answers:
-        chains = np.asarray(r.chains, dtype=np.int64)
-        self._check_reply(r.session, len(chains), self.host.model.dim)
-        values = self.host.gradient(
-            self._own(r.session, client),
-            r.iteration,
-            chains,
-            wire.rows(r.theta, len(chains), "theta"),
-            r.clip,
-        )
-        return wire.answers_message(self.host.reply(r.session, values, r.clip))
+        self._check_reply(r.session, len(chains) * codec.keys(r), kind.width(self.host.model))
+        session = self._own(r.session, client)
+        iteration, arrays = codec.arrays(r, len(chains))
+        values = kind.ask(self.host, session, iteration, chains, arrays)
+        return wire.answers_message(self.host.reply(r.session, values, kind.reply_scale(arrays)))
 
     def _session_keys(self, r: pb.SessionKeysRequest, client: str | None) -> pb.SessionKeysReply:
         keys = self.host.session_keys(self._own(r.session, client))
@@ -264,7 +243,7 @@ class OwnerServicer(pb_grpc.OwnerServicer):
         log.info(
             "session %s: %s%s%s, plan of %d answers per owner, %d owner(s) [%s], from %s%s",
             request.session,
-            request.algorithm,
+            request.kind or request.algorithm,
             f" at sampling rate {request.sampling_rate:g}"
             if request.HasField("sampling_rate")
             else "",
@@ -295,8 +274,8 @@ class OwnerServicer(pb_grpc.OwnerServicer):
             context,
             client,
             request.session,
-            lambda: self._log_ratio(request, client),
-            _cost(request),
+            lambda: self._query("log_ratio", request, client),
+            _cost("log_ratio", request),
         )
 
     async def SuffStats(self, request, context):
@@ -305,8 +284,8 @@ class OwnerServicer(pb_grpc.OwnerServicer):
             context,
             client,
             request.session,
-            lambda: self._suff_stats(request, client),
-            _cost(request),
+            lambda: self._query("suff_stats", request, client),
+            _cost("suff_stats", request),
         )
 
     async def Gradient(self, request, context):
@@ -315,8 +294,8 @@ class OwnerServicer(pb_grpc.OwnerServicer):
             context,
             client,
             request.session,
-            lambda: self._gradient(request, client),
-            _cost(request),
+            lambda: self._query("gradient", request, client),
+            _cost("gradient", request),
         )
 
     async def SessionKeys(self, request, context):
@@ -377,14 +356,9 @@ class OwnerServicer(pb_grpc.OwnerServicer):
     def _answer(self, request: pb.QueryRequest, client: str | None) -> pb.QueryReply:
         kind = request.WhichOneof("query")
         try:
-            if kind == "log_ratio":
-                answers = self._log_ratio(request.log_ratio, client)
-            elif kind == "suff_stats":
-                answers = self._suff_stats(request.suff_stats, client)
-            elif kind == "gradient":
-                answers = self._gradient(request.gradient, client)
-            else:
-                raise InvalidRequest("a query must carry log_ratio, suff_stats or gradient")
+            if kind is None:
+                raise InvalidRequest(f"a query must carry one of {', '.join(wire.QUERY_CODECS)}")
+            answers = self._query(kind, getattr(request, kind), client)
             return pb.QueryReply(id=request.id, answers=answers)
         except OwnerError as exc:
             return pb.QueryReply(id=request.id, refusal=wire.refusal(exc))
@@ -403,10 +377,12 @@ def _who(context: grpc.aio.ServicerContext, client: str | None) -> str:
     return client if client is not None else context.peer()
 
 
-def _cost(query: pb.LogRatioRequest | pb.SuffStatsRequest | pb.GradientRequest) -> int:
-    """What a query costs in the fair queue: the answers it asks (chains, × block for
-    statistics)."""
-    return len(query.chains) * (query.block if isinstance(query, pb.SuffStatsRequest) else 1)
+def _cost(kind: str, query) -> int:
+    """What a query of ``kind`` costs in the fair queue: the answers it asks (chains × the
+    keys per chain of its codec, ``wire.QUERY_CODECS``; 1 for a kind the wire does not
+    carry, which is refused when its turn comes)."""
+    codec = wire.QUERY_CODECS.get(kind)
+    return len(query.chains) * (codec.keys(query) if codec is not None else 1)
 
 
 def _turn(request: pb.QueryRequest) -> tuple[str, int]:
@@ -415,7 +391,7 @@ def _turn(request: pb.QueryRequest) -> tuple[str, int]:
     if kind is None:
         return "", 1
     query = getattr(request, kind)
-    return query.session, _cost(query)
+    return query.session, _cost(kind, query)
 
 
 async def _abort(context: grpc.aio.ServicerContext, exc: OwnerError) -> None:

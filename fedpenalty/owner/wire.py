@@ -10,14 +10,19 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from .. import errors
 from ..common import OwnerDescription, OwnNoise, Policy, PrivacyReport, SecureTerms, SpendReport
+from ..kinds import KindTerms, query_kind
 from ..models.base import check_neighbour
 from ..proto import owner_pb2 as pb
 from .aggregation import PeerKey, Reply, SecureOpen
+from .session_request import SessionRequest
 
 #: trailing-metadata keys of a refused unary call
 ERROR_KEY, OWNER_KEY, EPSILON_LEFT_KEY = (
@@ -90,6 +95,69 @@ def answers_reply(msg: pb.Answers) -> Reply:
     return Reply(values.reshape(shape), noise_sd)
 
 
+# --- queries ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class QueryCodec:
+    """One query kind's message on the wire (the ``QueryRequest`` oneof field named as the
+    kind): ``message`` its class; ``fields`` the message's fields besides session and chains
+    from (iteration, arrays); ``arrays`` (iteration, arrays) back from a message of C chains
+    (``InvalidRequest`` for a malformed one); ``keys`` the answers it asks per chain."""
+
+    message: type
+    fields: Callable[[int, Mapping[str, Any]], dict[str, Any]]
+    arrays: Callable[[Any, int], tuple[int, dict[str, Any]]]
+    keys: Callable[[Any], int] = lambda msg: 1
+
+
+#: Query kind (v2 name, ``kinds.KINDS``) → its codec; one line per kind.
+QUERY_CODECS: dict[str, QueryCodec] = {
+    "log_ratio": QueryCodec(
+        pb.LogRatioRequest,
+        lambda it, a: {
+            "iteration": int(it),
+            "theta": np.ravel(a["theta"]).tolist(),
+            "theta_prop": np.ravel(a["theta_prop"]).tolist(),
+        },
+        lambda m, c: (
+            m.iteration,
+            {"theta": rows(m.theta, c, "theta"), "theta_prop": rows(m.theta_prop, c, "theta_prop")},
+        ),
+    ),
+    "suff_stats": QueryCodec(
+        pb.SuffStatsRequest,
+        lambda it, a: {"start": int(it), "block": int(a["block"])},
+        lambda m, c: (m.start, {"block": m.block}),
+        lambda m: m.block,
+    ),
+    "gradient": QueryCodec(
+        pb.GradientRequest,
+        lambda it, a: {
+            "iteration": int(it),
+            "theta": np.ravel(a["theta"]).tolist(),
+            "clip": a["clip"],
+        },
+        lambda m, c: (m.iteration, {"theta": rows(m.theta, c, "theta"), "clip": m.clip}),
+    ),
+}
+
+
+def query_codec(kind: str) -> QueryCodec:
+    """The codec of ``kind`` (v2 name); ``InvalidRequest`` naming the kinds the wire carries."""
+    codec = QUERY_CODECS.get(kind)
+    if codec is None:
+        raise errors.InvalidRequest(
+            f"no query kind {kind!r} on the wire; it carries {', '.join(QUERY_CODECS)}"
+        )
+    return codec
+
+
+def query_request(kind: str, session: str, iteration: int, chains, arrays) -> Any:
+    """A query of ``kind`` as its message (``QueryCodec``), for ``QueryRequest.<kind>``."""
+    codec = query_codec(kind)
+    chain_list = np.asarray(chains).tolist()
+    return codec.message(session=session, chains=chain_list, **codec.fields(iteration, arrays))
+
+
 # --- secure aggregation -------------------------------------------------------------------
 def peer_key_message(key: PeerKey) -> pb.PeerKey:
     return pb.PeerKey(
@@ -114,6 +182,47 @@ def secure_message(secure: SecureOpen) -> pb.SecureAggregation:
 
 def secure_open(msg: pb.SecureAggregation) -> SecureOpen:
     return SecureOpen(tuple(peer_key(k) for k in msg.peers), msg.total_noise_sd, int(msg.colluders))
+
+
+# --- sessions -----------------------------------------------------------------------------
+def open_message(request: SessionRequest) -> pb.OpenSessionRequest:
+    """A session request on the wire: its kind by the v2 name (``kind``) and, for owners that
+    speak only v1, by its ledger name (``algorithm``)."""
+    terms = request.single()
+    kind = query_kind(terms.kind)
+    msg = pb.OpenSessionRequest(
+        session=request.session,
+        kind=kind.name,
+        algorithm=kind.ledger_name,
+        planned_answers=terms.planned_answers,
+    )
+    if terms.sampling_rate is not None:
+        msg.sampling_rate = terms.sampling_rate
+    if terms.max_step is not None:
+        msg.max_step = terms.max_step
+    if request.secure is not None:
+        msg.secure.CopyFrom(secure_message(request.secure))
+    return msg
+
+
+def session_request(
+    msg: pb.OpenSessionRequest, client: str | None, secure: SecureOpen | None
+) -> SessionRequest:
+    """``OpenSession`` → the request the host opens, for ``client`` with ``secure`` (decoded
+    by the server, which alone may mark its peers authenticated). The kind is ``kind`` (v2) or
+    else ``algorithm`` (v1); a message naming both must name one kind."""
+    if msg.kind and msg.algorithm and query_kind(msg.kind) is not query_kind(msg.algorithm):
+        raise errors.InvalidRequest(
+            f"the session names two query kinds: kind {msg.kind!r} and algorithm "
+            f"{msg.algorithm!r}; name one (kind)"
+        )
+    terms = KindTerms(
+        msg.kind or msg.algorithm,
+        msg.planned_answers,
+        msg.sampling_rate if msg.HasField("sampling_rate") else None,
+        msg.max_step if msg.HasField("max_step") else None,
+    )
+    return SessionRequest(msg.session, (terms,), client, secure)
 
 
 # --- descriptions and reports -------------------------------------------------------------

@@ -67,20 +67,22 @@ class DescribeReply(_message.Message):
     def __init__(self, owners: _Optional[_Iterable[_Union[OwnerInfo, _Mapping]]] = ...) -> None: ...
 
 class OpenSessionRequest(_message.Message):
-    __slots__ = ("session", "algorithm", "planned_answers", "sampling_rate", "max_step", "secure")
+    __slots__ = ("session", "algorithm", "planned_answers", "sampling_rate", "max_step", "secure", "kind")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     ALGORITHM_FIELD_NUMBER: _ClassVar[int]
     PLANNED_ANSWERS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_RATE_FIELD_NUMBER: _ClassVar[int]
     MAX_STEP_FIELD_NUMBER: _ClassVar[int]
     SECURE_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
     session: str
     algorithm: str
     planned_answers: int
     sampling_rate: float
     max_step: float
     secure: SecureAggregation
-    def __init__(self, session: _Optional[str] = ..., algorithm: _Optional[str] = ..., planned_answers: _Optional[int] = ..., sampling_rate: _Optional[float] = ..., max_step: _Optional[float] = ..., secure: _Optional[_Union[SecureAggregation, _Mapping]] = ...) -> None: ...
+    kind: str
+    def __init__(self, session: _Optional[str] = ..., algorithm: _Optional[str] = ..., planned_answers: _Optional[int] = ..., sampling_rate: _Optional[float] = ..., max_step: _Optional[float] = ..., secure: _Optional[_Union[SecureAggregation, _Mapping]] = ..., kind: _Optional[str] = ...) -> None: ...
 
 class OpenSessionReply(_message.Message):
     __slots__ = ()

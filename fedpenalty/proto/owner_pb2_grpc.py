@@ -106,21 +106,21 @@ class OwnerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def LogRatio(self, request, context):
-        """Noisy clipped log-likelihood ratios (algorithm "penalty").
+        """Noisy clipped log-likelihood ratios (kind "log_ratio").
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def SuffStats(self, request, context):
-        """Blocks of noisy sufficient statistics (algorithm "penalty_expfam").
+        """Blocks of noisy sufficient statistics (kind "suff_stats").
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Gradient(self, request, context):
-        """Poisson-subsampled, clipped, noised gradient sums (algorithm "sgmcmc").
+        """Poisson-subsampled, clipped, noised gradient sums (kind "gradient").
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,0 +1,48 @@
+"""The query kinds an owner answers, as objects in one registry (docs/design.md §6): a new kind
+is one module and one line here. Look a kind up with ``query_kind``, by its protocol-v2 name
+or its ledger name; an unknown name is an error, never a fallback to another kind.
+"""
+
+from __future__ import annotations
+
+from ..errors import InvalidRequest
+from .base import Event, KindTerms, QueryKind
+from .gradient import Gradient
+from .log_ratio import GaussianKind, LogRatio
+from .suff_stats import SuffStats
+
+__all__ = [
+    "KINDS",
+    "Event",
+    "GaussianKind",
+    "KindTerms",
+    "QueryKind",
+    "kind_names",
+    "query_kind",
+]
+
+#: Protocol-v2 name → kind, one line per kind.
+KINDS: dict[str, QueryKind] = {
+    "log_ratio": LogRatio(),
+    "suff_stats": SuffStats(),
+    "gradient": Gradient(),
+}
+
+#: Ledger name → kind (the names stored on disk and spoken by protocol-v1 clients).
+_BY_LEDGER_NAME = {kind.ledger_name: kind for kind in KINDS.values()}
+
+
+def kind_names() -> str:
+    """Every kind's names, for messages: "log_ratio (penalty), suff_stats (...), ..."."""
+    return ", ".join(f"{k.name} ({k.ledger_name})" for k in KINDS.values())
+
+
+def query_kind(name: object, owner: str | None = None) -> QueryKind:
+    """The kind called ``name`` (its v2 name or its ledger name); ``InvalidRequest`` naming
+    the known kinds (and ``owner``, when given) for anything else."""
+    kind = (KINDS.get(name) or _BY_LEDGER_NAME.get(name)) if isinstance(name, str) else None
+    if kind is None:
+        raise InvalidRequest(
+            f"unknown algorithm (query kind) {name!r}; this owner answers {kind_names()}", owner
+        )
+    return kind
