@@ -49,7 +49,7 @@ from ..cluster.local import LocalCluster, default_owner_hosts
 from ..common import OwnerDescription, PrivacyReport
 from ..errors import ConfigError, OwnerError, OwnerUnavailable, UnknownSession
 from ..kinds import query_kind
-from ..models import Model, build_model
+from ..models import Model, check_owner_models
 from ..owner import wire
 from ..owner.owner_config import TlsFiles
 from ..owner.session_request import SessionRequest
@@ -116,29 +116,6 @@ def channel_credentials(tls: TlsFiles) -> grpc.ChannelCredentials:
     )
 
 
-def check_models(owners: Sequence[OwnerDescription], model: Model) -> None:
-    """``ConfigError`` unless every owner's model (name and parameters) is ``model``."""
-    for d in owners:
-        try:
-            theirs = build_model({"name": d.model, **d.model_params})
-        except ConfigError as exc:
-            raise ConfigError(
-                f"owner {d.name!r} describes a model this coordinator cannot build: {exc}"
-            ) from exc
-        if theirs != model:
-            mine, other = model.params(), theirs.params()
-            diff = [
-                f"{k}: owner {other.get(k)!r} vs scenario {mine.get(k)!r}"
-                for k in sorted(set(mine) | set(other))
-                if mine.get(k) != other.get(k)
-            ]
-            raise ConfigError(
-                f"owner {d.name!r} serves model {d.model!r}, the scenario asks for {model.name!r}"
-                if d.model != model.name
-                else f"owner {d.name!r} has different {model.name} parameters: {'; '.join(diff)}"
-            )
-
-
 class GrpcOracle(Oracle):
     """All owners behind ``addresses`` (HOST:PORT of owner hosts), in address order then each
     host's owner order. ``model``: when given, every owner must serve exactly this model.
@@ -181,7 +158,7 @@ class GrpcOracle(Oracle):
             if len(set(names)) != len(names):
                 raise ConfigError(f"owner names must be unique across hosts: {names}")
             if model is not None:
-                check_models(self.describe(), model)
+                check_owner_models(self.describe(), model)
         except BaseException:
             self._run(self._close_channels())
             self._loop.close()
