@@ -16,7 +16,7 @@ from .common import LOG_RATIO, SGMCMC, SUFF_STATS, Policy
 from .config import Scenario
 from .errors import BudgetExhausted, FedPenaltyError
 from .models import ExpFamModel, Model
-from .owner.noise import lattice_gradient_multiplier
+from .owner.noise.lattice import lattice_gradient_multiplier
 from .privacy import GaussianSpend
 from .privacy.owner_epsilon import max_gdp_mu_squared, owner_epsilon
 from .privacy.subsampled import SubsampledGaussian, calibrate_noise_multiplier, max_steps

@@ -15,12 +15,9 @@ from fedpenalty.errors import BudgetExhausted, ReplayConflict
 from fedpenalty.models import build_model
 from fedpenalty.owner import Ledger, OwnerHost, OwnerNode
 from fedpenalty.owner.gradient import clipped_gradient_sum
-from fedpenalty.owner.noise import (
-    ChaChaSource,
-    NoiseKey,
-    lattice_gradient_multiplier,
-    poisson_sample,
-)
+from fedpenalty.owner.noise.exact import poisson_sample
+from fedpenalty.owner.noise.lattice import lattice_gradient_multiplier
+from fedpenalty.owner.noise.sources import ChaChaSource, NoiseKey
 from fedpenalty.privacy.subsampled import SubsampledGaussian
 from fedpenalty.privacy.subsampled import epsilon as tight_epsilon
 from fedpenalty.privacy.subsampled_rdp import (

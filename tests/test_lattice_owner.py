@@ -14,7 +14,7 @@ from fedpenalty.coordinator.driver import sample
 from fedpenalty.coordinator.inprocess import InProcessOracle
 from fedpenalty.models import build_model
 from fedpenalty.owner import Ledger, OwnerHost, OwnerNode
-from fedpenalty.owner.noise import NoiseKey
+from fedpenalty.owner.noise.sources import NoiseKey
 
 MODEL = build_model({"name": "gaussian_mean", "dim": 1})
 RECORDS = MODEL.simulate_records(np.random.default_rng(1), np.array([0.3]), 400)

@@ -52,7 +52,8 @@ from fedpenalty.owner.aggregation import (
     transcript,
 )
 from fedpenalty.owner.gradient import clipped_gradient_sum
-from fedpenalty.owner.noise import NoiseKey, lattice_gradient_multiplier
+from fedpenalty.owner.noise.lattice import lattice_gradient_multiplier
+from fedpenalty.owner.noise.sources import NoiseKey
 from fedpenalty.owner.server import ServerThread
 from fedpenalty.privacy.subsampled import SubsampledGaussian
 from fedpenalty.simulation import run_scenario

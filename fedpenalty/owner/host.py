@@ -43,18 +43,15 @@ from .gradient import clipped_gradient_sum
 from .ledger import Charge, SampledCharge
 from .ledger_rows import AffineMus, span
 from .node import SESSION_EVENTS, OwnerNode, close_sessions, open_sessions, privacy_reports
-from .noise import (
+from .noise.exact import SCALE_MAX, poisson_sample
+from .noise.lattice import (
     LATTICE_BITS,
-    MAX_CHAIN,
-    SCALE_MAX,
-    SeededNormals,
     lattice_sensitivity,
     noisy_lattice_answers,
     noisy_lattice_multiples,
-    poisson_sample,
-    seed_material,
-    word_source,
 )
+from .noise.seeded import SeededNormals, seed_material
+from .noise.sources import MAX_CHAIN, word_source
 
 #: Exact values are clipped to ±2⁵² γ before rounding (data independent; 1-Lipschitz).
 LATTICE_LIMIT = 2.0**52

@@ -47,7 +47,9 @@ from .aggregation import (
     transcript,
 )
 from .ledger import Ledger, Opening, PlanView, Report, SecureRecord, SecureSpend
-from .noise import LATTICE_BITS, NoiseKey, lattice_gradient_multiplier, seed_material
+from .noise.lattice import LATTICE_BITS, lattice_gradient_multiplier
+from .noise.seeded import seed_material
+from .noise.sources import NoiseKey
 
 
 @dataclass(frozen=True)
