@@ -16,7 +16,7 @@ from grpc_processes import free_port, write_owner
 from owners import save_csv
 from scipy import stats
 
-import fedpenalty.owner.host as host_module
+import fedpenalty.owner.compute.gradient as gradient_module
 import fedpenalty.owner.noise.lattice as lattice_module
 import fedpenalty.owner.noise.seeded as seeded_module
 from fedpenalty.common import Policy
@@ -132,7 +132,7 @@ class DrawCounter:
         self.calls = 0
         for module, name in (
             (lattice_module, "discrete_gaussian"),
-            (host_module, "poisson_sample"),
+            (gradient_module, "poisson_sample"),
         ):
             monkeypatch.setattr(module, name, self._counting(getattr(module, name)))
         for name in ("normals", "sample"):

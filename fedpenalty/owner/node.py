@@ -469,21 +469,6 @@ class OwnerNode:
             )
         return opened
 
-    # --- what only this owner's records can compute (never released as is) -------------------
-    def clipped_log_ratio_sum(
-        self, theta: np.ndarray, theta_prop: np.ndarray, step: np.ndarray
-    ) -> np.ndarray:
-        """Σ_x clip(ℓ(x,θ') − ℓ(x,θ), ±L‖θ'−θ‖) record by record, per chain ``(m,)``; no noise,
-        never released. (Hosts of exponential-family owners use the O(1) identity instead.)"""
-        bound = self.model.lipschitz * step
-        diffs = self.model.log_lik_diff(self.records, theta, theta_prop)
-        clipped = np.clip(diffs, -bound[:, None], bound[:, None])
-        if self.diagnostics is not None:
-            binds = diffs != clipped
-            self.diagnostics.clip_binds += int(binds.sum())
-            self.diagnostics.log_ratio_terms += diffs.size
-        return clipped.sum(axis=1)
-
     # --- privacy -------------------------------------------------------------------------------
     def privacy_report(self, session: str | None = None) -> PrivacyReport:
         return privacy_reports([self], session)[0]
