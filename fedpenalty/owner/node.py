@@ -88,7 +88,7 @@ class OwnerNode:
         ``rng`` is given is a fresh key from OS entropy (every deployed owner).
     simulation: keep data-dependent diagnostics (clip counts). Off for deployed owners.
     fresh_attempts: draw every request's noise and Poisson samples under fresh OS entropy as
-        well as the key (``OwnerHost._noise_label``), so that the noise of a key that was never
+        well as the key (``HostNoise.label``), so that the noise of a key that was never
         released cannot be recomputed on demand (docs/design.md §3, invariant 11). Default: on
         for the deployed owner (no ``rng``, no ``noise_key``: a key from OS entropy); off when
         a key or seed is given, whose noise is then reproducible (tests, audits, simulation).
