@@ -12,16 +12,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TypeVar
 
 import numpy as np
 
 from ..errors import ReplayConflict
 from .aggregation import Reply
+from .compute import Compute, Fresh
 from .ledger import Charge, SampledCharge
 from .ledger_rows import AffineMus, span
-from .mechanism import Keys, Mechanism
+from .mechanism import HostNoise, Keys, Mechanism
 from .node import OwnerNode
+
+Q = TypeVar("Q")
 
 
 class LedgerPart:
@@ -60,22 +63,13 @@ class Request:
     sampled: SampledCharge | None = None
 
 
-class Fresh(Protocol):
-    """A request's fresh noisy answers, computed only when the pipeline asks for them (after
-    the charge's checks): ``one(k, new)`` owner k's answers ``(Σ new, w')`` to the keys
-    selected by ``new`` ``(M,)`` bool; ``every()`` every owner's to every key ``(K, M, w')``
-    (w' the stored width, ``Mechanism.width``)."""
-
-    def one(self, k: int, new: np.ndarray) -> np.ndarray: ...
-
-    def every(self) -> np.ndarray: ...
-
-
 class AnswerPipeline:
-    """Replay, charge, compute and release for the owners ``nodes`` of one host."""
+    """Replay, charge, compute and release for the owners ``nodes`` of one host, whose answers
+    ``noise`` noises."""
 
-    def __init__(self, nodes: Sequence[OwnerNode]):
+    def __init__(self, nodes: Sequence[OwnerNode], noise: HostNoise):
         self.nodes = list(nodes)
+        self.noise = noise
         self.names = [n.name for n in nodes]
         by_ledger: dict[int, list[int]] = {}
         for i, node in enumerate(nodes):
@@ -88,9 +82,17 @@ class AnswerPipeline:
             part.refresh_caps()
 
     def run(
-        self, request: Request, fresh: Fresh, shape: tuple[int, ...], scale: float = 1.0
+        self,
+        request: Request,
+        compute: Compute[Q],
+        query: Q,
+        shape: tuple[int, ...],
+        scale: float = 1.0,
     ) -> np.ndarray | Reply:
-        """``answer`` the request, then ``release`` its answers shaped ``(K, *shape)``."""
+        """``answer`` the request with ``compute``'s fresh answers to ``query`` (drawn only
+        when needed), then ``release`` them shaped ``(K, *shape)`` (``scale``: the answer unit,
+        a gradient's clip)."""
+        fresh = compute.fresh(self.noise, request.keys, query)
         return release(request.mechanism, self.answer(request, fresh), shape, scale)
 
     def answer(self, request: Request, fresh: Fresh) -> np.ndarray:

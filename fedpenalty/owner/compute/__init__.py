@@ -2,16 +2,29 @@
 kind — ``log_ratio`` (clipped log-likelihood-ratio sums), ``suff_stats`` (sufficient-statistic
 copies), ``gradient`` (clipped, Poisson-subsampled gradient sums). Each exposes one object of
 the same shape, ``Compute``: its noise-stream ``kind`` and ``fresh(noise, keys, query)``, the
-request's fresh noisy answers (``pipeline.Fresh``), computed only when the pipeline asks."""
+request's fresh noisy answers (``Fresh``), computed only when the answer pipeline
+(``pipeline.py``) asks for them."""
 
 from __future__ import annotations
 
 from typing import Protocol, TypeVar
 
+import numpy as np
+
 from ..mechanism import HostNoise, Keys
-from ..pipeline import Fresh
 
 Q = TypeVar("Q", contravariant=True)
+
+
+class Fresh(Protocol):
+    """A request's fresh noisy answers, computed only when the pipeline asks for them (after
+    the charge's checks): ``one(k, new)`` owner k's answers ``(Σ new, w')`` to the keys
+    selected by ``new`` ``(M,)`` bool; ``every()`` every owner's to every key ``(K, M, w')``
+    (w' the stored width, ``Mechanism.width``)."""
+
+    def one(self, k: int, new: np.ndarray) -> np.ndarray: ...
+
+    def every(self) -> np.ndarray: ...
 
 
 class Compute(Protocol[Q]):

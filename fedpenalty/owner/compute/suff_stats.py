@@ -32,7 +32,7 @@ class SuffStatsCompute:
         sums = [n.stat_sum for n in nodes]  # set for every exponential-family owner
         return cls(np.stack(sums))  # type: ignore[arg-type]
 
-    def fresh(self, noise: HostNoise, keys: Keys, query: None = None) -> NoisyExact:
+    def fresh(self, noise: HostNoise, keys: Keys, query: None) -> NoisyExact:
         """Noisy copies ``(K, M, s)`` of each owner's Σ S(x), one per key."""
         shape = (len(self.stat_sum), len(keys.chains), self.width)
         return NoisyExact(
