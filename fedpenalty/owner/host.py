@@ -76,8 +76,8 @@ class OwnerHost:
             self._stat_delta = np.array(
                 [self.model.stat_sensitivity(n.policy.neighbour) for n in nodes]
             )
+        self._pipeline = AnswerPipeline(self.nodes)
         self._noise = HostNoise(self.nodes, np.array([n.policy.sigma for n in nodes]), self.label)
-        self._pipeline = AnswerPipeline(self.nodes, self._noise)
         self._log_ratio = LogRatioCompute(self.nodes)
         self._stats = SuffStatsCompute.offered(self.nodes)
         self._gradient = GradientCompute(self.nodes)
@@ -228,7 +228,7 @@ class OwnerHost:
         mus = mechanism.mus(self._delta_per_step, charged, 1)
         request = Request(keys, digests, mechanism, 1, mus)
         query = LogRatioQuery(theta, theta_prop, step)
-        return self._pipeline.run(request, self._log_ratio, query, (len(chains),))
+        return self._pipeline.run(self._noise, request, self._log_ratio, query, (len(chains),))
 
     def suff_stats(
         self, session: str, chains: np.ndarray, start: int, block: int
@@ -255,7 +255,7 @@ class OwnerHost:
         mechanism = self._noise.mechanism(session)
         mus = mechanism.mus(self._stat_delta, np.ones(len(key_chains)), s)
         request = Request(keys, [_STATS_DIGEST] * len(key_chains), mechanism, s, mus)
-        return self._pipeline.run(request, stats, None, (len(chains), block, s))
+        return self._pipeline.run(self._noise, request, stats, None, (len(chains), block, s))
 
     def gradient(
         self, session: str, iteration: int, chains: np.ndarray, theta: np.ndarray, clip: float
@@ -291,5 +291,5 @@ class OwnerHost:
         request = Request(keys, digests, mechanism, self.model.dim, sampled=sampled)
         query = GradientQuery(theta, iteration, clip, q)
         return self._pipeline.run(
-            request, self._gradient, query, (len(chains), self.model.dim), clip
+            self._noise, request, self._gradient, query, (len(chains), self.model.dim), clip
         )

@@ -64,12 +64,10 @@ class Request:
 
 
 class AnswerPipeline:
-    """Replay, charge, compute and release for the owners ``nodes`` of one host, whose answers
-    ``noise`` noises."""
+    """Replay, charge, compute and release for the owners ``nodes`` of one host."""
 
-    def __init__(self, nodes: Sequence[OwnerNode], noise: HostNoise):
+    def __init__(self, nodes: Sequence[OwnerNode]):
         self.nodes = list(nodes)
-        self.noise = noise
         self.names = [n.name for n in nodes]
         by_ledger: dict[int, list[int]] = {}
         for i, node in enumerate(nodes):
@@ -83,16 +81,17 @@ class AnswerPipeline:
 
     def run(
         self,
+        noise: HostNoise,
         request: Request,
         compute: Compute[Q],
         query: Q,
         shape: tuple[int, ...],
         scale: float = 1.0,
     ) -> np.ndarray | Reply:
-        """``answer`` the request with ``compute``'s fresh answers to ``query`` (drawn only
-        when needed), then ``release`` them shaped ``(K, *shape)`` (``scale``: the answer unit,
-        a gradient's clip)."""
-        fresh = compute.fresh(self.noise, request.keys, query)
+        """``answer`` the request with ``compute``'s fresh answers to ``query``, noised by
+        ``noise`` (drawn only when needed), then ``release`` them shaped ``(K, *shape)``
+        (``scale``: the answer unit, a gradient's clip)."""
+        fresh = compute.fresh(noise, request.keys, query)
         return release(request.mechanism, self.answer(request, fresh), shape, scale)
 
     def answer(self, request: Request, fresh: Fresh) -> np.ndarray:
