@@ -81,23 +81,17 @@ class GradientAnswers:
 
     def every(self) -> np.ndarray:
         """Every owner's answers ``(K, C, d')``, owner by owner."""
-        every = np.ones(len(self._keys.chains), dtype=bool)
-        return np.stack([self.one(k, every) for k in range(len(self._compute.nodes))])
+        all_keys = np.ones(len(self._keys.chains), dtype=bool)
+        return np.stack([self.one(k, all_keys) for k in range(len(self._compute.nodes))])
 
     def _seeded(self, k: int, chains: np.ndarray, theta: np.ndarray) -> np.ndarray:
         """A simulated owner k's answers ``(M, d)``: Poisson sample (O(q·n) work,
         ``SeededNormals.sample``) and float noise of sd σ_k·clip, both addressed by (session,
         owner, chain, iteration)."""
-        session, kind, (iteration, clip, q) = (
-            self._keys.session,
-            self._compute.kind,
-            self._scalars(),
-        )
-        model, records, seeded = (
-            self._compute.model,
-            self._compute.nodes[k].records,
-            self._noise.seeded,
-        )
+        session, kind = self._keys.session, self._compute.kind
+        iteration, clip, q = self._scalars()
+        model, records = self._compute.model, self._compute.nodes[k].records
+        seeded = self._noise.seeded
         samples = [
             seeded.sample(session, kind, k, c, iteration, len(records), q) for c in chains.tolist()
         ]
