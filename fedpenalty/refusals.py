@@ -17,7 +17,7 @@ from .config import Scenario
 from .errors import BudgetExhausted, FedPenaltyError
 from .kinds import GaussianKind, query_kind
 from .models import Model
-from .owner.noise import lattice_gradient_multiplier
+from .owner.noise.lattice import lattice_gradient_multiplier
 from .privacy import GaussianSpend
 from .privacy.owner_epsilon import max_gdp_mu_squared, owner_epsilon
 from .privacy.subsampled import SubsampledGaussian, calibrate_noise_multiplier, max_steps

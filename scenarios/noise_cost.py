@@ -26,7 +26,8 @@ import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
 from fedpenalty.cli import table
-from fedpenalty.owner.noise import ChaChaSource, NoiseKey, PhiloxSource, noisy_lattice_answers
+from fedpenalty.owner.noise.lattice import noisy_lattice_answers
+from fedpenalty.owner.noise.sources import ChaChaSource, NoiseKey, PhiloxSource
 
 CHAINS, WIDTH, SIGMA, GAMMA = 4, 1, 1.0, 2.0**-32
 METHODS = ("float", "lattice-seeded", "lattice-secure")

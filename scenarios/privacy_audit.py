@@ -79,7 +79,7 @@ from fedpenalty.cli import table
 from fedpenalty.common import Policy
 from fedpenalty.models import ExpFamModel, Model, build_model
 from fedpenalty.owner import Ledger, OwnerHost, OwnerNode
-from fedpenalty.owner.noise import NoiseKey
+from fedpenalty.owner.noise.sources import NoiseKey
 
 DELTA = 1e-5
 CONFIDENCE = 0.95

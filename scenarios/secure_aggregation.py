@@ -63,7 +63,7 @@ from fedpenalty.diagnostics import summarize
 from fedpenalty.models import build_model
 from fedpenalty.owner import Ledger, OwnerHost, OwnerNode
 from fedpenalty.owner.aggregation import PeerKey, SecureOpen, public_bytes, session_private_key
-from fedpenalty.owner.noise import NoiseKey
+from fedpenalty.owner.noise.sources import NoiseKey
 
 MODEL = build_model({"name": "gaussian_mean", "dim": 1, "theta_bound": 1.0})
 N_TOTAL, TRUE_THETA, SIGMA, STEP, CHAINS = 1_000_000, 0.3, 1.0, 0.002, 4

@@ -16,7 +16,7 @@ from fedpenalty.coordinator.sgmcmc import GradFn
 from fedpenalty.data import save_csv as save_csv  # the tests' CSV writer is the package's
 from fedpenalty.models import Model
 from fedpenalty.owner import OwnerHost, OwnerNode
-from fedpenalty.owner.gradient import clipped_gradient_sum
+from fedpenalty.owner.compute.gradient import clipped_gradient_sum
 
 #: The ``[sampler]`` defaults of the kernels' settings (as in fedpenalty/config.py).
 SAMPLER_DEFAULTS: dict[str, Any] = {

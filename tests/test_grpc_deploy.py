@@ -22,7 +22,7 @@ from fedpenalty.coordinator.oracle import Answers
 from fedpenalty.errors import BudgetExhausted, InvalidRequest
 from fedpenalty.models import build_model
 from fedpenalty.owner import Ledger
-from fedpenalty.owner.noise import LATTICE_BITS
+from fedpenalty.owner.noise.lattice import LATTICE_BITS
 from fedpenalty.privacy import GaussianSpend
 from fedpenalty.privacy.accountant import OwnerAccountant
 from fedpenalty.proto import owner_pb2 as pb

@@ -31,7 +31,8 @@ from fedpenalty.owner.aggregation import (
     public_bytes,
     session_private_key,
 )
-from fedpenalty.owner.noise import NoiseKey, lattice_sensitivity
+from fedpenalty.owner.noise.lattice import lattice_sensitivity
+from fedpenalty.owner.noise.sources import NoiseKey
 from fedpenalty.owner.peer_auth import PeerAuth
 from fedpenalty.privacy import GaussianSpend
 from fedpenalty.privacy.owner_epsilon import owner_epsilon

@@ -14,13 +14,10 @@ from fedpenalty.common import SGMCMC, Policy
 from fedpenalty.errors import BudgetExhausted, ReplayConflict
 from fedpenalty.models import build_model
 from fedpenalty.owner import Ledger, OwnerHost, OwnerNode
-from fedpenalty.owner.gradient import clipped_gradient_sum
-from fedpenalty.owner.noise import (
-    ChaChaSource,
-    NoiseKey,
-    lattice_gradient_multiplier,
-    poisson_sample,
-)
+from fedpenalty.owner.compute.gradient import clipped_gradient_sum
+from fedpenalty.owner.noise.exact import poisson_sample
+from fedpenalty.owner.noise.lattice import lattice_gradient_multiplier
+from fedpenalty.owner.noise.sources import ChaChaSource, NoiseKey
 from fedpenalty.privacy.subsampled import SubsampledGaussian
 from fedpenalty.privacy.subsampled import epsilon as tight_epsilon
 from fedpenalty.privacy.subsampled_rdp import (
@@ -135,7 +132,7 @@ def test_lattice_gradients_are_lattice_points_with_the_declared_noise_and_replay
     m, clip = 3000, 2.0
     theta = np.tile([[0.1, 0.0]], (m, 1))
     answers = host.gradient("s", 0, np.arange(m), theta, clip)[0]
-    gamma = host._gamma * 2.0 ** np.floor(np.log2(clip))
+    gamma = host._noise.gamma * 2.0 ** np.floor(np.log2(clip))
     assert np.all(answers / gamma == np.round(answers / gamma))
     node = host.nodes[0]
     exact = clipped_gradient_sum(MODEL, node.records, theta[:1], np.ones((1, 300), bool), clip)

@@ -14,7 +14,7 @@ from fedpenalty.coordinator.driver import sample
 from fedpenalty.coordinator.inprocess import InProcessOracle
 from fedpenalty.models import build_model
 from fedpenalty.owner import Ledger, OwnerHost, OwnerNode
-from fedpenalty.owner.noise import NoiseKey
+from fedpenalty.owner.noise.sources import NoiseKey
 
 MODEL = build_model({"name": "gaussian_mean", "dim": 1})
 RECORDS = MODEL.simulate_records(np.random.default_rng(1), np.array([0.3]), 400)
@@ -41,7 +41,7 @@ def test_answers_are_exact_lattice_points_and_replay():
     host.open_session("s", "penalty", 1000)
     theta = np.zeros((50, 1))
     first = host.log_ratio("s", 0, np.arange(50), theta, theta + 0.01)
-    gamma = host._gamma
+    gamma = host._noise.gamma
     assert np.all(first / gamma == np.round(first / gamma))
     np.testing.assert_array_equal(host.log_ratio("s", 0, np.arange(50), theta, theta + 0.01), first)
     host.open_session("e", "penalty_expfam", 1000)
@@ -93,7 +93,7 @@ def test_lattice_accounting_is_renyi_dp_of_the_total_mu():
     host.log_ratio("s", 0, np.arange(10), theta, theta + 0.01)
     report = host.privacy_reports("s")[0].session
     assert report is not None and report.accountant == "rdp"
-    mu_each = (2 * MODEL.lipschitz * 0.01 + host._gamma) / 0.7
+    mu_each = (2 * MODEL.lipschitz * 0.01 + host._noise.gamma) / 0.7
     assert report.mu == pytest.approx(np.sqrt(10) * mu_each, rel=1e-12)
     rdp = dp_accounting.rdp.RdpAccountant()
     rdp.compose(dp_accounting.GaussianDpEvent(1 / report.mu))

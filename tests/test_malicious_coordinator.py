@@ -16,13 +16,15 @@ from grpc_processes import free_port, write_owner
 from owners import save_csv
 from scipy import stats
 
-import fedpenalty.owner.host as host_module
-import fedpenalty.owner.noise as noise_module
+import fedpenalty.owner.compute.gradient as gradient_module
+import fedpenalty.owner.noise.lattice as lattice_module
+import fedpenalty.owner.noise.seeded as seeded_module
 from fedpenalty.common import Policy
 from fedpenalty.errors import BudgetExhausted, InvalidRequest, ReplayConflict
 from fedpenalty.models import build_model
 from fedpenalty.owner import Ledger, OwnerHost, OwnerNode
-from fedpenalty.owner.noise import MAX_CHAIN, lattice_gradient_multiplier
+from fedpenalty.owner.noise.lattice import lattice_gradient_multiplier
+from fedpenalty.owner.noise.sources import MAX_CHAIN
 from fedpenalty.owner.server import ServerThread
 from fedpenalty.privacy import GaussianSpend
 from fedpenalty.privacy.owner_epsilon import owner_epsilon
@@ -129,13 +131,13 @@ class DrawCounter:
     def __init__(self, monkeypatch: pytest.MonkeyPatch):
         self.calls = 0
         for module, name in (
-            (noise_module, "discrete_gaussian"),
-            (host_module, "poisson_sample"),
+            (lattice_module, "discrete_gaussian"),
+            (gradient_module, "poisson_sample"),
         ):
             monkeypatch.setattr(module, name, self._counting(getattr(module, name)))
         for name in ("normals", "sample"):
-            original = getattr(noise_module.SeededNormals, name)
-            monkeypatch.setattr(noise_module.SeededNormals, name, self._counting(original))
+            original = getattr(seeded_module.SeededNormals, name)
+            monkeypatch.setattr(seeded_module.SeededNormals, name, self._counting(original))
 
     def _counting(self, function):
         def counted(*args, **kwargs):
@@ -181,7 +183,7 @@ def test_a_deployed_owner_never_draws_the_same_noise_twice():
     different noise to the same key: each attempt's noise is fresh, so the noise of a key that
     was never released cannot be recomputed on demand. Owners given a key (tests, audits) and
     simulated owners keep reproducible noise."""
-    from fedpenalty.owner.noise import NoiseKey
+    from fedpenalty.owner.noise.sources import NoiseKey
 
     key = NoiseKey.derive(b"k", "o")
     theta = np.zeros((50, 1))

@@ -15,20 +15,20 @@ import pytest
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from scipy import stats
 
-from fedpenalty.owner import noise
-from fedpenalty.owner.noise import (
+from fedpenalty.owner.noise import exact as sampler
+from fedpenalty.owner.noise import sources
+from fedpenalty.owner.noise.exact import bernoulli_exp, discrete_gaussian, lattice_scale, uniforms
+from fedpenalty.owner.noise.lattice import (
+    from_lattice,
+    lattice_sensitivity,
+    noisy_lattice_answers,
+    to_lattice,
+)
+from fedpenalty.owner.noise.sources import (
     ChaChaSource,
     NoiseKey,
     PhiloxSource,
-    bernoulli_exp,
-    discrete_gaussian,
-    from_lattice,
-    lattice_scale,
-    lattice_sensitivity,
-    noisy_lattice_answers,
     philox4x64,
-    to_lattice,
-    uniforms,
     word_source,
 )
 
@@ -130,7 +130,7 @@ def test_chacha_layout_is_the_documented_keystream():
     got = source.sample_words(
         "gauss", "s", "k", *(np.array([x]) for x in (owner, chain, iteration, component, chunk))
     )
-    subkey = noise._subkey(KEYS[owner], "chacha20", "gauss", "s", "k")
+    subkey = sources._subkey(KEYS[owner], "chacha20", "gauss", "s", "k")
     nonce = (
         (8 * chain).to_bytes(4, "little")
         + iteration.to_bytes(8, "little")
@@ -142,7 +142,7 @@ def test_chacha_layout_is_the_documented_keystream():
     got = source.stream_words(
         "uniform", "s", "k", np.array([owner]), np.array([chain]), np.array([iteration]), 10
     )
-    subkey = noise._subkey(KEYS[owner], "chacha20", "uniform", "s", "k")
+    subkey = sources._subkey(KEYS[owner], "chacha20", "uniform", "s", "k")
     nonce = bytes(4) + iteration.to_bytes(8, "little") + chain.to_bytes(4, "little")
     keystream = Cipher(algorithms.ChaCha20(subkey, nonce), None).encryptor().update(bytes(80))
     np.testing.assert_array_equal(got[0], np.frombuffer(keystream, "<u8"))
@@ -255,9 +255,9 @@ def test_batch_invariance(name, monkeypatch):
         component=more(component, rng.integers(0, 9, 300)),
     )
     scales = more(scale, rng.uniform(1, 1e6, 300))
-    monkeypatch.setattr(noise, "SCALAR_BATCH", 0)
+    monkeypatch.setattr(sampler, "SCALAR_BATCH", 0)
     for stragglers in (0, 16, 10**9):  # all vectorised, the usual hand-off, all scalar
-        monkeypatch.setattr(noise, "STRAGGLERS", stragglers)
+        monkeypatch.setattr(sampler, "STRAGGLERS", stragglers)
         mixed = discrete_gaussian(source, "s", "k", scales, **batch)
         np.testing.assert_array_equal(mixed[np.argsort(order)[:300]], base)
         coins = bernoulli_exp(source, "s", "k", np.arange(600) % 11, 4, **batch)
@@ -302,7 +302,7 @@ def test_distinct_streams_are_independent(name):
 
 
 def test_word_cap_raises_on_a_stuck_source(monkeypatch):
-    monkeypatch.setattr(noise, "MAX_WORDS", 256)
+    monkeypatch.setattr(sampler, "MAX_WORDS", 256)
 
     class Stuck:
         """Every word is 2^64 − 1: the uniform draws reject forever."""
@@ -316,8 +316,8 @@ def test_word_cap_raises_on_a_stuck_source(monkeypatch):
             return np.full((owner.size, 64), 2**64 - 1, dtype=np.uint64)
 
     for batch, stragglers in ((10**9, 16), (0, 0)):  # the scalar path, the vectorised one
-        monkeypatch.setattr(noise, "SCALAR_BATCH", batch)
-        monkeypatch.setattr(noise, "STRAGGLERS", stragglers)
+        monkeypatch.setattr(sampler, "SCALAR_BATCH", batch)
+        monkeypatch.setattr(sampler, "STRAGGLERS", stragglers)
         with pytest.raises(RuntimeError, match="words"):
             discrete_gaussian(Stuck(), "s", "k", 1.5, owner=0, chain=np.arange(50), iteration=0)
 
@@ -332,7 +332,7 @@ def test_lattice_scale_is_exact_and_never_smaller():
         exact = lattice_scale(float(s))
         assert exact == lattice_scale(Fraction(float(s)))  # float and rational paths agree
         assert Fraction(float(s)) <= exact < Fraction(float(s)) * (1 + Fraction(1, 2**40))
-        a, k = noise._scale_parts(float(s))
+        a, k = sampler._scale_parts(float(s))
         assert 2**40 <= int(a) <= 2**41 and exact == Fraction(int(a), 2 ** int(k))
 
 
@@ -465,7 +465,7 @@ def test_seeded_normals_are_addressed_by_key_and_independent_across_windows():
     order, more chains, a fresh object) and consecutive windows are not shifted copies of each
     other (no autocorrelation at lags 1–128 beyond 5/√n; windows whose Philox streams overlapped
     by one counter block repeated values at a lag of about 60, and this test failed on them)."""
-    from fedpenalty.owner.noise import SeededNormals
+    from fedpenalty.owner.noise.seeded import SeededNormals
 
     seeds = [bytes([k]) * 32 for k in range(3)]
     its = np.arange(0, 2000)
@@ -495,7 +495,7 @@ def test_seeded_poisson_samples_have_the_bernoulli_law_and_are_addressed_by_key(
     probability q, independently — checked by the per-record frequency (5 sd over 4,000 keys)
     and by pairs of records (their joint frequency q², which a sample of fixed size m = qn
     would miss: it gives q·(m − 1)/(n − 1)); a key's sample does not depend on other keys."""
-    from fedpenalty.owner.noise import SeededNormals
+    from fedpenalty.owner.noise.seeded import SeededNormals
 
     seeds = [bytes([k]) * 32 for k in range(2)]
     n, q, keys = 40, 0.25, 4000

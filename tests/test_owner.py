@@ -14,7 +14,8 @@ from owners import SoloOwner
 from fedpenalty.common import Policy
 from fedpenalty.errors import BudgetExhausted, InvalidRequest, ReplayConflict, UnknownSession
 from fedpenalty.models import build_model
-from fedpenalty.owner import Ledger, OwnerHost, OwnerNode
+from fedpenalty.owner import Ledger, OwnerNode
+from fedpenalty.owner.compute.log_ratio import ExpFamShortcut, LogRatioCompute
 from fedpenalty.privacy import GaussianSpend
 
 MODEL = build_model({"name": "gaussian_mean", "dim": 2, "data_bound": 3.0, "theta_bound": 2.0})
@@ -91,13 +92,46 @@ def test_sufficient_statistic_path_equals_per_record_clipped_sum(name):
     theta = rng.uniform(-1, 1, (6, model.dim))
     prop = theta + rng.uniform(-0.03, 0.03, (6, model.dim))
     step = np.linalg.norm(prop - theta, axis=1)
+    assert LogRatioCompute([fast]).shortcut is not None
+    assert LogRatioCompute([slow]).shortcut is None
     np.testing.assert_allclose(
-        OwnerHost([fast])._clipped_log_ratio_sums(theta, prop, step)[0],
-        slow.clipped_log_ratio_sum(theta, prop, step),
+        LogRatioCompute([fast]).sums(theta, prop, step)[0],
+        LogRatioCompute([slow]).sums(theta, prop, step)[0],
         rtol=1e-9,
         atol=1e-8,
     )
     assert slow.simulation_diagnostics().clip_binds == 0
+
+
+@pytest.mark.parametrize("name", ["gaussian_mean", "bernoulli", "poisson"])
+def test_a_binding_clip_vetoes_the_sufficient_statistic_shortcut(name):
+    """The shortcut Δηᵀ Σ S(x) − n ΔA equals the per-record clipped sum only while no per-record
+    clip binds. A clip below L (here L/20, which binds on these records) must not reach it: the
+    host's log-ratio compute then answers record by record, and its sums are the per-record
+    clipped sums — which differ from what the shortcut gives, so this test fails if a binding
+    clip reaches the shortcut."""
+    model = build_model({"name": name})
+    rng = np.random.default_rng(11)
+    records = model.simulate_records(rng, np.full(model.dim, 0.3), 500)
+    node = OwnerNode("f", model, records, Policy(), Ledger(":memory:"), simulation=True)
+    theta = rng.uniform(-1, 1, (6, model.dim))
+    prop = theta + rng.uniform(-0.05, 0.05, (6, model.dim))
+    step = np.linalg.norm(prop - theta, axis=1)
+    diffs = model.log_lik_diff(node.records, theta, prop)
+    clip = 0.5 * float(np.median(np.abs(diffs) / step[:, None]))
+    assert clip < model.lipschitz
+    compute = LogRatioCompute([node], clip=clip)
+    assert compute.shortcut is None and compute.per_record
+    bound = (clip * step)[:, None]
+    per_record = np.clip(diffs, -bound, bound).sum(axis=1)
+    np.testing.assert_allclose(compute.sums(theta, prop, step)[0], per_record, rtol=1e-12)
+    assert node.simulation_diagnostics().clip_binds > 0  # the clip did bind
+    # what the shortcut would have answered at this clip: a different (under-clipped) sum
+    stats = np.stack([node.stat_sum])
+    shortcut = ExpFamShortcut(model, stats, np.array([float(len(node.records))]), clip)
+    assert not np.allclose(shortcut.sums(theta, prop, step)[0], per_record, rtol=1e-6)
+    # the veto is the clip's: at L (the default) the same owner is offered the shortcut
+    assert LogRatioCompute([node]).shortcut is not None
 
 
 def test_clip_binds_when_lipschitz_bound_is_wrong(tmp_path):

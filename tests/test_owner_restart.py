@@ -28,7 +28,7 @@ from fedpenalty.common import Policy
 from fedpenalty.coordinator.grpc_oracle import GrpcOracle
 from fedpenalty.coordinator.oracle import SecureAggregation
 from fedpenalty.owner import Ledger, OwnerHost, OwnerNode
-from fedpenalty.owner.noise import NoiseKey
+from fedpenalty.owner.noise.sources import NoiseKey
 from fedpenalty.owner.peer_auth import PeerAuth
 from fedpenalty.owner.server import ServerThread
 

@@ -51,8 +51,9 @@ from fedpenalty.owner.aggregation import (
     session_private_key,
     transcript,
 )
-from fedpenalty.owner.gradient import clipped_gradient_sum
-from fedpenalty.owner.noise import NoiseKey, lattice_gradient_multiplier
+from fedpenalty.owner.compute.gradient import clipped_gradient_sum
+from fedpenalty.owner.noise.lattice import lattice_gradient_multiplier
+from fedpenalty.owner.noise.sources import NoiseKey
 from fedpenalty.owner.server import ServerThread
 from fedpenalty.privacy.subsampled import SubsampledGaussian
 from fedpenalty.simulation import run_scenario
@@ -338,7 +339,8 @@ def test_a_dropout_stops_with_a_clear_error_and_the_session_resumes(tmp_path):
     replies = ask(hosts, "s", 1, np.arange(4))
     np.testing.assert_array_equal(replies[0].values, first[0].values)
     answers = combine(replies)
-    assert np.all(np.abs(answers.values - exact_lattice_sum(nodes, hosts[0]._secure["s"].gamma))
+    gamma = hosts[0]._noise.secure["s"].gamma
+    assert np.all(np.abs(answers.values - exact_lattice_sum(nodes, gamma))
                   < 8 * answers.noise_sd)  # fmt: skip
     other = [*request.peers[:2], PeerKey("o2", public_bytes(session_private_key(bytes(32), "s")))]
     with pytest.raises(InvalidRequest, match="keeps its peers and terms"):

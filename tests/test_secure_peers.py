@@ -21,7 +21,7 @@ from fedpenalty.errors import ConfigError, NotPermitted
 from fedpenalty.models import build_model
 from fedpenalty.owner import Ledger, OwnerHost, OwnerNode, wire
 from fedpenalty.owner.aggregation import PeerKey, SecureOpen, public_bytes, session_private_key
-from fedpenalty.owner.noise import NoiseKey
+from fedpenalty.owner.noise.sources import NoiseKey
 from fedpenalty.owner.owner_config import load_owner_config
 from fedpenalty.owner.peer_auth import PeerAuth
 from fedpenalty.owner.server import ServerThread

@@ -36,7 +36,7 @@ from ..kinds import query_kind
 from ..models import Model, build_model
 from ..owner import Ledger, OwnerHost, OwnerNode, wire
 from ..owner.aggregation import Reply
-from ..owner.noise import NoiseKey
+from ..owner.noise.sources import NoiseKey
 
 #: Object store of a local Ray. Per-iteration replies travel inline (below), so the store holds
 #: only the actors' start-up specs (about 1 kB per owner) and larger one-off replies.

@@ -14,7 +14,7 @@ import numpy as np
 from ..common import PEERS_AUTHENTICATED, PEERS_OWN_NOISE, PEERS_SIMULATED, PrivacyReport
 from ..errors import AggregationFailed, OwnerError
 from ..owner.aggregation import PeerKey, Reply, SecureOpen
-from ..owner.noise import FLOAT_EXACT_LIMIT, from_lattice
+from ..owner.noise.lattice import FLOAT_EXACT_LIMIT, from_lattice
 from .oracle import Answers, SecureAggregation
 
 

@@ -10,7 +10,7 @@ passed explicitly (the style of ``mh``). The data enter only through a *gradient
 
 with G = Σ_k g̃_k / q_k, the unbiased estimate of Σ_x ∇ℓ(x, θ) assembled from the owners.
 Owner k Poisson-samples its records at rate q_k, clips each sampled record's gradient to L2
-norm C_k, sums, and adds N(0, (σ_k C_k)² I) (the owner's ``owner/gradient.py``). s² = Σ_k
+norm C_k, sums, and adds N(0, (σ_k C_k)² I) (the owner's ``owner/compute/gradient.py``). s² = Σ_k
 (σ_k C_k / q_k)² is the owner-noise variance on each coordinate of G. The kernel adds ∇log
 p(θ), so g = ∇log p(θ) + G. The Poisson-subsampling noise in G is data dependent and unknown
 to the coordinator; as in every SG-MCMC method it is not subtracted, and it vanishes

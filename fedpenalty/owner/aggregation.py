@@ -51,7 +51,8 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from ..common import Policy, SecureTerms
 from ..errors import InvalidRequest, NotPermitted
-from .noise import LATTICE_BITS, keyed_words
+from .noise.lattice import LATTICE_BITS
+from .noise.seeded import keyed_words
 
 PROTOCOL = b"fedpenalty.secure-aggregation.v1"
 PUBLIC_KEY_BYTES = 32

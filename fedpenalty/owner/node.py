@@ -44,7 +44,9 @@ from .aggregation import (
     transcript,
 )
 from .ledger import Ledger, Opening, PlanView, Report, SecureRecord, SecureSpend
-from .noise import LATTICE_BITS, NoiseKey, lattice_gradient_multiplier, seed_material
+from .noise.lattice import LATTICE_BITS, lattice_gradient_multiplier
+from .noise.seeded import seed_material
+from .noise.sources import NoiseKey
 from .session_request import SessionRequest
 
 
@@ -89,7 +91,7 @@ class OwnerNode:
         ``rng`` is given is a fresh key from OS entropy (every deployed owner).
     simulation: keep data-dependent diagnostics (clip counts). Off for deployed owners.
     fresh_attempts: draw every request's noise and Poisson samples under fresh OS entropy as
-        well as the key (``OwnerHost._noise_label``), so that the noise of a key that was never
+        well as the key (``HostNoise.label``), so that the noise of a key that was never
         released cannot be recomputed on demand (docs/design.md §3, invariant 11). Default: on
         for the deployed owner (no ``rng``, no ``noise_key``: a key from OS entropy); off when
         a key or seed is given, whose noise is then reproducible (tests, audits, simulation).
@@ -391,21 +393,6 @@ class OwnerNode:
                 self.name,
             )
         return opened
-
-    # --- what only this owner's records can compute (never released as is) -------------------
-    def clipped_log_ratio_sum(
-        self, theta: np.ndarray, theta_prop: np.ndarray, step: np.ndarray
-    ) -> np.ndarray:
-        """Σ_x clip(ℓ(x,θ') − ℓ(x,θ), ±L‖θ'−θ‖) record by record, per chain ``(m,)``; no noise,
-        never released. (Hosts of exponential-family owners use the O(1) identity instead.)"""
-        bound = self.model.lipschitz * step
-        diffs = self.model.log_lik_diff(self.records, theta, theta_prop)
-        clipped = np.clip(diffs, -bound[:, None], bound[:, None])
-        if self.diagnostics is not None:
-            binds = diffs != clipped
-            self.diagnostics.clip_binds += int(binds.sum())
-            self.diagnostics.log_ratio_terms += diffs.size
-        return clipped.sum(axis=1)
 
     # --- privacy -------------------------------------------------------------------------------
     def privacy_report(self, session: str | None = None) -> PrivacyReport:

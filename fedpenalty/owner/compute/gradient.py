@@ -1,0 +1,135 @@
+"""Clipped, Poisson-subsampled gradient sums (federated SG-MCMC, docs/design.md §2.3): owner
+k's answer for chain c samples each record with the session's rate q, clips its ∇_θ ℓ(x, θ_c)
+to L2 norm ``clip``, sums, and adds noise of sd σ_k·clip — seeded float noise for simulated
+owners, exact lattice noise (the sum rounded to the lattice first) for the others."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...common import SGMCMC
+from ...models import Model
+from ..mechanism import HostNoise, Keys
+from ..node import OwnerNode
+from ..noise.exact import poisson_sample
+
+
+def clipped_gradient_sum(
+    model: Model, records: np.ndarray, theta: np.ndarray, mask: np.ndarray, clip: float
+) -> np.ndarray:
+    """Σ over the sampled records of ∇_θ ℓ(x, θ_c) clipped to L2 norm ``clip``: ``(C, d)``.
+
+    ``records`` prepared ``(n, p)``; ``theta`` ``(C, d)``; ``mask`` bool ``(C, n)``, the records
+    each chain's answer includes. No noise; never released as is.
+    """
+    if not (math.isfinite(clip) and clip > 0):
+        raise ValueError(f"clip must be finite and > 0, got {clip!r}")
+    c, d = theta.shape
+    used = mask.any(axis=0)
+    if not used.any():
+        return np.zeros((c, d))
+    grads = model.grad_log_lik(records[used], theta)  # (C, m, d)
+    norms = np.linalg.norm(grads, axis=2)
+    scale = np.minimum(1.0, clip / np.maximum(norms, np.finfo(float).tiny))
+    return np.einsum("cm,cmd->cd", mask[:, used] * scale, grads)
+
+
+@dataclass(frozen=True)
+class GradientQuery:
+    """A validated gradient request: ``theta`` ``(C, d)`` inside Θ at ``iteration``, the
+    ``clip`` (within every owner's limits) and the session's Poisson rate ``q``."""
+
+    theta: np.ndarray
+    iteration: int
+    clip: float
+    q: float
+
+
+class GradientCompute:
+    """The gradient answers of one host's owners ``nodes``."""
+
+    kind = SGMCMC
+
+    def __init__(self, nodes: Sequence[OwnerNode]):
+        self.nodes = list(nodes)
+        self.model = nodes[0].model
+
+    def fresh(self, noise: HostNoise, keys: Keys, query: GradientQuery) -> GradientAnswers:
+        """Noisy gradient answers ``(K, C, d)`` to ``keys`` (one per chain of ``query``)."""
+        return GradientAnswers(self, noise, keys, query)
+
+
+class GradientAnswers:
+    """One request's fresh gradient answers (``pipeline.Fresh``): each owner's sample and
+    noise drawn only when asked for, keyed (session, owner, chain, iteration)."""
+
+    def __init__(
+        self, compute: GradientCompute, noise: HostNoise, keys: Keys, query: GradientQuery
+    ):
+        self._compute, self._noise, self._keys, self._query = compute, noise, keys, query
+
+    def one(self, k: int, new: np.ndarray) -> np.ndarray:
+        """Owner k's answers ``(Σ new, d')`` to the chains selected by ``new``."""
+        chains, theta = self._keys.chains[new], self._query.theta[new]
+        if not self._noise.lattice:
+            return self._seeded(k, chains, theta)
+        return self._lattice(k, chains, theta)
+
+    def every(self) -> np.ndarray:
+        """Every owner's answers ``(K, C, d')``, owner by owner."""
+        all_keys = np.ones(len(self._keys.chains), dtype=bool)
+        return np.stack([self.one(k, all_keys) for k in range(len(self._compute.nodes))])
+
+    def _seeded(self, k: int, chains: np.ndarray, theta: np.ndarray) -> np.ndarray:
+        """A simulated owner k's answers ``(M, d)``: Poisson sample (O(q·n) work,
+        ``SeededNormals.sample``) and float noise of sd σ_k·clip, both addressed by (session,
+        owner, chain, iteration)."""
+        session, kind = self._keys.session, self._compute.kind
+        iteration, clip, q = self._scalars()
+        model, records = self._compute.model, self._compute.nodes[k].records
+        seeded = self._noise.seeded
+        samples = [
+            seeded.sample(session, kind, k, c, iteration, len(records), q) for c in chains.tolist()
+        ]
+        every = np.sort(np.concatenate(samples))
+        used = every[np.r_[True, every[1:] != every[:-1]]] if every.size else every
+        mask = np.zeros((len(chains), len(used)), dtype=bool)
+        for row, sample in enumerate(samples):
+            mask[row, np.searchsorted(used, sample)] = True
+        sums = clipped_gradient_sum(model, records[used], theta, mask, clip)
+        iterations = np.full(len(chains), iteration)
+        normals = seeded.normals(session, kind, np.array([k]), chains, iterations, model.dim)[0]
+        return sums + self._noise.sigma[k] * clip * normals
+
+    def _lattice(self, k: int, chains: np.ndarray, theta: np.ndarray) -> np.ndarray:
+        """Owner k's lattice answers ``(M, d)`` (masked words ``(M, d + 1)`` in a secure
+        session): Poisson sample and exact discrete-Gaussian noise of sd σ_k·clip, both keyed
+        under the request's noise label; clipped sum, rounded (docs/design.md §2.7)."""
+        keys, kind, (iteration, clip, q) = self._keys, self._compute.kind, self._scalars()
+        records = self._compute.nodes[k].records
+        noise = self._noise
+        mask = poisson_sample(
+            noise.source,
+            keys.label,
+            kind,
+            q,
+            len(records),
+            owner=k,
+            chain=chains,
+            iteration=iteration,
+        )
+        sums = clipped_gradient_sum(self._compute.model, records, theta, mask, clip)
+        iterations = np.full(len(chains), iteration)
+        mechanism = noise.mechanism(keys.session)
+        answers = noise.lattice_answers(
+            mechanism, keys.label, kind, np.array([k]), sums[None], chains, iterations, clip
+        )
+        return answers[0]
+
+    def _scalars(self) -> tuple[int, float, float]:
+        """(iteration, clip, q) of the request."""
+        return self._query.iteration, self._query.clip, self._query.q

@@ -1,0 +1,113 @@
+"""Clipped log-likelihood-ratio sums (penalty MH, docs/design.md §2.1, §2.2): owner k's exact
+answer for chain c is Σ_x clip(ℓ(x,θ'_c) − ℓ(x,θ_c), ±c_clip‖θ'_c − θ_c‖), record by record —
+or, for an exponential-family model where provably no per-record clip binds, in O(1) from the
+owner's sufficient statistics (``ExpFamShortcut``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...common import LOG_RATIO
+from ...models import ExpFamModel
+from ..mechanism import HostNoise, Keys
+from ..node import OwnerNode
+from .noisy import NoisyExact
+
+
+@dataclass(frozen=True)
+class LogRatioQuery:
+    """A validated log-ratio request: ``theta``, ``theta_prop`` ``(C, d)`` inside Θ and their
+    steps ‖θ' − θ‖ ``(C,)``."""
+
+    theta: np.ndarray
+    theta_prop: np.ndarray
+    step: np.ndarray
+
+
+class ExpFamShortcut:
+    """Σ_x ℓ(x,θ') − ℓ(x,θ) = Δηᵀ Σ S(x) − n ΔA for every owner at once, O(1) per answer.
+
+    It equals the per-record clipped sum only while no per-record clip binds, so it is a
+    capability: ``offered`` gives it only when that is proven, and a clip that could bind
+    vetoes it (the per-record path then answers).
+    """
+
+    def __init__(self, model: ExpFamModel, stat_sum: np.ndarray, n: np.ndarray, clip: float):
+        self.model, self.stat_sum, self.n, self.clip = model, stat_sum, n, clip
+
+    @classmethod
+    def offered(cls, nodes: Sequence[OwnerNode], clip: float) -> ExpFamShortcut | None:
+        """The shortcut for ``nodes`` clipping each record's term at ``clip`` per unit step,
+        or None unless no per-record clip can bind: an exponential-family model (its records
+        are clipped into the data domain when loaded, where L bounds |ℓ(x,θ') − ℓ(x,θ)| by
+        L‖θ' − θ‖), a clip of at least L, and no owner asking for per-record evaluation
+        (``OwnerNode.per_record``)."""
+        model = nodes[0].model
+        if not isinstance(model, ExpFamModel) or any(n.per_record for n in nodes):
+            return None
+        if clip < model.lipschitz:  # a clip that can bind vetoes the shortcut
+            return None
+        sums = [n.stat_sum for n in nodes]  # set for every exponential-family owner
+        n = np.array([len(node.records) for node in nodes], dtype=float)
+        return cls(model, np.stack(sums), n, clip)  # type: ignore[arg-type]
+
+    def sums(self, theta: np.ndarray, theta_prop: np.ndarray, step: np.ndarray) -> np.ndarray:
+        """``(K, C)`` exact sums, each clipped to ±n·clip·step (a bound the per-record sum
+        meets too)."""
+        m = self.model
+        d_eta = m.natural_param(theta_prop) - m.natural_param(theta)
+        d_a = m.log_partition(theta_prop) - m.log_partition(theta)
+        total = self.stat_sum @ d_eta.T - self.n[:, None] * d_a[None, :]
+        bound = self.n[:, None] * (self.clip * step)[None, :]
+        np.maximum(total, -bound, out=total)  # np.clip, without its wrapper's cost
+        return np.minimum(total, bound, out=total)
+
+
+class LogRatioCompute:
+    """The log-ratio answers of one host's owners ``nodes``, each record's term clipped at
+    ``clip`` per unit step (default the model's Lipschitz bound L, what the charge assumes)."""
+
+    kind = LOG_RATIO
+
+    def __init__(self, nodes: Sequence[OwnerNode], clip: float | None = None):
+        self.nodes = list(nodes)
+        self.model = nodes[0].model
+        self.clip = self.model.lipschitz if clip is None else clip
+        self.shortcut = ExpFamShortcut.offered(self.nodes, self.clip)
+
+    @property
+    def per_record(self) -> bool:
+        """Whether answers cost one evaluation per record (``max_record_evaluations`` applies)."""
+        return self.shortcut is None
+
+    def sums(self, theta: np.ndarray, theta_prop: np.ndarray, step: np.ndarray) -> np.ndarray:
+        """``(K, C)`` exact clipped sums; all owners at once when the shortcut is offered."""
+        if self.shortcut is not None:
+            return self.shortcut.sums(theta, theta_prop, step)
+        bound = self.clip * step
+        return np.stack([self._per_record(node, theta, theta_prop, bound) for node in self.nodes])
+
+    @staticmethod
+    def _per_record(
+        node: OwnerNode, theta: np.ndarray, theta_prop: np.ndarray, bound: np.ndarray
+    ) -> np.ndarray:
+        """Σ_x clip(ℓ(x,θ') − ℓ(x,θ), ±bound) over ``node``'s records, per chain ``(C,)``; no
+        noise, never released (counts binding clips in simulation diagnostics)."""
+        diffs = node.model.log_lik_diff(node.records, theta, theta_prop)
+        clipped = np.clip(diffs, -bound[:, None], bound[:, None])
+        if node.diagnostics is not None:
+            binds = diffs != clipped
+            node.diagnostics.clip_binds += int(binds.sum())
+            node.diagnostics.log_ratio_terms += diffs.size
+        return clipped.sum(axis=1)
+
+    def fresh(self, noise: HostNoise, keys: Keys, query: LogRatioQuery) -> NoisyExact:
+        """Noisy answers ``(K, C, 1)`` to ``keys`` (one per chain of ``query``)."""
+
+        def exact() -> np.ndarray:
+            return self.sums(query.theta, query.theta_prop, query.step)[:, :, None]
+
+        return NoisyExact(noise, keys, self.kind, exact)

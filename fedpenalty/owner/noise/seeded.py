@@ -1,0 +1,151 @@
+"""SIMULATION ONLY: seeded counter-based noise of simulated owners (docs/design.md §2.7) —
+float normals and Poisson samples addressed by (session, kind, owner, chain, iteration), and
+the SplitMix64 words that simulated secure-aggregation masks use. Not cryptographic.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Sequence
+
+import numpy as np
+from scipy import special
+
+_U64 = np.uint64
+
+
+def _philox_key(seed: bytes, *labels: str) -> np.ndarray:
+    """A 128-bit Philox key (2 uint64) from an owner's seed material and labels."""
+    digest = hashlib.sha256(seed + b"".join(struct.pack("<I", len(x)) + x.encode() for x in labels))
+    return np.frombuffer(digest.digest()[:16], dtype="<u8").astype(np.uint64)
+
+
+_MIX1, _MIX2 = _U64(0xBF58476D1CE4E5B9), _U64(0x94D049BB133111EB)
+_GOLDEN = _U64(0x9E3779B97F4A7C15)
+
+
+def splitmix(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser (a bijection of uint64), elementwise, in place."""
+    x ^= x >> _U64(30)
+    x *= _MIX1
+    x ^= x >> _U64(27)
+    x *= _MIX2
+    x ^= x >> _U64(31)
+    return x
+
+
+_WORD = (1 << 64) - 1
+
+
+def _splitmix_int(x: int) -> int:
+    """``splitmix`` of one word as a Python int (cheaper than numpy for a few words)."""
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) & _WORD
+    x ^= x >> 27
+    x = (x * 0x94D049BB133111EB) & _WORD
+    return x ^ (x >> 31)
+
+
+def _mixed_addresses(chains: np.ndarray, iterations: np.ndarray) -> np.ndarray:
+    """mix(mix(iteration) ⊕ chain) of each address ``(M,)`` uint64 (``keyed_words``)."""
+    if len(chains) <= 16:  # the usual request: a few chains, in Python ints
+        pairs = zip(chains.tolist(), iterations.tolist())
+        mixed = [_splitmix_int(_splitmix_int(i & _WORD) ^ (c & _WORD)) for c, i in pairs]
+        return np.array(mixed, dtype=_U64)
+    return splitmix(splitmix(iterations.astype(_U64)) ^ chains.astype(_U64))
+
+
+def keyed_words(
+    keys: np.ndarray, chains: np.ndarray, iterations: np.ndarray, count: int
+) -> np.ndarray:
+    """SIMULATION ONLY (not a cryptographic function): ``(P, M, count)`` uint64 words of each
+    128-bit key ``keys`` ``(P, 2)`` at each address (chains[j], iterations[j]) ``(M,)``: word i
+    = mix(mix(k₀ ⊕ a) ⊕ k₁ + (i + 1)·φ) with a = mix(mix(iteration) ⊕ chain) and mix SplitMix64's
+    finaliser — a counter-based stream, vectorised over keys and addresses: a word does not
+    depend on which others are asked for."""
+    state = splitmix(keys[:, 0, None] ^ _mixed_addresses(chains, iterations)[None, :])
+    state ^= keys[:, 1, None]
+    if count == 1:
+        state += _GOLDEN
+        return splitmix(state)[:, :, None]
+    steps = np.arange(1, count + 1, dtype=_U64) * _GOLDEN
+    return splitmix(state[:, :, None] + steps)
+
+
+class SeededNormals:
+    """SIMULATION ONLY: each owner's float standard normals addressed by (session, kind, owner,
+    chain, iteration, component), so that a value never depends on what was drawn before it —
+    a resumed simulation draws exactly what an uninterrupted one does (docs/design.md §2.7).
+
+    The value is Φ⁻¹(U) for U = (w >> 11 + ½)·2⁻⁵³ ∈ (0, 1) from the ``keyed_words`` word w of
+    the owner's key (hashed from its seed, session and kind) at (chain, iteration), word index
+    = component: computed for the asked keys only, for all owners at once — the cost per
+    iteration is a few array operations whatever the number of owners, and nothing is cached
+    but the keys.
+    """
+
+    def __init__(self, seeds: Sequence[bytes]):
+        self._seeds = list(seeds)
+        self._keys: dict[tuple[str, str], np.ndarray] = {}
+        self._sampler = np.random.Generator(np.random.Philox(key=np.zeros(2, np.uint64)))
+
+    def normals(
+        self,
+        session: str,
+        kind: str,
+        owners: np.ndarray | None,
+        chains: np.ndarray,
+        iterations: np.ndarray,
+        width: int,
+    ) -> np.ndarray:
+        """Standard normals ``(K', M, width)`` of ``owners`` ``(K',)`` (None: every owner) for
+        keys (chains[j], iterations[j]) ``(M,)``."""
+        keys = self._key_table(session, kind)
+        if owners is not None:
+            keys = keys[owners]
+        uniform = (keyed_words(keys, chains, iterations, width) >> _U64(11)).astype(float)
+        uniform += 0.5
+        uniform *= 2.0**-53
+        return special.ndtri(uniform, out=uniform)
+
+    def _key_table(self, session: str, label: str) -> np.ndarray:
+        """Every owner's 128-bit key for (session, label) ``(K, 2)`` uint64 (kept, 64 at most)."""
+        if (session, label) not in self._keys:
+            if len(self._keys) >= 64:
+                self._keys.clear()
+            self._keys[(session, label)] = np.stack(
+                [_philox_key(seed, session, label) for seed in self._seeds]
+            )
+        return self._keys[(session, label)]
+
+    def sample(
+        self, session: str, kind: str, owner: int, chain: int, iteration: int, n: int, q: float
+    ) -> np.ndarray:
+        """Owner ``owner``'s Poisson sample at rate ``q`` of its ``n`` records for one key:
+        sorted distinct indices — a Binomial(n, q) count, then that many records uniformly
+        without replacement, the law of n independent Bernoulli(q) coins in O(q·n) work.
+        Drawn from Philox under its (seed, session, kind + "-sample") key at counter
+        (0, iteration, chain, 0), so a key's sample never depends on other keys."""
+        self._sampler.bit_generator.state = {
+            "bit_generator": "Philox",
+            "state": {
+                "counter": np.array([0, iteration, chain, 0], dtype=np.uint64),
+                "key": self._key_table(session, kind + "-sample")[owner],
+            },
+            "buffer": np.zeros(4, dtype=np.uint64),
+            "buffer_pos": 4,
+            "has_uint32": 0,
+            "uinteger": 0,
+        }
+        count = int(self._sampler.binomial(n, q))
+        return np.sort(self._sampler.choice(n, count, replace=False, shuffle=False))
+
+
+def seed_material(rng: np.random.Generator) -> bytes:
+    """32 bytes that identify a simulated owner's seeded generator (its ``SeedSequence``) —
+    taken from the seed, not drawn, so the generator itself is left untouched."""
+    seed_seq = getattr(rng.bit_generator, "seed_seq", None)
+    if isinstance(seed_seq, np.random.SeedSequence):
+        return seed_seq.generate_state(4, np.uint64).astype("<u8").tobytes()
+    return rng.bytes(32)

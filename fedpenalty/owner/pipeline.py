@@ -1,0 +1,204 @@
+"""The answer pipeline of one owner host: replay stored answers, charge, compute fresh ones,
+store, release (docs/design.md §3, invariants 1 and 11; §4).
+
+Owners that share a ledger file are one ``LedgerPart`` and are charged in one transaction. A
+request's answers are computed only once every ledger's charging transaction has decided every
+refusal that does not need them (budget, plan, caps, replay), and are stored and committed
+before anything is released; a refused request draws no noise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import TypeVar
+
+import numpy as np
+
+from ..errors import ReplayConflict
+from .aggregation import Reply
+from .compute import Compute, Fresh
+from .ledger import Charge, SampledCharge
+from .ledger_rows import AffineMus, span
+from .mechanism import HostNoise, Keys, Mechanism
+from .node import OwnerNode
+
+Q = TypeVar("Q")
+
+
+class LedgerPart:
+    """The hosted owners that share one ledger file, with what every charge needs as arrays:
+    positions ``idx`` in the host, names, ledger ids, limits (docs/design.md §4)."""
+
+    def __init__(self, nodes: list[OwnerNode], idx: list[int]):
+        self.nodes = [nodes[k] for k in idx]
+        self.idx = np.array(idx, dtype=np.int64)
+        #: how to take this part's rows of a host array: a view when it is every owner
+        self.rows: slice | np.ndarray = slice(None) if idx == list(range(len(nodes))) else self.idx
+        self.ledger = self.nodes[0].ledger
+        self.names = [n.name for n in self.nodes]
+        self.owner_ids = self.ledger.ids(self.names)
+        self.budget_epsilon = np.array([n.policy.budget_epsilon for n in self.nodes])
+        self.delta = np.array([n.policy.delta for n in self.nodes])
+        self.renyi = any(n.renyi_accounting for n in self.nodes)
+        self.refresh_caps()
+
+    def refresh_caps(self) -> None:
+        """Re-read the owners' μ² caps (opening a session may lower them)."""
+        self.max_mu_squared = np.array([n.max_mu_squared for n in self.nodes])
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request as the pipeline answers it: its ``keys`` with query ``digests[j]`` for key
+    j, answered under ``mechanism`` with answers of ``width`` components, charged ``mus`` (a
+    Gaussian answer) or ``sampled`` (a subsampled-Gaussian one)."""
+
+    keys: Keys
+    digests: list[bytes]
+    mechanism: Mechanism
+    width: int
+    mus: AffineMus | None = None
+    sampled: SampledCharge | None = None
+
+
+class AnswerPipeline:
+    """Replay, charge, compute and release for the owners ``nodes`` of one host."""
+
+    def __init__(self, nodes: Sequence[OwnerNode]):
+        self.nodes = list(nodes)
+        self.names = [n.name for n in nodes]
+        by_ledger: dict[int, list[int]] = {}
+        for i, node in enumerate(nodes):
+            by_ledger.setdefault(id(node.ledger), []).append(i)
+        self.parts = [LedgerPart(self.nodes, idx) for idx in by_ledger.values()]
+
+    def refresh_caps(self) -> None:
+        """Re-read every owner's μ² cap (after a session opens)."""
+        for part in self.parts:
+            part.refresh_caps()
+
+    def run(
+        self,
+        noise: HostNoise,
+        request: Request,
+        compute: Compute[Q],
+        query: Q,
+        shape: tuple[int, ...],
+        scale: float = 1.0,
+    ) -> np.ndarray | Reply:
+        """``answer`` the request with ``compute``'s fresh answers to ``query``, noised by
+        ``noise`` (drawn only when needed), then ``release`` them shaped ``(K, *shape)``
+        (``scale``: the answer unit, a gradient's clip)."""
+        fresh = compute.fresh(noise, request.keys, query)
+        return release(request.mechanism, self.answer(request, fresh), shape, scale)
+
+    def answer(self, request: Request, fresh: Fresh) -> np.ndarray:
+        """The reply ``(K, M, w')`` of ``Mechanism.dtype`` (float64; masked uint64 words in a
+        secure session) to the request's keys.
+
+        A key an owner answered before gets its stored answer (nothing drawn, nothing charged).
+        For the others, every ledger's charging transaction first decides every refusal that
+        does not need the answers — budget, plan, caps, replay — and only then does
+        ``fresh.one(k, new)`` compute owner k's noisy answers (``fresh.every()``: every owner
+        and key at once, for the usual request where nothing was answered before); they are
+        stored and committed before anything is returned (docs/design.md §3, invariants 1 and
+        11). A refused request draws no noise.
+        """
+        keys = request.keys
+        width, dtype = request.mechanism.width(request.width), request.mechanism.dtype
+        new = np.ones((len(self.nodes), len(keys.chains)), dtype=bool)
+        first, last = span(keys.iterations)
+        out: np.ndarray | None = None
+        for part in self.parts:
+            stored = part.ledger.stored_ids(part.owner_ids, keys.session, first, last)
+            if stored:
+                if out is None:
+                    out = np.empty((len(self.nodes), len(keys.chains), width), dtype=dtype)
+                self._replay(stored, part, request, out, new)
+        charges = [
+            (part, self._charge(part, request, new)) for part in self.parts if new[part.rows].any()
+        ]
+        with ExitStack() as transactions:
+            stores = [
+                (part, transactions.enter_context(part.ledger.charging(charge)))
+                for part, charge in charges
+            ]
+            # every refusal that does not need the answers has been decided: draw them now
+            if out is None:
+                out = fresh.every()
+            else:
+                for k in range(len(self.nodes)):
+                    if new[k].any():
+                        out[k, new[k]] = fresh.one(k, new[k])
+            for part, store in stores:
+                store(out[part.rows])
+        return out
+
+    def _charge(self, part: LedgerPart, request: Request, new: np.ndarray) -> Charge:
+        """The charge of ``part``'s owners' ``new`` answers, without the answers themselves."""
+        rows, sampled, mus = part.rows, request.sampled, request.mus
+        sub = None
+        if sampled is not None:
+            sub = SampledCharge(
+                sampled.q,
+                sampled.noise_multiplier[rows],
+                [sampled.neighbour[k] for k in part.idx.tolist()],
+            )
+        return Charge(
+            request.keys.session,
+            part.names,
+            request.keys.chains,
+            request.keys.iterations,
+            request.digests,
+            None,
+            mus[rows] if mus is not None else None,
+            new[rows],
+            part.max_mu_squared,
+            part.budget_epsilon,
+            part.delta,
+            sub,
+            part.renyi,
+            part.owner_ids,
+        )
+
+    def _replay(
+        self, stored: dict, part: LedgerPart, request: Request, out: np.ndarray, new: np.ndarray
+    ) -> None:
+        """Put the stored answers of ``part``'s owners into ``out`` (and clear ``new``); a key
+        answered for a different query is a ``ReplayConflict``."""
+        keys, digests = request.keys, request.digests
+        for k, owner_id in zip(part.idx.tolist(), part.owner_ids.tolist()):
+            for j, key in enumerate(zip(keys.chains.tolist(), keys.iterations.tolist())):
+                row = stored.get((owner_id, *key))
+                if row is None:
+                    continue
+                if row[0] != digests[j]:
+                    raise ReplayConflict(
+                        f"(session, chain {key[0]}, iteration {key[1]}) was already answered for a "
+                        f"different query; "
+                        "an owner never gives two independent noisy answers to one query",
+                        self.names[k],
+                    )
+                out[k, j] = np.frombuffer(row[1], dtype=out.dtype.newbyteorder("<"))
+                new[k, j] = False
+
+
+def release(
+    mechanism: Mechanism, out: np.ndarray, shape: tuple[int, ...], scale: float = 1.0
+) -> np.ndarray | Reply:
+    """What a host releases from its owners' answers ``(K, M, w')``: them, shaped
+    ``(K, *shape)``; in a secure session only their masked sum (``SecureSession.reply``)."""
+    if mechanism.secure is None:
+        return out.reshape(out.shape[0], *shape)
+    return mechanism.secure.reply(out, shape, scale)
+
+
+def reply(mechanism: Mechanism, answers: np.ndarray | Reply, scale: float = 1.0) -> Reply:
+    """Any answer of a host as a transport carries it: plain answers ``(K, ...)`` with each
+    owner's noise sd σ_k·``scale`` (a secure session's reply is already one)."""
+    if isinstance(answers, Reply):
+        return answers
+    sd = mechanism.sd
+    return Reply(answers, sd if scale == 1.0 else sd * scale)
