@@ -8,7 +8,10 @@ kinds of registry entry (docs/design.md §4, §6).
 * A **release algorithm** (``ReleaseAlgorithm``) is a one-shot baseline: the simulation computes
   its draws and its privacy in one call.
 
-``coordinator/algorithms.py`` maps every ``sampler.algorithm`` name to one of these.
+Each entry carries its own settings model (a ``Section`` of the ``[sampler]`` keys only it and
+its kin read); ``config.py`` assembles the scenario's flat ``[sampler]`` section from the generic
+keys and every entry's settings model. ``coordinator/algorithms.py`` maps every
+``sampler.algorithm`` name to one of these.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..models import Model
+from ..schema import Section
 
 if TYPE_CHECKING:
     from .oracle import Oracle
@@ -74,6 +78,15 @@ class ChainData:
         return self.records
 
 
+class NoSettings(Section):
+    """The settings model of an entry with no ``[sampler]`` keys of its own."""
+
+
+#: The generic ``[sampler]`` keys a chain kernel's ``build`` takes by default (besides its
+#: settings model's): the step, whose meaning each kernel states.
+KERNEL_KEYS = ("step",)
+
+
 def no_check(sections: Sections, model: Model) -> None:
     """The check of an algorithm whose settings need nothing beyond their own ranges."""
 
@@ -98,8 +111,10 @@ class Start:
 class ChainAlgorithm:
     """A registry entry that runs as Markov chains through the driver.
 
-    ``build(model, data, **settings)`` returns the ``SamplingAlgorithm``; ``settings`` names the
-    ``[sampler]`` keys it takes. ``query`` is the owners' session kind it asks for (None: it
+    ``build(model, data, **settings)`` returns the ``SamplingAlgorithm``; ``options`` is its
+    settings model (the ``[sampler]`` keys of its own, with their defaults, validation and
+    descriptions) and ``generic`` the generic ``[sampler]`` keys it also takes; ``settings``
+    names them all. ``query`` is the owners' session kind it asks for (None: it
     asks no owner — a trusted curator's baseline, simulation only). ``state`` is its state
     class (checkpoints). ``plan(sampler)`` is the most answers one owner gives per chain.
     ``check(sections, model)`` raises ``ConfigError`` for a scenario it cannot run.
@@ -112,13 +127,19 @@ class ChainAlgorithm:
     name: str
     summary: str
     build: Callable[..., SamplingAlgorithm]
-    settings: tuple[str, ...]
+    options: type[Section]
     state: type
     query: str | None
     plan: Callable[[Mapping[str, Any]], int] = planned_steps
     check: Callable[[Sections, Model], None] = no_check
     start: Callable[[np.random.Generator, Model, np.ndarray, Sections], Start] | None = None
     max_step: Callable[[Mapping[str, Any]], float] | None = None
+    generic: tuple[str, ...] = KERNEL_KEYS
+
+    @property
+    def settings(self) -> tuple[str, ...]:
+        """The ``[sampler]`` keys ``build`` takes: ``generic``, then ``options``'s fields."""
+        return (*self.generic, *self.options.model_fields)
 
     @property
     def adapts(self) -> bool:
@@ -170,12 +191,14 @@ class Release:
 @dataclass(frozen=True)
 class ReleaseAlgorithm:
     """A one-shot baseline: ``release(rng, model, records, sections)`` computes its draws and
-    privacy from every owner's records (a list of ``(n_k, p)`` arrays) in the simulation."""
+    privacy from every owner's records (a list of ``(n_k, p)`` arrays) in the simulation;
+    ``options``: its settings model (the ``[sampler]`` keys of its own)."""
 
     name: str
     summary: str
     release: Callable[[np.random.Generator, Model, list[np.ndarray], Sections], Release]
     check: Callable[[Sections, Model], None] = no_check
+    options: type[Section] = NoSettings
     query: None = None
     deployable = False
 

@@ -17,9 +17,11 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from pydantic import Field
 
 from ..common import SUFF_STATS
 from ..models import ExpFamModel, Model
+from ..schema import PositiveInt
 from . import mh
 from .adapt import StepAdaptation
 from .base import ChainAlgorithm, ChainData, SamplingAlgorithm, Sections, require
@@ -29,6 +31,14 @@ if TYPE_CHECKING:
 
 #: (chains (m,), start, block) -> (Σ_k ŝ_k per chain and copy (m, block, s), Σ_k σ_k²)
 StatsFn = Callable[[np.ndarray, int, int], tuple[np.ndarray, float]]
+
+
+class ExpFamSettings(mh.MHSettings):
+    """The ``[sampler]`` keys of ``penalty_expfam``: the MH kernels' and the block size."""
+
+    block: PositiveInt = Field(
+        default=1, description="penalty_expfam: noisy statistic copies released per reply"
+    )
 
 
 @dataclass(frozen=True)
@@ -173,7 +183,7 @@ PENALTY_EXPFAM = ChainAlgorithm(
     "penalty_expfam",
     "penalty MH from owners' noisy sufficient statistics",
     build,
-    ("step", "block", "adapt_step", "target_accept"),
+    ExpFamSettings,
     ExpFamState,
     SUFF_STATS,
     plan=plan,

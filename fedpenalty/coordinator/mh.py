@@ -21,11 +21,13 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from pydantic import Field
 from scipy.special import log_ndtr
 
 from ..common import LOG_RATIO
 from ..models import Model
-from .adapt import UNSET, StepAdaptation
+from ..schema import Bool, Probability, Section
+from .adapt import TARGET_ACCEPT, UNSET, StepAdaptation
 from .base import ChainAlgorithm, ChainData, SamplingAlgorithm, Sections, StepRecord, require
 
 if TYPE_CHECKING:
@@ -34,6 +36,23 @@ if TYPE_CHECKING:
 #: (iteration, chains (m,), theta (m, d), theta_prop (m, d))
 #:     -> (log-ratio (m,), noise variance (m,))
 RatioFn = Callable[[int, np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+
+class MHSettings(Section):
+    """The ``[sampler]`` keys of the MH kernels (``penalty``, ``penalty_expfam``, ``exact_mh``):
+    warmup adaptation of the proposal radius (``adapt.py``)."""
+
+    adapt_step: Bool = Field(
+        default=True,
+        description="penalty, penalty_expfam, exact_mh: adapt the proposal radius during warmup "
+        "towards target_accept, never above sampler.step (the step the owners admitted); kept "
+        "draws use the adapted radius, fixed",
+    )
+    target_accept: Probability = Field(
+        default=TARGET_ACCEPT,
+        description="adapt_step: the acceptance aimed at, as a fraction of the noise ceiling "
+        "2Φ(−s/2) (the acceptance as the step → 0 with penalty noise s²; 1 without noise)",
+    )
 
 
 @dataclass(frozen=True)
@@ -240,7 +259,7 @@ PENALTY = ChainAlgorithm(
     "penalty",
     "penalty MH: owners' noisy log-likelihood ratios, exact chain",
     build,
-    ("step", "adapt_step", "target_accept"),
+    MHSettings,
     MHState,
     LOG_RATIO,
     check=check_step,

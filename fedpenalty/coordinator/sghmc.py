@@ -55,7 +55,7 @@ def step(
 
 
 def build(model: Model, data: ChainData, *, friction: float, **settings: Any) -> SamplingAlgorithm:
-    """SGHMC through the owners behind ``data.oracle`` (settings: ``sgmcmc.SETTINGS``, friction)."""
+    """SGHMC through the owners behind ``data.oracle`` (settings: ``sgmcmc.MomentumSettings``)."""
     return sgmcmc.build_kernel(
         "sghmc",
         model,
@@ -74,7 +74,7 @@ SGHMC = ChainAlgorithm(
     "sghmc",
     "federated SGHMC (owners' noise counted as momentum noise)",
     build,
-    (*sgmcmc.SETTINGS, "friction"),
+    sgmcmc.MomentumSettings,
     SGHMCState,
     SGMCMC,
     check=check,

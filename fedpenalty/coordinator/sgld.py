@@ -51,7 +51,7 @@ def step(
 
 
 def build(model: Model, data: ChainData, **settings: Any) -> SamplingAlgorithm:
-    """SGLD through the owners behind ``data.oracle`` (settings: ``sgmcmc.SETTINGS``)."""
+    """SGLD through the owners behind ``data.oracle`` (settings: ``sgmcmc.SGMCMCSettings``)."""
     return sgmcmc.build_kernel(
         "sgld",
         model,
@@ -66,7 +66,7 @@ SGLD = ChainAlgorithm(
     "sgld",
     "federated SGLD (owners' noise counted as Langevin noise)",
     build,
-    sgmcmc.SETTINGS,
+    sgmcmc.SGMCMCSettings,
     SGLDState,
     SGMCMC,
 )

@@ -67,11 +67,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
+from pydantic import Field
 
 from ..models import Model
+from ..schema import PositiveFloat, Rate, Section, one_of
 from .base import ChainData, SamplingAlgorithm, Sections, StepRecord, require
 
 if TYPE_CHECKING:
@@ -123,8 +125,35 @@ class StepSchedule:
         return float(self.a * (self.b + t) ** (-self.gamma))
 
 
-#: The ``[sampler]`` keys every SG-MCMC kernel takes (``friction`` too for SGHMC and SGNHT).
-SETTINGS = ("step", "step_schedule", "step_decay_b", "step_decay_gamma", "sampling_rate", "clip")
+class SGMCMCSettings(Section):
+    """The ``[sampler]`` keys every SG-MCMC kernel takes besides ``step`` (``friction`` too for
+    SGHMC and SGNHT: ``MomentumSettings``)."""
+
+    step_schedule: Annotated[str, one_of("constant", "polynomial")] = Field(
+        default="constant",
+        description="sgld, sghmc, sgnht, hybrid: η_t = step, or η_t = step · (b + t)^−γ",
+    )
+    step_decay_b: PositiveFloat = Field(default=1.0, description="polynomial schedule: b")
+    step_decay_gamma: PositiveFloat = Field(default=0.55, description="polynomial schedule: γ")
+    sampling_rate: Rate = Field(
+        default=0.01,
+        description="sgld, sghmc, sgnht, hybrid: each owner's Poisson sampling rate q per answer",
+    )
+    clip: PositiveFloat = Field(
+        default=1.0,
+        description="sgld, sghmc, sgnht, hybrid: per-record gradient clip C (L2 norm); noise sd "
+        "σ·C",
+    )
+
+
+class MomentumSettings(SGMCMCSettings):
+    """The ``[sampler]`` keys of the momentum kernels (SGHMC, SGNHT): SG-MCMC's and friction."""
+
+    friction: PositiveFloat = Field(
+        default=1.0,
+        description="sghmc: friction C; sgnht: diffusion A (per unit of h = √η; needs "
+        "h·friction ≤ 1 for sghmc, < ½ for sgnht)",
+    )
 
 
 # ------------------------------------------------------------------ what a step did
@@ -228,7 +257,7 @@ def build_kernel(
 ) -> SamplingAlgorithm:
     """An SG-MCMC kernel over the owners behind ``data.oracle``: ``init(rng, theta0)`` and
     ``step(rng, state, schedule, grad)`` with the schedule and the owners' gradient built from
-    ``settings`` (``SETTINGS``)."""
+    ``settings`` (``step`` and ``SGMCMCSettings``'s keys)."""
     schedule = StepSchedule.of(
         settings["step"],
         settings["step_schedule"],

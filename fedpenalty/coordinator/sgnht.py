@@ -70,7 +70,7 @@ def step(
 
 
 def build(model: Model, data: ChainData, *, friction: float, **settings: Any) -> SamplingAlgorithm:
-    """SGNHT through the owners behind ``data.oracle`` (settings: ``sgmcmc.SETTINGS``, friction)."""
+    """SGNHT through the owners behind ``data.oracle`` (settings: ``sgmcmc.MomentumSettings``)."""
     return sgmcmc.build_kernel(
         "sgnht",
         model,
@@ -89,7 +89,7 @@ SGNHT = ChainAlgorithm(
     "sgnht",
     "federated SGNHT (owners' noise counted as momentum noise)",
     build,
-    (*sgmcmc.SETTINGS, "friction"),
+    sgmcmc.MomentumSettings,
     SGNHTState,
     SGMCMC,
     check=check,
