@@ -52,6 +52,11 @@ class ExpFamState:
     stats_var: float = 0.0
 
     @property
+    def position(self) -> np.ndarray:
+        """The chains' θ ``(C, d)`` (``mh.theta``)."""
+        return self.mh.theta
+
+    @property
     def tuning(self) -> StepAdaptation:
         """The proposal step and its adaptation (``mh.tuning``)."""
         return self.mh.tuning

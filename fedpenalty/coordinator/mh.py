@@ -28,7 +28,17 @@ from ..common import LOG_RATIO
 from ..models import Model
 from ..schema import Bool, Probability, Section
 from .adapt import TARGET_ACCEPT, UNSET, StepAdaptation
-from .base import ChainAlgorithm, ChainData, SamplingAlgorithm, Sections, StepRecord, require
+from .base import (
+    ACCEPTED,
+    NOISE_VARIANCE,
+    QUERIED,
+    ChainAlgorithm,
+    ChainData,
+    Info,
+    SamplingAlgorithm,
+    Sections,
+    require,
+)
 
 if TYPE_CHECKING:
     from .oracle import Oracle
@@ -65,6 +75,11 @@ class MHState:
     log_prior: np.ndarray
     iteration: int = 0
     tuning: StepAdaptation = UNSET
+
+    @property
+    def position(self) -> np.ndarray:
+        """The chains' θ ``(C, d)``."""
+        return self.theta
 
     def with_tuning(self, tuning: StepAdaptation) -> MHState:
         return replace(self, tuning=tuning)
@@ -189,9 +204,23 @@ def oracle_ratio(oracle: Oracle) -> RatioFn:
     return ratio
 
 
-def record(info: MHInfo) -> StepRecord:
-    """The driver's record of an MH step (no excess noise)."""
-    return StepRecord(info.accepted, info.queried, info.noise_var, np.zeros(len(info.queried)))
+#: The fields an MH step reports (in posterior.nc's sample_stats order).
+INFO = (QUERIED, ACCEPTED, NOISE_VARIANCE)
+
+
+def record(info: MHInfo) -> Info:
+    """The driver's record of an MH step (``INFO``)."""
+    return {
+        QUERIED.name: info.queried,
+        ACCEPTED.name: info.accepted,
+        NOISE_VARIANCE.name: np.where(info.queried, info.noise_var, np.nan),
+    }
+
+
+def step_sizes(state: Any, warmup: int, shape: tuple[int, int]) -> dict[str, np.ndarray]:
+    """The kept draws' ``step_size`` ``(C, draws)``: the proposal radius warmup chose
+    (``state.tuning.step``, units of θ), fixed for every kept draw."""
+    return {"step_size": np.full(shape, state.tuning.step)}
 
 
 #: (rng, state, radius) -> (state, what the step did): one MH move at a given radius.
@@ -203,15 +232,15 @@ def tuned(init: Callable[[np.random.Generator, np.ndarray], Any], move: Move, ad
     ``tuning.step``; with ``adapt``, warmup iterations move at ``tuning.warmup_step`` and then
     update the adaptation from the step's acceptance probabilities and noise variances."""
 
-    def advance(rng: np.random.Generator, state: Any) -> tuple[Any, StepRecord]:
+    def advance(rng: np.random.Generator, state: Any) -> tuple[Any, Info]:
         new, info = move(rng, state, state.tuning.step)
         return new, record(info)
 
-    def warm(rng: np.random.Generator, state: Any) -> tuple[Any, StepRecord]:
+    def warm(rng: np.random.Generator, state: Any) -> tuple[Any, Info]:
         new, info = move(rng, state, state.tuning.warmup_step)
         return new.with_tuning(new.tuning.update(info.accept_prob, info.noise_var)), record(info)
 
-    return SamplingAlgorithm(init, advance, accepts=True, warmup=warm if adapt else None)
+    return SamplingAlgorithm(init, advance, INFO, warm if adapt else None, step_sizes)
 
 
 def kernel(

@@ -25,6 +25,11 @@ class SGHMCState:
     momentum: np.ndarray
     iteration: int = 0
 
+    @property
+    def position(self) -> np.ndarray:
+        """The chains' θ ``(C, d)``."""
+        return self.theta
+
 
 def init(rng: np.random.Generator, theta: np.ndarray, model: Model) -> SGHMCState:
     """Start at ``theta`` ``(C, d)`` inside Θ with momentum r ~ N(0, I)."""

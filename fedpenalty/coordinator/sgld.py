@@ -24,6 +24,11 @@ class SGLDState:
     theta: np.ndarray
     iteration: int = 0
 
+    @property
+    def position(self) -> np.ndarray:
+        """The chains' θ ``(C, d)``."""
+        return self.theta
+
 
 def init(theta: np.ndarray, model: Model) -> SGLDState:
     """Start C chains at ``theta`` ``(C, d)`` inside Θ."""

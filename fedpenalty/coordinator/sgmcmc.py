@@ -74,7 +74,16 @@ from pydantic import Field
 
 from ..models import Model
 from ..schema import PositiveFloat, Rate, Section, one_of
-from .base import ChainData, SamplingAlgorithm, Sections, StepRecord, require
+from .base import (
+    EXCESS,
+    NOISE_VARIANCE,
+    QUERIED,
+    ChainData,
+    Info,
+    SamplingAlgorithm,
+    Sections,
+    require,
+)
 
 if TYPE_CHECKING:
     from .oracle import Oracle
@@ -237,14 +246,17 @@ def check_start(theta: np.ndarray, model: Model) -> np.ndarray:
     return theta
 
 
-def record(info: SGInfo) -> StepRecord:
-    """The driver's record of an SG-MCMC step: no accept step, every chain asked."""
-    return StepRecord(
-        None,
-        np.ones(len(info.owner_noise_var), dtype=bool),
-        info.owner_noise_var,
-        info.excess_noise_ratio,
-    )
+#: The fields an SG-MCMC step reports: no accept step; the excess noise is counted, not kept.
+INFO = (QUERIED, NOISE_VARIANCE, EXCESS)
+
+
+def record(info: SGInfo) -> Info:
+    """The driver's record of an SG-MCMC step (``INFO``): every chain asked."""
+    return {
+        QUERIED.name: np.ones(len(info.owner_noise_var), dtype=bool),
+        NOISE_VARIANCE.name: info.owner_noise_var,
+        EXCESS.name: info.excess_noise_ratio,
+    }
 
 
 def build_kernel(
@@ -266,11 +278,16 @@ def build_kernel(
     )
     grad = oracle_gradient(data.require_oracle(kernel), settings["sampling_rate"], settings["clip"])
 
-    def advance(rng: np.random.Generator, state: Any) -> tuple[Any, StepRecord]:
+    def advance(rng: np.random.Generator, state: Any) -> tuple[Any, Info]:
         new, info = step(rng, state, schedule, grad)
         return new, record(info)
 
-    return SamplingAlgorithm(init, advance, accepts=False)
+    def step_sizes(state: Any, warmup: int, shape: tuple[int, int]) -> dict[str, np.ndarray]:
+        """The kept draws' ``step_size`` η_t ``(C, draws)`` (units of θ²), t = warmup + k."""
+        eta = [schedule(warmup + k) for k in range(shape[1])]
+        return {"step_size": np.broadcast_to(np.array(eta), shape)}
+
+    return SamplingAlgorithm(init, advance, INFO, derived=step_sizes)
 
 
 # ------------------------------------------------------------------ momentum kernels (SGHMC, SGNHT)

@@ -27,6 +27,11 @@ class SGNHTState:
     thermostat: np.ndarray
     iteration: int = 0
 
+    @property
+    def position(self) -> np.ndarray:
+        """The chains' θ ``(C, d)``."""
+        return self.theta
+
 
 def init(rng: np.random.Generator, theta: np.ndarray, model: Model, friction: float) -> SGNHTState:
     """Start at ``theta`` ``(C, d)`` inside Θ, momentum p ~ N(0, I), thermostat Ξ = A
