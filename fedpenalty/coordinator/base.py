@@ -89,7 +89,7 @@ class SamplingAlgorithm(NamedTuple):
     iterations when it differs (it adapts the kernel's settings; None: ``step``); ``derived``:
     per-draw statistics it computes from its final state (the kept draws' step size)."""
 
-    init: Callable[[np.random.Generator, np.ndarray], Any]
+    init: Callable[[np.random.Generator, np.ndarray], ChainState]
     step: Callable[[np.random.Generator, Any], tuple[Any, Info]]
     info: tuple[InfoField, ...]
     warmup: Callable[[np.random.Generator, Any], tuple[Any, Info]] | None = None

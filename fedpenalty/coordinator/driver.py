@@ -19,7 +19,16 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..errors import Interrupted, OwnerError
-from .base import ACCEPTED, EXCESS, NOISE_VARIANCE, QUERIED, Derived, Info, SamplingAlgorithm
+from .base import (
+    ACCEPTED,
+    EXCESS,
+    NOISE_VARIANCE,
+    QUERIED,
+    ChainState,
+    Derived,
+    Info,
+    SamplingAlgorithm,
+)
 
 
 @dataclass(frozen=True)
@@ -87,7 +96,7 @@ class Progress:
         }
         return {**{k: v for k, v in standard.items() if v is not None}, **self.stats}
 
-    def advanced(self, state: Any, info: Info) -> Progress:
+    def advanced(self, state: ChainState, info: Info) -> Progress:
         """This run one iteration later: ``state`` after it, its ``info`` written into the
         buffers (kept draws only) and added to the counters. ``rng_state`` is left for the
         caller to set."""
