@@ -1,7 +1,9 @@
 """Scenario files: parsing, defaults, validation and the resolved form written to a run.
 
 A scenario is a TOML file with sections ``[model]``, ``[data]``, ``[privacy]``, ``[sampler]``
-and ``[run]``. Every key has a default: the generic one of the section models below, unless
+and ``[run]``. ``[sampler]`` and ``[run]`` are flat tables assembled from generic keys and the
+keys each registry entry declares in its settings model (``assembled``). Every key has a
+default: the generic one of the section models below, unless
 the model's table or the (model, sampler) table of ``model_defaults.toml`` sets it
 (``load_scenario``); an unknown section or key is an error that names it; a bad value is an
 error that says what is allowed. ``--set section.key=value`` overrides are parsed as TOML
@@ -11,19 +13,17 @@ values (falling back to a bare string).
 from __future__ import annotations
 
 import copy
+import inspect
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
 
 import tomli_w
-from pydantic import ConfigDict, Field, PlainValidator
-from pydantic_core import PydanticCustomError
+from pydantic import ConfigDict, Field, create_model
 
-from .cluster.ray_hosts import check_address
-from .coordinator.adapt import TARGET_ACCEPT
 from .coordinator.algorithms import ALGORITHMS, Algorithm
 from .coordinator.base import ChainAlgorithm
 from .coordinator.transports import TRANSPORTS
@@ -41,7 +41,6 @@ from .schema import (
     PositiveInt,
     PositiveInts,
     Probability,
-    Rate,
     Section,
     one_of,
     validate_file,
@@ -124,7 +123,10 @@ class PrivacySection(Section):
     )
 
 
-class SamplerSection(Section):
+class GenericSampler(Section):
+    """The ``[sampler]`` keys of every algorithm; each registry entry adds its own
+    (``SamplerSection``)."""
+
     algorithm: Annotated[str, one_of(*ALGORITHMS)] = Field(
         default="penalty",
         description="which sampler or baseline to run (coordinator/algorithms.py)",
@@ -140,92 +142,22 @@ class SamplerSection(Section):
         "sgld, sghmc, sgnht, hybrid: the step η (units of θ²), or a in "
         "η_t = a (b + t)^−γ",
     )
-    adapt_step: Bool = Field(
-        default=True,
-        description="penalty, penalty_expfam, exact_mh: adapt the proposal radius during warmup "
-        "towards target_accept, never above sampler.step (the step the owners admitted); kept "
-        "draws use the adapted radius, fixed",
-    )
-    target_accept: Probability = Field(
-        default=TARGET_ACCEPT,
-        description="adapt_step: the acceptance aimed at, as a fraction of the noise ceiling "
-        "2Φ(−s/2) (the acceptance as the step → 0 with penalty noise s²; 1 without noise)",
-    )
-    block: PositiveInt = Field(
-        default=1, description="penalty_expfam: noisy statistic copies released per reply"
-    )
-    step_schedule: Annotated[str, one_of("constant", "polynomial")] = Field(
-        default="constant",
-        description="sgld, sghmc, sgnht, hybrid: η_t = step, or η_t = step · (b + t)^−γ",
-    )
-    step_decay_b: PositiveFloat = Field(default=1.0, description="polynomial schedule: b")
-    step_decay_gamma: PositiveFloat = Field(default=0.55, description="polynomial schedule: γ")
-    sampling_rate: Rate = Field(
-        default=0.01,
-        description="sgld, sghmc, sgnht, hybrid: each owner's Poisson sampling rate q per answer",
-    )
-    clip: PositiveFloat = Field(
-        default=1.0,
-        description="sgld, sghmc, sgnht, hybrid: per-record gradient clip C (L2 norm); noise sd "
-        "σ·C",
-    )
-    ops_mh_steps: PositiveInt = Field(
-        default=2000,
-        description="ops, hybrid on models without a closed-form tempered posterior: exact-MH "
-        "steps per released draw (after tuning)",
-    )
-    friction: PositiveFloat = Field(
-        default=1.0,
-        description="sghmc: friction C; sgnht: diffusion A (per unit of h = √η; needs "
-        "h·friction ≤ 1 for sghmc, < ½ for sgnht)",
-    )
     init_scale: PositiveFloat = Field(
         default=0.25, description="chains start uniform in init_scale × Θ (data independent)"
     )
 
 
-def _ray_address(value: Any) -> str:
-    if not isinstance(value, str):
-        raise PydanticCustomError("refused", "must be {allowed}", {"allowed": "a string"})
-    try:
-        return check_address(value)
-    except ValueError as exc:
-        allowed = str(exc).removeprefix("must be ")
-        raise PydanticCustomError("refused", "must be {allowed}", {"allowed": allowed}) from None
+class GenericRun(Section):
+    """The ``[run]`` keys of every transport; each registry entry adds its own
+    (``RunSection``)."""
 
-
-#: ``run.ray_address``: '' (a local Ray), 'auto', 'host:port' or 'ray://host[:port]'.
-RayAddress = Annotated[str, PlainValidator(_ray_address)]
-
-
-class RunSection(Section):
     transport: Annotated[str, one_of(*TRANSPORTS)] = Field(
         default="grpc",
         description="simulate: how the owners run (coordinator/transports.py): 'grpc' (local "
         "processes on loopback gRPC), 'inprocess' (fastest) or 'ray' (Ray actors)",
     )
-    ray_address: RayAddress = Field(
-        default="",
-        description="ray: '' starts a local Ray sized to the machine (stopped at the end); "
-        "'auto', 'host:port' or 'ray://host[:port]' connect to an existing Ray cluster",
-    )
-    ray_actors: NonNegativeInt = Field(
-        default=0, description="ray: owner-host actors (0: one per free CPU of the cluster)"
-    )
-    ray_actor_cpus: PositiveFloat = Field(
-        default=1.0, description="ray: CPUs each owner-host actor reserves (may be fractional)"
-    )
-    owner_hosts: NonNegativeInt = Field(
-        default=0,
-        description="grpc simulate: owner host processes (0: one per CPU core but the "
-        "coordinator's)",
-    )
     checkpoint_every: NonNegativeInt = Field(
         default=500, description="iterations between checkpoints of the chain (0: never)"
-    )
-    retry_seconds: PositiveFloat = Field(
-        default=20.0,
-        description="grpc: how long an unreachable owner is retried before the run stops",
     )
     seed: NonNegativeInt = Field(
         default=0, description="seed of data simulation, owner noise and chains"
@@ -236,14 +168,51 @@ class RunSection(Section):
     progress: Bool = Field(default=True, description="show a progress bar")
 
 
-class ScenarioFile(Section):
-    """A scenario file: its sections, each with every key."""
+def assembled(name: str, generic: type[Section], entries: Iterable[Any]) -> type[Section]:
+    """The flat section ``name``: the ``generic`` keys, then each entry's settings model's keys
+    (``entry.options``) in registry order. A key any entry declares is accepted whichever entry
+    the scenario selects, as in one flat table. ``TypeError`` when a key is declared twice
+    other than through one shared settings class (two meanings, one key)."""
+    fields: dict[str, Any] = {}
+    origin: dict[str, type] = {key: generic for key in generic.model_fields}
+    for entry in entries:
+        for key, info in entry.options.model_fields.items():
+            declared = _declaring(entry.options, key)
+            if origin.setdefault(key, declared) is not declared:
+                raise TypeError(
+                    f"{name}: key {key!r} is declared by {origin[key].__qualname__} and by "
+                    f"{declared.__qualname__}; declare it once, in a settings class both use"
+                )
+            fields.setdefault(key, (info.annotation, info))
+    section: type[Section] = create_model(name, __base__=generic, __module__=__name__, **fields)
+    return section
 
-    model: ModelTable = ModelTable()
-    data: DataSection = DataSection()
-    privacy: PrivacySection = PrivacySection()
-    sampler: SamplerSection = SamplerSection()
-    run: RunSection = RunSection()
+
+def _declaring(model: type[Section], key: str) -> type:
+    """The class in ``model``'s hierarchy that declares the field ``key``."""
+    return next(c for c in model.__mro__ if key in inspect.get_annotations(c))
+
+
+#: ``[sampler]``: the generic keys and every algorithm's own (``ALGORITHMS``).
+SamplerSection = assembled("SamplerSection", GenericSampler, ALGORITHMS.values())
+#: ``[run]``: the generic keys and every transport's own (``TRANSPORTS``).
+RunSection = assembled("RunSection", GenericRun, TRANSPORTS.values())
+
+
+_SECTIONS: dict[str, Any] = {
+    name: (section, section())
+    for name, section in (
+        ("model", ModelTable),
+        ("data", DataSection),
+        ("privacy", PrivacySection),
+        ("sampler", SamplerSection),
+        ("run", RunSection),
+    )
+}
+#: A scenario file: its sections, each with every key.
+ScenarioFile: type[Section] = create_model(
+    "ScenarioFile", __base__=Section, __module__=__name__, **_SECTIONS
+)
 
 
 SECTIONS = tuple(ScenarioFile.model_fields)

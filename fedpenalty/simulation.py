@@ -59,7 +59,6 @@ from .coordinator.secure_sum import (
     owner_fields,
     requested,
 )
-from .coordinator.sgmcmc import StepSchedule
 from .coordinator.transport_base import OwnerSetup
 from .coordinator.transports import TRANSPORTS
 from .data import FileRecords, OwnerRecords, synthetic_sources
@@ -395,9 +394,7 @@ def _run_owners(
                 privacy["noise"] = SIMULATED_NOISE if secure is None else SIMULATED_SECURE_NOISE
             if start is not None:
                 start.privacy(privacy)
-            outputs = _Outputs(
-                model, algorithm.name, world.reference, _sample_stats(chains, scenario, algorithm)
-            )
+            outputs = _Outputs(model, algorithm.name, world.reference, dict(chains.stats))
             return _finish(
                 out, chains.theta, chains.accepted, privacy, outputs, extra, stopped, spend
             )
@@ -429,33 +426,6 @@ class _Outputs:
     sample_stats: dict[str, np.ndarray]
 
 
-def _sample_stats(
-    chains: ChainResult, scenario: Scenario, algorithm: ChainAlgorithm
-) -> dict[str, np.ndarray]:
-    """The per-draw statistics of chains (posterior.nc's sample_stats): accepted (MH),
-    queried, the owners' noise variance and the step size (MH: the proposal radius; SG-MCMC:
-    η_t of the step schedule)."""
-    stats: dict[str, np.ndarray] = {"queried": chains.queried}
-    if chains.accepted is not None:
-        stats["accepted"] = chains.accepted
-    if chains.noise_draws is not None:
-        stats["noise_variance"] = chains.noise_draws
-    sampler = scenario["sampler"]
-    draws = chains.theta.shape[1]
-    if "step_schedule" in algorithm.settings:
-        schedule = StepSchedule.of(
-            sampler["step"],
-            sampler["step_schedule"],
-            sampler["step_decay_b"],
-            sampler["step_decay_gamma"],
-        )
-        eta = [schedule(sampler["warmup"] + k) for k in range(draws)]
-        stats["step_size"] = np.broadcast_to(np.array(eta), chains.queried.shape)
-    elif algorithm.adapts:  # the MH kernels: the radius warmup chose, fixed for the kept draws
-        stats["step_size"] = np.full(chains.queried.shape, chains.state.tuning.step)
-    return stats
-
-
 def _run_pooled(
     scenario: Scenario,
     algorithm: ChainAlgorithm,
@@ -482,7 +452,7 @@ def _run_pooled(
         "owners": [],
         "accounting": CURATOR_ACCOUNTING,
     }
-    outputs = _Outputs(model, algorithm.name, reference, _sample_stats(chains, scenario, algorithm))
+    outputs = _Outputs(model, algorithm.name, reference, dict(chains.stats))
     return _finish(
         out, chains.theta, chains.accepted, privacy, outputs, _chain_diagnostics(chains, algorithm)
     )
@@ -640,7 +610,7 @@ def _deployed(
     )
     with _settling(oracle, out, info, stopped):
         privacy = privacy_summary(reports, policies, algorithm, scenario)
-        outputs = _Outputs(model, algorithm.name, None, _sample_stats(chains, scenario, algorithm))
+        outputs = _Outputs(model, algorithm.name, None, dict(chains.stats))
         return _finish(
             out,
             chains.theta,
@@ -886,7 +856,7 @@ class _SpendRecorder:
 
         warm = kernel.warmup
         warmup = None if warm is None else lambda rng, state: step(rng, state, warm)
-        return SamplingAlgorithm(kernel.init, step, kernel.accepts, warmup)
+        return kernel._replace(step=step, warmup=warmup)
 
     def finished(self, done: int, reports: list[PrivacyReport | Unreported]) -> SpendTrace:
         """The trace with the run's final ``reports`` after ``done`` iterations (when every

@@ -1,26 +1,31 @@
-"""The shapes every algorithm shares: what a kernel returns, what a step reports, and the two
-kinds of registry entry (docs/design.md §4, §6).
+"""The shapes every algorithm shares: what a kernel returns, the fields a step reports, and the
+two kinds of registry entry (docs/design.md §4, §6).
 
 * A **chain algorithm** (``ChainAlgorithm``) builds a ``SamplingAlgorithm`` — a pure
   ``init``/``step`` pair over an immutable state, in the style of BlackJAX's kernels — from the
   model, where its data come from (``ChainData``) and the ``[sampler]`` keys it declares.
-  The driver runs every chain algorithm through one loop.
+  Each step reports the fields the kernel declares (``InfoField``). The driver runs every
+  chain algorithm through one loop.
 * A **release algorithm** (``ReleaseAlgorithm``) is a one-shot baseline: the simulation computes
   its draws and its privacy in one call.
 
-``coordinator/algorithms.py`` maps every ``sampler.algorithm`` name to one of these.
+Each entry carries its own settings model (a ``Section`` of the ``[sampler]`` keys only it and
+its kin read); ``config.py`` assembles the scenario's flat ``[sampler]`` section from the generic
+keys and every entry's settings model. ``coordinator/algorithms.py`` maps every
+``sampler.algorithm`` name to one of these.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 
 from ..errors import ConfigError
 from ..models import Model
+from ..schema import Section
 
 if TYPE_CHECKING:
     from .oracle import Oracle
@@ -29,29 +34,66 @@ if TYPE_CHECKING:
 Sections = Mapping[str, Mapping[str, Any]]
 
 
-@dataclass(frozen=True)
-class StepRecord:
-    """What the driver keeps of one step of any kernel, per chain ``(C,)``: ``accepted`` (None
-    for kernels without an accept step), ``queried`` (owners asked), ``noise_var`` (the noise
-    variance of the owners' answers: s² of the penalty, or of each coordinate of the gradient)
-    and ``excess`` (excess_noise_ratio of the SG-MCMC step; 0 for MH)."""
+class ChainState(Protocol):
+    """What the driver reads of any kernel's state: ``position``, the chains' current θ
+    ``(C, d)`` (the draw it keeps)."""
 
-    accepted: np.ndarray | None
-    queried: np.ndarray
-    noise_var: np.ndarray
-    excess: np.ndarray
+    @property
+    def position(self) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class InfoField:
+    """One statistic a kernel reports for every step and chain (as BlackJAX's per-kernel
+    ``Info``): ``name`` (posterior.nc's sample_stats variable), ``dtype``, ``description`` (with
+    units), ``shape`` per chain (() for one number), ``fill`` (its value before a step wrote
+    it) and ``kept`` (stored per kept draw; False: only the driver's run counters read it)."""
+
+    name: str
+    dtype: type
+    description: str
+    shape: tuple[int, ...] = ()
+    fill: Any = 0
+    kept: bool = True
+
+
+#: The fields the driver also counts over the whole run (warmup included) when a kernel
+#: declares them; ``queried`` every kernel declares.
+QUERIED = InfoField("queried", np.bool_, "owners were asked (MH: the proposal lay inside Θ)")
+ACCEPTED = InfoField("accepted", np.bool_, "the proposal was accepted (kernels with an MH test)")
+NOISE_VARIANCE = InfoField(
+    "noise_variance",
+    np.float64,
+    "noise variance s² of the owners' answers (log ratio: nats²; gradient: per coordinate); NaN "
+    "where no owner was asked",
+    fill=np.nan,
+)
+EXCESS = InfoField(
+    "excess_noise_ratio",
+    np.float64,
+    "owner noise variance / design noise variance − 1 of an SG-MCMC step (0 when it fits)",
+    kept=False,
+)
+
+#: What one step reports: each declared field's name → its values ``(C, *shape)``.
+Info = Mapping[str, np.ndarray]
+#: (state after the run, warmup, (C, draws)) -> per-draw statistics the kernel derives after
+#: the run rather than records (name → ``(C, draws)``).
+Derived = Callable[[Any, int, tuple[int, int]], dict[str, np.ndarray]]
 
 
 class SamplingAlgorithm(NamedTuple):
-    """A built kernel: ``init(rng, theta0 (C, d)) -> state`` and
-    ``step(rng, state) -> (state, StepRecord)``; ``accepts``: it has an accept step;
-    ``warmup``: the step of warmup iterations when it differs (it adapts the kernel's
-    settings; None: ``step``)."""
+    """A built kernel: ``init(rng, theta0 (C, d)) -> state`` (a ``ChainState``) and
+    ``step(rng, state) -> (state, Info)``; ``info``: the fields its steps report (``QUERIED``
+    among them; ``ACCEPTED`` when it has an accept step); ``warmup``: the step of warmup
+    iterations when it differs (it adapts the kernel's settings; None: ``step``); ``derived``:
+    per-draw statistics it computes from its final state (the kept draws' step size)."""
 
-    init: Callable[[np.random.Generator, np.ndarray], Any]
-    step: Callable[[np.random.Generator, Any], tuple[Any, StepRecord]]
-    accepts: bool
-    warmup: Callable[[np.random.Generator, Any], tuple[Any, StepRecord]] | None = None
+    init: Callable[[np.random.Generator, np.ndarray], ChainState]
+    step: Callable[[np.random.Generator, Any], tuple[Any, Info]]
+    info: tuple[InfoField, ...]
+    warmup: Callable[[np.random.Generator, Any], tuple[Any, Info]] | None = None
+    derived: Derived | None = None
 
 
 @dataclass(frozen=True)
@@ -72,6 +114,15 @@ class ChainData:
         if self.records is None:
             raise ValueError(f"{algorithm} needs the pooled records (trusted curator)")
         return self.records
+
+
+class NoSettings(Section):
+    """The settings model of an entry with no ``[sampler]`` keys of its own."""
+
+
+#: The generic ``[sampler]`` keys a chain kernel's ``build`` takes by default (besides its
+#: settings model's): the step, whose meaning each kernel states.
+KERNEL_KEYS = ("step",)
 
 
 def no_check(sections: Sections, model: Model) -> None:
@@ -98,8 +149,10 @@ class Start:
 class ChainAlgorithm:
     """A registry entry that runs as Markov chains through the driver.
 
-    ``build(model, data, **settings)`` returns the ``SamplingAlgorithm``; ``settings`` names the
-    ``[sampler]`` keys it takes. ``query`` is the owners' session kind it asks for (None: it
+    ``build(model, data, **settings)`` returns the ``SamplingAlgorithm``; ``options`` is its
+    settings model (the ``[sampler]`` keys of its own, with their defaults, validation and
+    descriptions) and ``generic`` the generic ``[sampler]`` keys it also takes; ``settings``
+    names them all. ``query`` is the owners' session kind it asks for (None: it
     asks no owner — a trusted curator's baseline, simulation only). ``state`` is its state
     class (checkpoints). ``plan(sampler)`` is the most answers one owner gives per chain.
     ``check(sections, model)`` raises ``ConfigError`` for a scenario it cannot run.
@@ -112,13 +165,19 @@ class ChainAlgorithm:
     name: str
     summary: str
     build: Callable[..., SamplingAlgorithm]
-    settings: tuple[str, ...]
+    options: type[Section]
     state: type
     query: str | None
     plan: Callable[[Mapping[str, Any]], int] = planned_steps
     check: Callable[[Sections, Model], None] = no_check
     start: Callable[[np.random.Generator, Model, np.ndarray, Sections], Start] | None = None
     max_step: Callable[[Mapping[str, Any]], float] | None = None
+    generic: tuple[str, ...] = KERNEL_KEYS
+
+    @property
+    def settings(self) -> tuple[str, ...]:
+        """The ``[sampler]`` keys ``build`` takes: ``generic``, then ``options``'s fields."""
+        return (*self.generic, *self.options.model_fields)
 
     @property
     def adapts(self) -> bool:
@@ -170,12 +229,14 @@ class Release:
 @dataclass(frozen=True)
 class ReleaseAlgorithm:
     """A one-shot baseline: ``release(rng, model, records, sections)`` computes its draws and
-    privacy from every owner's records (a list of ``(n_k, p)`` arrays) in the simulation."""
+    privacy from every owner's records (a list of ``(n_k, p)`` arrays) in the simulation;
+    ``options``: its settings model (the ``[sampler]`` keys of its own)."""
 
     name: str
     summary: str
     release: Callable[[np.random.Generator, Model, list[np.ndarray], Sections], Release]
     check: Callable[[Sections, Model], None] = no_check
+    options: type[Section] = NoSettings
     query: None = None
     deployable = False
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from pydantic import Field
 
 from ..common import SGMCMC
 from ..models import MODELS, ConjugateUpdate, Model
+from ..schema import PositiveInt, Section
 from . import baselines, sgld, sgmcmc
 from .base import ChainAlgorithm, Release, ReleaseAlgorithm, Sections, Start, require
 
@@ -20,6 +22,20 @@ _POOLED = (
     "ledger is "
     "involved"
 )
+
+
+class OPSSettings(Section):
+    """The ``[sampler]`` key of OPS (and of hybrid's OPS starts)."""
+
+    ops_mh_steps: PositiveInt = Field(
+        default=2000,
+        description="ops, hybrid on models without a closed-form tempered posterior: exact-MH "
+        "steps per released draw (after tuning)",
+    )
+
+
+class HybridSettings(sgmcmc.SGMCMCSettings, OPSSettings):
+    """The ``[sampler]`` keys of hybrid: SGLD's and OPS's."""
 
 
 def _check_ops_form(sections: Sections, model: Model) -> None:
@@ -179,7 +195,11 @@ def _hybrid_start(
 
 
 OPS = ReleaseAlgorithm(
-    "ops", "OPS: draws from the tempered posterior (trusted curator)", _ops, _check_ops_form
+    "ops",
+    "OPS: draws from the tempered posterior (trusted curator)",
+    _ops,
+    _check_ops_form,
+    OPSSettings,
 )
 NOISY_STATS = ReleaseAlgorithm(
     "noisy_stats",
@@ -191,7 +211,7 @@ HYBRID = ChainAlgorithm(
     "hybrid",
     "OPS starts at ε/2, then DP-SGLD at ε/2 (Wang et al. Alg. 3)",
     sgld.build,
-    sgmcmc.SETTINGS,
+    HybridSettings,
     sgld.SGLDState,
     SGMCMC,
     check=_check_ops_form,

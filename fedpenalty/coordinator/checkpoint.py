@@ -24,7 +24,11 @@ from .base import ChainAlgorithm
 from .driver import Progress
 
 #: 3: MH states carry their step adaptation (``tuning``); a checkpoint of format 2 predates it.
+#: The buffers of a kernel's further kept info fields (``Progress.stats``) are saved as arrays
+#: ``stats.<name>``; a checkpoint without them reads as a kernel that has none.
 FORMAT = "fedpenalty-checkpoint-3"
+#: The array-name prefix of ``Progress.stats`` buffers.
+STATS = "stats."
 
 #: Every chain state class by name: a checkpoint names its state class, and only these load.
 STATES: dict[str, type] = {
@@ -72,6 +76,7 @@ def save(path: Path, progress: Progress) -> None:
         arrays["accepted"] = progress.accepted
     if progress.noise_draws is not None:
         arrays["noise_draws"] = progress.noise_draws
+    arrays.update({STATS + name: buffer for name, buffer in progress.stats.items()})
     scalars: dict[str, Any] = {}
     _flatten(progress.state, "state", arrays, scalars)
     meta = {
@@ -132,4 +137,5 @@ def load(path: Path) -> Progress:
         meta["excess_max"],
         meta["excess_steps"],
         arrays["noise_draws"].copy() if "noise_draws" in arrays else None,
+        {k.removeprefix(STATS): v.copy() for k, v in arrays.items() if k.startswith(STATS)},
     )

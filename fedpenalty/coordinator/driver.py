@@ -2,28 +2,33 @@
 
 ``sample`` is the one loop every kernel goes through (docs/design.md §4); the kernel — built
 from the algorithm registry — decides how a step asks for data (owners through an oracle, or a
-trusted curator's pooled records). The penalty MH kernels report acceptances; the SG-MCMC
-kernels have no accept step and report instead how far the owners' noise exceeds the noise the
-dynamics needs (``excess_noise_ratio``, docs/design.md §2.3).
+trusted curator's pooled records). Each kernel declares the fields its steps report
+(``base.InfoField``); the driver keeps every kept field per draw (posterior.nc's sample_stats)
+and counts the owners' noise and its excess over the run. The penalty MH kernels report
+acceptances; the SG-MCMC kernels have no accept step and report instead how far the owners'
+noise exceeds the noise the dynamics needs (``excess_noise_ratio``, docs/design.md §2.3).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
 
 from ..errors import Interrupted, OwnerError
-from .base import SamplingAlgorithm, StepRecord
-
-
-def chain_theta(state: Any) -> np.ndarray:
-    """The chains' current θ ``(C, d)`` of any kernel's state (``theta``, or ``mh.theta`` for
-    a state that wraps an MH state)."""
-    return state.theta if hasattr(state, "theta") else state.mh.theta
+from .base import (
+    ACCEPTED,
+    EXCESS,
+    NOISE_VARIANCE,
+    QUERIED,
+    ChainState,
+    Derived,
+    Info,
+    SamplingAlgorithm,
+)
 
 
 @dataclass(frozen=True)
@@ -33,7 +38,9 @@ class ChainResult:
     the queried steps; over all steps (warmup included) ``excess_noise_ratio`` the largest
     excess of the owners' noise over the design noise and ``excess_fraction`` the fraction of
     chain steps with any excess (both 0 for MH); ``noise_draws`` ``(C, iterations)`` the owners'
-    noise variance of each kept step (NaN where no owner was asked)."""
+    noise variance of each kept step (NaN where no owner was asked); ``stats`` every per-draw
+    statistic, name → ``(C, iterations, ...)``: the kernel's kept fields, then those it
+    derives (posterior.nc's sample_stats)."""
 
     theta: np.ndarray
     accepted: np.ndarray | None
@@ -43,6 +50,7 @@ class ChainResult:
     excess_fraction: float = 0.0
     noise_draws: np.ndarray | None = None
     state: Any = None
+    stats: Mapping[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -57,8 +65,11 @@ class Progress:
     are filled for the first ``kept`` draws; ``noise_sum``/``noise_count`` total the noise
     variance of queried chain steps, ``excess_max``/``excess_steps`` the largest excess noise
     ratio and the number of chain steps with excess; ``noise_draws`` ``(C, iterations)`` the
-    noise variance of each kept step (NaN: not queried; None in checkpoints of older runs).
-    The arrays are the live buffers: copy or save them at once."""
+    noise variance of each kept step (NaN: not queried; None in checkpoints of older runs);
+    ``stats`` the buffers of the kernel's other kept fields (``base.InfoField``), name →
+    ``(C, iterations, ...)``; ``derive`` the kernel's derived statistics (not saved: the
+    kernel sets it again on resume). The arrays are the live buffers: copy or save them at
+    once."""
 
     done: int
     warmup: int
@@ -72,28 +83,41 @@ class Progress:
     excess_max: float = 0.0
     excess_steps: int = 0
     noise_draws: np.ndarray | None = None
+    stats: Mapping[str, np.ndarray] = field(default_factory=dict)
+    derive: Derived | None = field(default=None, compare=False)
 
-    def advanced(self, state: Any, record: StepRecord) -> Progress:
-        """This run one iteration later: ``state`` after it, its ``record`` written into the
+    def buffers(self) -> dict[str, np.ndarray]:
+        """Every kept field's buffer by name: queried, accepted and noise_variance (those
+        present), then ``stats``."""
+        standard = {
+            QUERIED.name: self.queried,
+            ACCEPTED.name: self.accepted,
+            NOISE_VARIANCE.name: self.noise_draws,
+        }
+        return {**{k: v for k, v in standard.items() if v is not None}, **self.stats}
+
+    def advanced(self, state: ChainState, info: Info) -> Progress:
+        """This run one iteration later: ``state`` after it, its ``info`` written into the
         buffers (kept draws only) and added to the counters. ``rng_state`` is left for the
         caller to set."""
         t = self.done
         if t >= self.warmup:
             k = t - self.warmup
-            self.theta[:, k] = chain_theta(state)
-            if self.accepted is not None:
-                self.accepted[:, k] = record.accepted
-            self.queried[:, k] = record.queried
-            if self.noise_draws is not None:
-                self.noise_draws[:, k] = np.where(record.queried, record.noise_var, np.nan)
+            self.theta[:, k] = state.position
+            for name, buffer in self.buffers().items():
+                buffer[:, k] = info[name]
+        queried = info[QUERIED.name]
+        noise = info.get(NOISE_VARIANCE.name)
+        excess = info.get(EXCESS.name)
         return replace(
             self,
             done=t + 1,
             state=state,
-            noise_sum=self.noise_sum + float(record.noise_var[record.queried].sum()),
-            noise_count=self.noise_count + int(record.queried.sum()),
-            excess_max=max(self.excess_max, float(record.excess.max())),
-            excess_steps=self.excess_steps + int(np.count_nonzero(record.excess)),
+            noise_sum=self.noise_sum + (0.0 if noise is None else float(noise[queried].sum())),
+            noise_count=self.noise_count + int(queried.sum()),
+            excess_max=max(self.excess_max, 0.0 if excess is None else float(excess.max())),
+            excess_steps=self.excess_steps
+            + (0 if excess is None else int(np.count_nonzero(excess))),
         )
 
     @property
@@ -104,6 +128,9 @@ class Progress:
         """The draws kept so far."""
         k = self.kept
         steps = self.done * self.theta.shape[0]
+        stats = {name: buffer[:, :k] for name, buffer in self.buffers().items()}
+        if self.derive is not None:
+            stats.update(self.derive(self.state, self.warmup, (self.theta.shape[0], k)))
         return ChainResult(
             self.theta[:, :k],
             None if self.accepted is None else self.accepted[:, :k],
@@ -113,6 +140,7 @@ class Progress:
             self.excess_steps / max(steps, 1),
             None if self.noise_draws is None else self.noise_draws[:, :k],
             self.state,
+            stats,
         )
 
 
@@ -158,21 +186,30 @@ def start(
     iterations: int,
     warmup: int,
 ) -> Progress:
-    """A new run of ``len(theta0)`` chains from ``theta0`` ``(C, d)``, before its first step."""
+    """A new run of ``len(theta0)`` chains from ``theta0`` ``(C, d)``, before its first step,
+    with a buffer ``(C, iterations, *shape)`` for each kept field the kernel declares."""
     chains, dim = np.shape(theta0)
     state = algorithm.init(rng, theta0)
-    accepted = np.zeros((chains, iterations), dtype=bool) if algorithm.accepts else None
+    buffers = {
+        f.name: np.full((chains, iterations, *f.shape), f.fill, dtype=f.dtype)
+        for f in algorithm.info
+        if f.kept
+    }
+    if QUERIED.name not in buffers:
+        raise ValueError("a kernel must report which chains asked for data (base.QUERIED)")
     return Progress(
         0,
         warmup,
         state,
         rng.bit_generator.state,
         np.empty((chains, iterations, dim)),
-        accepted,
-        np.zeros((chains, iterations), dtype=bool),
+        buffers.pop(ACCEPTED.name, None),
+        buffers.pop(QUERIED.name),
         0.0,
         0,
-        noise_draws=np.full((chains, iterations), np.nan),
+        noise_draws=buffers.pop(NOISE_VARIANCE.name, None),
+        stats=buffers,
+        derive=algorithm.derived,
     )
 
 
@@ -204,7 +241,7 @@ def sample(
             raise ValueError(
                 "the checkpoint belongs to a run with other chains, iterations, warmup or dimension"
             )
-        run = resume
+        run = replace(resume, derive=algorithm.derived)
         rng.bit_generator.state = run.rng_state
     total = warmup + iterations
     with tqdm(

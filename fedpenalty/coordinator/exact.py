@@ -62,7 +62,7 @@ EXACT_MH = ChainAlgorithm(
     "exact_mh",
     "non-private exact MH on the pooled records (trusted curator)",
     build,
-    ("step", "adapt_step", "target_accept"),
+    mh.MHSettings,
     mh.MHState,
     None,
     check=mh.check_step,

@@ -17,9 +17,11 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from pydantic import Field
 
 from ..common import SUFF_STATS
 from ..models import ExpFamModel, Model
+from ..schema import PositiveInt
 from . import mh
 from .adapt import StepAdaptation
 from .base import ChainAlgorithm, ChainData, SamplingAlgorithm, Sections, require
@@ -31,6 +33,14 @@ if TYPE_CHECKING:
 StatsFn = Callable[[np.ndarray, int, int], tuple[np.ndarray, float]]
 
 
+class ExpFamSettings(mh.MHSettings):
+    """The ``[sampler]`` keys of ``penalty_expfam``: the MH kernels' and the block size."""
+
+    block: PositiveInt = Field(
+        default=1, description="penalty_expfam: noisy statistic copies released per reply"
+    )
+
+
 @dataclass(frozen=True)
 class ExpFamState:
     """MH state plus the unused statistic copies: ``stats`` ``(C, B, s)`` serve iterations
@@ -40,6 +50,11 @@ class ExpFamState:
     stats: np.ndarray
     stats_start: int = -1
     stats_var: float = 0.0
+
+    @property
+    def position(self) -> np.ndarray:
+        """The chains' θ ``(C, d)`` (``mh.theta``)."""
+        return self.mh.theta
 
     @property
     def tuning(self) -> StepAdaptation:
@@ -173,7 +188,7 @@ PENALTY_EXPFAM = ChainAlgorithm(
     "penalty_expfam",
     "penalty MH from owners' noisy sufficient statistics",
     build,
-    ("step", "block", "adapt_step", "target_accept"),
+    ExpFamSettings,
     ExpFamState,
     SUFF_STATS,
     plan=plan,

@@ -21,12 +21,24 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from pydantic import Field
 from scipy.special import log_ndtr
 
 from ..common import LOG_RATIO
 from ..models import Model
-from .adapt import UNSET, StepAdaptation
-from .base import ChainAlgorithm, ChainData, SamplingAlgorithm, Sections, StepRecord, require
+from ..schema import Bool, Probability, Section
+from .adapt import TARGET_ACCEPT, UNSET, StepAdaptation
+from .base import (
+    ACCEPTED,
+    NOISE_VARIANCE,
+    QUERIED,
+    ChainAlgorithm,
+    ChainData,
+    Info,
+    SamplingAlgorithm,
+    Sections,
+    require,
+)
 
 if TYPE_CHECKING:
     from .oracle import Oracle
@@ -34,6 +46,23 @@ if TYPE_CHECKING:
 #: (iteration, chains (m,), theta (m, d), theta_prop (m, d))
 #:     -> (log-ratio (m,), noise variance (m,))
 RatioFn = Callable[[int, np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+
+class MHSettings(Section):
+    """The ``[sampler]`` keys of the MH kernels (``penalty``, ``penalty_expfam``, ``exact_mh``):
+    warmup adaptation of the proposal radius (``adapt.py``)."""
+
+    adapt_step: Bool = Field(
+        default=True,
+        description="penalty, penalty_expfam, exact_mh: adapt the proposal radius during warmup "
+        "towards target_accept, never above sampler.step (the step the owners admitted); kept "
+        "draws use the adapted radius, fixed",
+    )
+    target_accept: Probability = Field(
+        default=TARGET_ACCEPT,
+        description="adapt_step: the acceptance aimed at, as a fraction of the noise ceiling "
+        "2Φ(−s/2) (the acceptance as the step → 0 with penalty noise s²; 1 without noise)",
+    )
 
 
 @dataclass(frozen=True)
@@ -46,6 +75,11 @@ class MHState:
     log_prior: np.ndarray
     iteration: int = 0
     tuning: StepAdaptation = UNSET
+
+    @property
+    def position(self) -> np.ndarray:
+        """The chains' θ ``(C, d)``."""
+        return self.theta
 
     def with_tuning(self, tuning: StepAdaptation) -> MHState:
         return replace(self, tuning=tuning)
@@ -170,9 +204,23 @@ def oracle_ratio(oracle: Oracle) -> RatioFn:
     return ratio
 
 
-def record(info: MHInfo) -> StepRecord:
-    """The driver's record of an MH step (no excess noise)."""
-    return StepRecord(info.accepted, info.queried, info.noise_var, np.zeros(len(info.queried)))
+#: The fields an MH step reports (in posterior.nc's sample_stats order).
+INFO = (QUERIED, ACCEPTED, NOISE_VARIANCE)
+
+
+def record(info: MHInfo) -> Info:
+    """The driver's record of an MH step (``INFO``)."""
+    return {
+        QUERIED.name: info.queried,
+        ACCEPTED.name: info.accepted,
+        NOISE_VARIANCE.name: np.where(info.queried, info.noise_var, np.nan),
+    }
+
+
+def step_sizes(state: Any, warmup: int, shape: tuple[int, int]) -> dict[str, np.ndarray]:
+    """The kept draws' ``step_size`` ``(C, draws)``: the proposal radius warmup chose
+    (``state.tuning.step``, units of θ), fixed for every kept draw."""
+    return {"step_size": np.full(shape, state.tuning.step)}
 
 
 #: (rng, state, radius) -> (state, what the step did): one MH move at a given radius.
@@ -184,15 +232,15 @@ def tuned(init: Callable[[np.random.Generator, np.ndarray], Any], move: Move, ad
     ``tuning.step``; with ``adapt``, warmup iterations move at ``tuning.warmup_step`` and then
     update the adaptation from the step's acceptance probabilities and noise variances."""
 
-    def advance(rng: np.random.Generator, state: Any) -> tuple[Any, StepRecord]:
+    def advance(rng: np.random.Generator, state: Any) -> tuple[Any, Info]:
         new, info = move(rng, state, state.tuning.step)
         return new, record(info)
 
-    def warm(rng: np.random.Generator, state: Any) -> tuple[Any, StepRecord]:
+    def warm(rng: np.random.Generator, state: Any) -> tuple[Any, Info]:
         new, info = move(rng, state, state.tuning.warmup_step)
         return new.with_tuning(new.tuning.update(info.accept_prob, info.noise_var)), record(info)
 
-    return SamplingAlgorithm(init, advance, accepts=True, warmup=warm if adapt else None)
+    return SamplingAlgorithm(init, advance, INFO, warm if adapt else None, step_sizes)
 
 
 def kernel(
@@ -240,7 +288,7 @@ PENALTY = ChainAlgorithm(
     "penalty",
     "penalty MH: owners' noisy log-likelihood ratios, exact chain",
     build,
-    ("step", "adapt_step", "target_accept"),
+    MHSettings,
     MHState,
     LOG_RATIO,
     check=check_step,

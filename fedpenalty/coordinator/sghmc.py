@@ -25,6 +25,11 @@ class SGHMCState:
     momentum: np.ndarray
     iteration: int = 0
 
+    @property
+    def position(self) -> np.ndarray:
+        """The chains' θ ``(C, d)``."""
+        return self.theta
+
 
 def init(rng: np.random.Generator, theta: np.ndarray, model: Model) -> SGHMCState:
     """Start at ``theta`` ``(C, d)`` inside Θ with momentum r ~ N(0, I)."""
@@ -55,7 +60,7 @@ def step(
 
 
 def build(model: Model, data: ChainData, *, friction: float, **settings: Any) -> SamplingAlgorithm:
-    """SGHMC through the owners behind ``data.oracle`` (settings: ``sgmcmc.SETTINGS``, friction)."""
+    """SGHMC through the owners behind ``data.oracle`` (settings: ``sgmcmc.MomentumSettings``)."""
     return sgmcmc.build_kernel(
         "sghmc",
         model,
@@ -74,7 +79,7 @@ SGHMC = ChainAlgorithm(
     "sghmc",
     "federated SGHMC (owners' noise counted as momentum noise)",
     build,
-    (*sgmcmc.SETTINGS, "friction"),
+    sgmcmc.MomentumSettings,
     SGHMCState,
     SGMCMC,
     check=check,

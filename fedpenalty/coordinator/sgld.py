@@ -24,6 +24,11 @@ class SGLDState:
     theta: np.ndarray
     iteration: int = 0
 
+    @property
+    def position(self) -> np.ndarray:
+        """The chains' θ ``(C, d)``."""
+        return self.theta
+
 
 def init(theta: np.ndarray, model: Model) -> SGLDState:
     """Start C chains at ``theta`` ``(C, d)`` inside Θ."""
@@ -51,7 +56,7 @@ def step(
 
 
 def build(model: Model, data: ChainData, **settings: Any) -> SamplingAlgorithm:
-    """SGLD through the owners behind ``data.oracle`` (settings: ``sgmcmc.SETTINGS``)."""
+    """SGLD through the owners behind ``data.oracle`` (settings: ``sgmcmc.SGMCMCSettings``)."""
     return sgmcmc.build_kernel(
         "sgld",
         model,
@@ -66,7 +71,7 @@ SGLD = ChainAlgorithm(
     "sgld",
     "federated SGLD (owners' noise counted as Langevin noise)",
     build,
-    sgmcmc.SETTINGS,
+    sgmcmc.SGMCMCSettings,
     SGLDState,
     SGMCMC,
 )

@@ -67,12 +67,23 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
+from pydantic import Field
 
 from ..models import Model
-from .base import ChainData, SamplingAlgorithm, Sections, StepRecord, require
+from ..schema import PositiveFloat, Rate, Section, one_of
+from .base import (
+    EXCESS,
+    NOISE_VARIANCE,
+    QUERIED,
+    ChainData,
+    Info,
+    SamplingAlgorithm,
+    Sections,
+    require,
+)
 
 if TYPE_CHECKING:
     from .oracle import Oracle
@@ -123,8 +134,35 @@ class StepSchedule:
         return float(self.a * (self.b + t) ** (-self.gamma))
 
 
-#: The ``[sampler]`` keys every SG-MCMC kernel takes (``friction`` too for SGHMC and SGNHT).
-SETTINGS = ("step", "step_schedule", "step_decay_b", "step_decay_gamma", "sampling_rate", "clip")
+class SGMCMCSettings(Section):
+    """The ``[sampler]`` keys every SG-MCMC kernel takes besides ``step`` (``friction`` too for
+    SGHMC and SGNHT: ``MomentumSettings``)."""
+
+    step_schedule: Annotated[str, one_of("constant", "polynomial")] = Field(
+        default="constant",
+        description="sgld, sghmc, sgnht, hybrid: η_t = step, or η_t = step · (b + t)^−γ",
+    )
+    step_decay_b: PositiveFloat = Field(default=1.0, description="polynomial schedule: b")
+    step_decay_gamma: PositiveFloat = Field(default=0.55, description="polynomial schedule: γ")
+    sampling_rate: Rate = Field(
+        default=0.01,
+        description="sgld, sghmc, sgnht, hybrid: each owner's Poisson sampling rate q per answer",
+    )
+    clip: PositiveFloat = Field(
+        default=1.0,
+        description="sgld, sghmc, sgnht, hybrid: per-record gradient clip C (L2 norm); noise sd "
+        "σ·C",
+    )
+
+
+class MomentumSettings(SGMCMCSettings):
+    """The ``[sampler]`` keys of the momentum kernels (SGHMC, SGNHT): SG-MCMC's and friction."""
+
+    friction: PositiveFloat = Field(
+        default=1.0,
+        description="sghmc: friction C; sgnht: diffusion A (per unit of h = √η; needs "
+        "h·friction ≤ 1 for sghmc, < ½ for sgnht)",
+    )
 
 
 # ------------------------------------------------------------------ what a step did
@@ -208,14 +246,17 @@ def check_start(theta: np.ndarray, model: Model) -> np.ndarray:
     return theta
 
 
-def record(info: SGInfo) -> StepRecord:
-    """The driver's record of an SG-MCMC step: no accept step, every chain asked."""
-    return StepRecord(
-        None,
-        np.ones(len(info.owner_noise_var), dtype=bool),
-        info.owner_noise_var,
-        info.excess_noise_ratio,
-    )
+#: The fields an SG-MCMC step reports: no accept step; the excess noise is counted, not kept.
+INFO = (QUERIED, NOISE_VARIANCE, EXCESS)
+
+
+def record(info: SGInfo) -> Info:
+    """The driver's record of an SG-MCMC step (``INFO``): every chain asked."""
+    return {
+        QUERIED.name: np.ones(len(info.owner_noise_var), dtype=bool),
+        NOISE_VARIANCE.name: info.owner_noise_var,
+        EXCESS.name: info.excess_noise_ratio,
+    }
 
 
 def build_kernel(
@@ -228,7 +269,7 @@ def build_kernel(
 ) -> SamplingAlgorithm:
     """An SG-MCMC kernel over the owners behind ``data.oracle``: ``init(rng, theta0)`` and
     ``step(rng, state, schedule, grad)`` with the schedule and the owners' gradient built from
-    ``settings`` (``SETTINGS``)."""
+    ``settings`` (``step`` and ``SGMCMCSettings``'s keys)."""
     schedule = StepSchedule.of(
         settings["step"],
         settings["step_schedule"],
@@ -237,11 +278,16 @@ def build_kernel(
     )
     grad = oracle_gradient(data.require_oracle(kernel), settings["sampling_rate"], settings["clip"])
 
-    def advance(rng: np.random.Generator, state: Any) -> tuple[Any, StepRecord]:
+    def advance(rng: np.random.Generator, state: Any) -> tuple[Any, Info]:
         new, info = step(rng, state, schedule, grad)
         return new, record(info)
 
-    return SamplingAlgorithm(init, advance, accepts=False)
+    def step_sizes(state: Any, warmup: int, shape: tuple[int, int]) -> dict[str, np.ndarray]:
+        """The kept draws' ``step_size`` η_t ``(C, draws)`` (units of θ²), t = warmup + k."""
+        eta = [schedule(warmup + k) for k in range(shape[1])]
+        return {"step_size": np.broadcast_to(np.array(eta), shape)}
+
+    return SamplingAlgorithm(init, advance, INFO, derived=step_sizes)
 
 
 # ------------------------------------------------------------------ momentum kernels (SGHMC, SGNHT)

@@ -27,6 +27,11 @@ class SGNHTState:
     thermostat: np.ndarray
     iteration: int = 0
 
+    @property
+    def position(self) -> np.ndarray:
+        """The chains' θ ``(C, d)``."""
+        return self.theta
+
 
 def init(rng: np.random.Generator, theta: np.ndarray, model: Model, friction: float) -> SGNHTState:
     """Start at ``theta`` ``(C, d)`` inside Θ, momentum p ~ N(0, I), thermostat Ξ = A
@@ -70,7 +75,7 @@ def step(
 
 
 def build(model: Model, data: ChainData, *, friction: float, **settings: Any) -> SamplingAlgorithm:
-    """SGNHT through the owners behind ``data.oracle`` (settings: ``sgmcmc.SETTINGS``, friction)."""
+    """SGNHT through the owners behind ``data.oracle`` (settings: ``sgmcmc.MomentumSettings``)."""
     return sgmcmc.build_kernel(
         "sgnht",
         model,
@@ -89,7 +94,7 @@ SGNHT = ChainAlgorithm(
     "sgnht",
     "federated SGNHT (owners' noise counted as momentum noise)",
     build,
-    (*sgmcmc.SETTINGS, "friction"),
+    sgmcmc.MomentumSettings,
     SGNHTState,
     SGMCMC,
     check=check,

@@ -14,6 +14,8 @@ import numpy as np
 from ..common import Policy
 from ..extras import require
 from ..models import Model
+from ..schema import Section
+from .base import NoSettings
 from .oracle import Oracle
 
 
@@ -43,12 +45,15 @@ class Launched:
 @dataclass(frozen=True)
 class Transport:
     """A registry entry: ``launch(setup)`` starts the owners and returns how to reach them;
-    ``needs``: the optional module it imports (``extras.EXTRAS``; None: the core install)."""
+    ``needs``: the optional module it imports (``extras.EXTRAS``; None: the core install);
+    ``options``: its settings model (the ``[run]`` keys of its own, which ``launch`` reads from
+    ``setup.run``)."""
 
     name: str
     summary: str
     launch: Callable[[OwnerSetup], Launched]
     needs: str | None = None
+    options: type[Section] = NoSettings
 
     def check_installed(self) -> None:
         """A one-line ``ConfigError`` naming the extra to install when ``needs`` is missing."""
