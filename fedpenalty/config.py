@@ -197,6 +197,18 @@ def _declaring(model: type[Section], key: str) -> type:
 SamplerSection = assembled("SamplerSection", GenericSampler, ALGORITHMS.values())
 #: ``[run]``: the generic keys and every transport's own (``TRANSPORTS``).
 RunSection = assembled("RunSection", GenericRun, TRANSPORTS.values())
+#: "section.key" → the registry entry's settings class that declares the key's default
+#: (``Scenario.origin`` names it); generic keys are not listed.
+DECLARED: dict[str, type] = {
+    f"{section}.{key}": _declaring(entry.options, key)
+    for section, generic, entries in (
+        ("sampler", GenericSampler, ALGORITHMS.values()),
+        ("run", GenericRun, TRANSPORTS.values()),
+    )
+    for entry in entries
+    for key in entry.options.model_fields
+    if key not in generic.model_fields
+}
 
 
 _SECTIONS: dict[str, Any] = {
@@ -232,7 +244,13 @@ class Scenario:
 
     def origin(self, key: str) -> str:
         """Where the value of ``key`` ("section.key") came from, in words."""
-        return self.origins.get(key, GENERIC)
+        if key in self.origins:
+            return self.origins[key]
+        declared = DECLARED.get(key)
+        if declared is None:
+            return GENERIC
+        path = declared.__module__.replace(".", "/")
+        return f"the default in {path}.py ({declared.__qualname__})"
 
     def to_toml(self) -> str:
         """The resolved scenario as TOML (keys whose value is unset are written as comments)."""
