@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ..errors import InvalidRequest
 from ..models import ExpFamModel, Model
 from .log_ratio import GaussianKind
@@ -56,8 +58,10 @@ class SuffStats(GaussianKind):
         return model.stat_dim if isinstance(model, ExpFamModel) else 1
 
     def keys_per_chain(self, arrays: Mapping[str, Any]) -> int:
-        """``block`` copies per chain."""
-        return int(arrays["block"])
+        """``block`` copies per chain (1 for a block that is no integer, which is refused)."""
+        block = arrays["block"]
+        integer = isinstance(block, (int, np.integer)) and not isinstance(block, bool)
+        return int(block) if integer else 1
 
     def sensitivity(self, model: Model, neighbour: str, step: float) -> float:
         if not isinstance(model, ExpFamModel):
