@@ -179,3 +179,21 @@ def test_a_registered_toy_kind_is_answered_over_grpc(tmp_path, registered):
             assert reply.refusal.error == "InvalidRequest"
             assert "unknown algorithm" in reply.refusal.message
         oracle.close()
+
+
+def test_a_kind_query_round_trips_its_named_arrays_and_refuses_malformed_ones():
+    arrays = {"theta": THETA, "clip": 0.5, "block": np.int64(3)}
+    msg = wire.kind_query("any", "s", 4, np.arange(3), arrays)
+    decoded = wire.kind_query_arrays(msg)
+    np.testing.assert_array_equal(decoded["theta"], THETA)
+    assert decoded["clip"] == 0.5 and type(decoded["clip"]) is float
+    assert decoded["block"] == 3 and type(decoded["block"]) is int
+    malformed = {
+        "twice": [pb.NamedArray(name="a", values=[1.0]), pb.NamedArray(name="a", values=[1.0])],
+        "both values and integers": [pb.NamedArray(name="a", values=[1.0], integers=[1])],
+        r"not the \(2, 2\)": [pb.NamedArray(name="a", shape=[2, 2], values=[1.0, 2.0])],
+        "not the": [pb.NamedArray(name="a", shape=[1] * 40, values=[1.0])],
+    }
+    for match, named in malformed.items():
+        with pytest.raises(InvalidRequest, match=match):
+            wire.kind_query_arrays(pb.KindQuery(kind="log_ratio", arrays=named))

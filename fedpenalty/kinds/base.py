@@ -1,12 +1,13 @@
 """What a query kind is (docs/design.md §6, "A query kind"): everything an owner must know
-about one kind of answer — how a session request for it is checked, the tag its query digests
-start with, the width of one answer, the sensitivity of one answer (the ONE function that
-admission, refusal advice and charging call), the accounting event its answers make, and the
-words and keys that reports and refusals use for it.
+about one kind of answer — how a session request for it is checked, the named arrays a query
+carries, the tag its query digests start with, the width of one answer, the sensitivity of one
+answer (the ONE function that admission, refusal advice and charging call), the accounting
+event its answers make, the words and keys that reports and refusals use for it, and its
+answer path at a host (``answer_path``: checks, digests, charge and compute).
 
 Every kind has two names: its protocol-v2 name (``name``: ``log_ratio``, ``suff_stats``,
-``gradient``), which is also the name of the owner host's and the oracle's method that asks
-it, and its ledger name (``ledger_name``: ``penalty``, ``penalty_expfam``, ``sgmcmc``), the
+``gradient``), by which ``OwnerHost.answer`` and the oracles' ``query`` ask it, and its
+ledger name (``ledger_name``: ``penalty``, ``penalty_expfam``, ``sgmcmc``), the
 string stored on disk and fed to the seeded noise streams, which never changes.
 
 This module sits just above the leaves (errors, models, privacy): ``common`` imports it.

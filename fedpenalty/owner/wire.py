@@ -178,7 +178,8 @@ def _named_array(name: str, value: Any) -> pb.NamedArray:
 def kind_query_arrays(msg: pb.KindQuery) -> dict[str, Any]:
     """A ``KindQuery``'s named arrays: scalars as Python ints or floats, the others as arrays
     of their shape; ``InvalidRequest`` for a name given twice, or values that do not fill
-    their shape (whether the names, shapes and values are the kind's is the kind's to check)."""
+    their shape of at most 32 axes (whether the names, shapes and values are the kind's is
+    the kind's to check)."""
     arrays: dict[str, Any] = {}
     for named in msg.arrays:
         if named.name in arrays:
@@ -190,7 +191,7 @@ def kind_query_arrays(msg: pb.KindQuery) -> dict[str, Any]:
             flat = np.asarray(named.integers, dtype=np.int64)
         else:
             flat = np.asarray(named.values, dtype=float)
-        if any(n < 0 for n in shape) or math.prod(shape) != flat.size:
+        if len(shape) > 32 or any(n < 0 for n in shape) or math.prod(shape) != flat.size:
             raise errors.InvalidRequest(
                 f"array {named.name!r} has {flat.size} values, not the {shape} it declares"
             )
