@@ -178,6 +178,10 @@ def test_a_registered_toy_kind_is_answered_over_grpc(tmp_path, registered):
             [reply] = stub.Query(iter([pb.QueryRequest(id=1, kind_query=unknown)]), timeout=10)
             assert reply.refusal.error == "InvalidRequest"
             assert "unknown algorithm" in reply.refusal.message
+            v1 = pb.LogRatioRequest(session="s", iteration=1, chains=[0], theta=[0, 0])
+            both = pb.QueryRequest(id=2, log_ratio=v1, kind_query=ask)
+            [reply] = stub.Query(iter([both]), timeout=10)
+            assert reply.refusal.error == "InvalidRequest" and "only one" in reply.refusal.message
         oracle.close()
 
 
