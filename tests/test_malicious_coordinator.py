@@ -298,8 +298,8 @@ def test_an_unexpected_failure_is_an_in_band_refusal_not_a_dead_stream(monkeypat
             raise ZeroDivisionError("a bug")
         return original(*args, **kwargs)
 
-    original = host.log_ratio
-    monkeypatch.setattr(host, "log_ratio", failing_once)
+    original = host.answer  # every kind's queries reach the host through OwnerHost.answer
+    monkeypatch.setattr(host, "answer", failing_once)
     with ServerThread(host) as server, grpc.insecure_channel(server.address) as channel:
         stub = pb_grpc.OwnerStub(channel)
         stub.OpenSession(pb.OpenSessionRequest(session="s", algorithm="penalty", planned_answers=9))

@@ -21,6 +21,7 @@ from owners import save_csv
 from fedpenalty.coordinator.grpc_oracle import GrpcOracle
 from fedpenalty.errors import ConfigError, NotPermitted
 from fedpenalty.models import build_model
+from fedpenalty.owner import wire
 from fedpenalty.owner.owner_config import TlsFiles, load_owner_config
 from fedpenalty.owner.server import check_exposure, is_loopback, server_credentials
 from fedpenalty.proto import owner_pb2 as pb
@@ -104,6 +105,10 @@ def every_owner_rpc(stub) -> dict[str, Callable]:
         "PrivacyReport": lambda: stub.PrivacyReport(pb.PrivacyReportRequest(), timeout=10),
         "SessionKeys": lambda: stub.SessionKeys(pb.SessionKeysRequest(session="s"), timeout=10),
         "Query": lambda: list(stub.Query(iter([query]), timeout=10)),
+        "Ask": lambda: stub.Ask(
+            wire.kind_query("log_ratio", "s", 1, [0], {"theta": [[0.0]], "theta_prop": [[0.01]]}),
+            timeout=10,
+        ),
     }
 
 
@@ -165,7 +170,7 @@ def test_a_second_allowed_client_cannot_use_or_close_the_first_clients_session(m
     stubs, files, address = mtls
     first, second = stubs["coordinator-a"], stubs["coordinator-b"]
     calls = every_owner_rpc(second)
-    for name in ("CloseSession", "LogRatio", "SuffStats", "Gradient", "SessionKeys"):
+    for name in ("CloseSession", "LogRatio", "SuffStats", "Gradient", "SessionKeys", "Ask"):
         with pytest.raises(grpc.RpcError) as refused:
             calls[name]()
         assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED, name

@@ -207,13 +207,13 @@ class GrpcOracle(Oracle):
         return keys
 
     def query(self, kind: str, iteration: int, chains: np.ndarray, **arrays: Any) -> Answers:
-        """One query on every host's stream, as the kind's message (``wire.QUERY_CODECS``)."""
+        """One query on every host's stream, as a ``KindQuery`` (any registered kind)."""
         asked = query_kind(kind)
-        message = wire.query_request(asked.name, self._require_session(), iteration, chains, arrays)
+        message = wire.kind_query(asked.name, self._require_session(), iteration, chains, arrays)
         keys = len(message.chains) * asked.keys_per_chain(arrays)
 
         def fill(request: pb.QueryRequest) -> None:
-            getattr(request, asked.name).CopyFrom(message)
+            request.kind_query.CopyFrom(message)
 
         return self._query(fill, asked.reply_scale(arrays), keys)
 

@@ -28,9 +28,6 @@ KINDS: dict[str, QueryKind] = {
     "gradient": Gradient(),
 }
 
-#: Ledger name → kind (the names stored on disk and spoken by protocol-v1 clients).
-_BY_LEDGER_NAME = {kind.ledger_name: kind for kind in KINDS.values()}
-
 
 def kind_names() -> str:
     """Every kind's names, for messages: "log_ratio (penalty), suff_stats (...), ..."."""
@@ -40,7 +37,9 @@ def kind_names() -> str:
 def query_kind(name: object, owner: str | None = None) -> QueryKind:
     """The kind called ``name`` (its v2 name or its ledger name); ``InvalidRequest`` naming
     the known kinds (and ``owner``, when given) for anything else."""
-    kind = (KINDS.get(name) or _BY_LEDGER_NAME.get(name)) if isinstance(name, str) else None
+    kind = None
+    if isinstance(name, str):  # by ledger name: the names stored on disk and spoken by v1 clients
+        kind = KINDS.get(name) or next((k for k in KINDS.values() if k.ledger_name == name), None)
     if kind is None:
         raise InvalidRequest(
             f"unknown algorithm (query kind) {name!r}; this owner answers {kind_names()}", owner

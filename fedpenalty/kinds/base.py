@@ -1,12 +1,13 @@
 """What a query kind is (docs/design.md §6, "A query kind"): everything an owner must know
-about one kind of answer — how a session request for it is checked, the tag its query digests
-start with, the width of one answer, the sensitivity of one answer (the ONE function that
-admission, refusal advice and charging call), the accounting event its answers make, and the
-words and keys that reports and refusals use for it.
+about one kind of answer — how a session request for it is checked, the named arrays a query
+carries, the tag its query digests start with, the width of one answer, the sensitivity of one
+answer (the ONE function that admission, refusal advice and charging call), the accounting
+event its answers make, the words and keys that reports and refusals use for it, and its
+answer path at a host (``answer_path``: checks, digests, charge and compute).
 
 Every kind has two names: its protocol-v2 name (``name``: ``log_ratio``, ``suff_stats``,
-``gradient``), which is also the name of the owner host's and the oracle's method that asks
-it, and its ledger name (``ledger_name``: ``penalty``, ``penalty_expfam``, ``sgmcmc``), the
+``gradient``), by which ``OwnerHost.answer`` and the oracles' ``query`` ask it, and its
+ledger name (``ledger_name``: ``penalty``, ``penalty_expfam``, ``sgmcmc``), the
 string stored on disk and fed to the seeded noise streams, which never changes.
 
 This module sits just above the leaves (errors, models, privacy): ``common`` imports it.
@@ -15,7 +16,7 @@ This module sits just above the leaves (errors, models, privacy): ``common`` imp
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -26,8 +27,10 @@ from ..models import Model
 from ..privacy import GaussianSpend
 from ..privacy.subsampled import SubsampledGaussian
 
-if TYPE_CHECKING:  # common imports this package; its types are only types here
+if TYPE_CHECKING:  # common and the owner package import this one; their types are only types
     from ..common import Policy, SecureTerms
+    from ..owner.node import OwnerNode
+    from ..owner.pipeline import KindPath
 
 #: What one kind's planned answers add to an owner's spend: Gaussian answers (μ-accounted) or
 #: Poisson-subsampled Gaussian answers (dp-accounting).
@@ -63,7 +66,7 @@ class QueryKind(ABC):
     ``sensitivity``, ``width`` and ``event``; the registry (``kinds.KINDS``) holds one
     instance per kind."""
 
-    #: protocol-v2 name, and the name of the host's and the oracle's method that asks it
+    #: protocol-v2 name (the kinds of the first release: also their host and oracle wrappers')
     name: ClassVar[str]
     #: the name stored in ledgers and mixed into seeded noise streams (never changes)
     ledger_name: ClassVar[str]
@@ -122,24 +125,29 @@ class QueryKind(ABC):
         return None
 
     # --- a query ----------------------------------------------------------------------------
-    def ask(
-        self, host: Any, session: str, iteration: int, chains: np.ndarray, arrays: Mapping[str, Any]
-    ) -> Any:
-        """The owner host's answers to one query of this kind (``OwnerHost.<name>``): keys
-        (``session``, chain, ``iteration`` …) for ``chains`` ``(C,)``, with the kind's
-        ``arrays``; ``InvalidRequest`` when they are not exactly the kind's."""
+    def check_arrays(self, arrays: Mapping[str, Any]) -> None:
+        """``InvalidRequest`` unless ``arrays`` are named exactly the kind's ``arrays`` (their
+        shapes and values are its ``answer_path``'s to check)."""
         if set(arrays) != set(self.arrays):
             raise InvalidRequest(
                 f"a {self.name} query carries {', '.join(self.arrays)}, not "
                 f"{', '.join(sorted(arrays)) or 'nothing'}"
             )
-        return getattr(host, self.name)(session, *self._host_args(iteration, chains, arrays))
+
+    def ask(
+        self, host: Any, session: str, iteration: int, chains: np.ndarray, arrays: Mapping[str, Any]
+    ) -> Any:
+        """The owner host's answers to one query of this kind (``OwnerHost.answer``): keys
+        (``session``, chain, ``iteration`` …) for ``chains`` ``(C,)``, with the kind's
+        ``arrays``; ``InvalidRequest`` when they are not exactly the kind's."""
+        self.check_arrays(arrays)
+        return host.answer(self.name, session, iteration, chains, **arrays)
 
     @abstractmethod
-    def _host_args(
-        self, iteration: int, chains: np.ndarray, arrays: Mapping[str, Any]
-    ) -> tuple[Any, ...]:
-        """The arguments of the host's method after the session."""
+    def answer_path(self, nodes: Sequence[OwnerNode]) -> KindPath:
+        """This kind's answer path at a host of the owners ``nodes`` (``pipeline.KindPath``):
+        its checks of a query's arrays, the digest of each answer, its charge and its compute.
+        Kinds import their path when asked for it: the owner package imports this one."""
 
     def keys_per_chain(self, arrays: Mapping[str, Any]) -> int:
         """Answers (keys) one query asks per chain."""

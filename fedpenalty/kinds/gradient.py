@@ -4,10 +4,8 @@ over a Poisson sample of rate q, plus N(0, (σ·clip)² I)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from ..errors import InvalidRequest
 from ..models import Model
@@ -16,6 +14,8 @@ from .base import Event, OwnerCosts, QueryKind
 
 if TYPE_CHECKING:
     from ..common import Policy, SecureTerms
+    from ..owner.node import OwnerNode
+    from ..owner.pipeline import KindPath
 
 
 class Gradient(QueryKind):
@@ -51,15 +51,15 @@ class Gradient(QueryKind):
             "clip": sampler["clip"],
         }
 
-    def _host_args(
-        self, iteration: int, chains: np.ndarray, arrays: Mapping[str, Any]
-    ) -> tuple[Any, ...]:
-        """θ ``(C, d)`` at ``iteration`` and the per-record ``clip``."""
-        return iteration, chains, arrays["theta"], arrays["clip"]
-
     def reply_scale(self, arrays: Mapping[str, Any]) -> float:
         """The clip: the noise sd of a gradient answer is σ·clip."""
         return arrays["clip"]
+
+    def answer_path(self, nodes: Sequence[OwnerNode]) -> KindPath:
+        """``owner.compute.gradient.GradientPath``."""
+        from ..owner.compute.gradient import GradientPath
+
+        return GradientPath(self, nodes)
 
     def width(self, model: Model) -> int:
         return model.dim

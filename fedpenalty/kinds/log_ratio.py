@@ -3,10 +3,8 @@ owner and key, Σ_x clip(ℓ(x,θ') − ℓ(x,θ), ±L‖θ' − θ‖) plus N(0
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
-
-import numpy as np
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from ..errors import InvalidRequest
 from ..models import Model
@@ -15,6 +13,8 @@ from .base import Event, OwnerCosts, QueryKind
 
 if TYPE_CHECKING:
     from ..common import Policy, SecureTerms
+    from ..owner.node import OwnerNode
+    from ..owner.pipeline import KindPath
 
 _GDP = (
     "Gaussian answers composed by their total μ (each μ = Δ/σ): accountant 'gdp' is the exact "
@@ -62,14 +62,14 @@ class LogRatio(GaussianKind):
         "privacy.sigma",
     )
 
+    def answer_path(self, nodes: Sequence[OwnerNode]) -> KindPath:
+        """``owner.compute.log_ratio.LogRatioPath``."""
+        from ..owner.compute.log_ratio import LogRatioPath
+
+        return LogRatioPath(self, nodes)
+
     def width(self, model: Model) -> int:
         return 1
-
-    def _host_args(
-        self, iteration: int, chains: np.ndarray, arrays: Mapping[str, Any]
-    ) -> tuple[Any, ...]:
-        """θ ``(C, d)`` and θ' ``(C, d)`` at ``iteration``."""
-        return iteration, chains, arrays["theta"], arrays["theta_prop"]
 
     def sensitivity(self, model: Model, neighbour: str, step: float) -> float:
         return float(model.log_ratio_sensitivity(step, neighbour))  # type: ignore[arg-type]

@@ -3,14 +3,18 @@ docs/design.md §2.2): ``stat_dim`` numbers per owner and key, each plus N(0, σ
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import InvalidRequest
 from ..models import ExpFamModel, Model
 from .log_ratio import GaussianKind
+
+if TYPE_CHECKING:
+    from ..owner.node import OwnerNode
+    from ..owner.pipeline import KindPath
 
 
 class SuffStats(GaussianKind):
@@ -43,19 +47,21 @@ class SuffStats(GaussianKind):
                 owner,
             )
 
+    def answer_path(self, nodes: Sequence[OwnerNode]) -> KindPath:
+        """``owner.compute.suff_stats.SuffStatsPath``."""
+        from ..owner.compute.suff_stats import SuffStatsPath
+
+        return SuffStatsPath(self, nodes)
+
     def width(self, model: Model) -> int:
         """``stat_dim`` (1 for a model without statistics, whose sessions are refused)."""
         return model.stat_dim if isinstance(model, ExpFamModel) else 1
 
-    def _host_args(
-        self, iteration: int, chains: np.ndarray, arrays: Mapping[str, Any]
-    ) -> tuple[Any, ...]:
-        """``block`` copies per chain, keyed from ``iteration`` (the host's ``start``) on."""
-        return chains, iteration, arrays["block"]
-
     def keys_per_chain(self, arrays: Mapping[str, Any]) -> int:
-        """``block`` copies per chain."""
-        return int(arrays["block"])
+        """``block`` copies per chain (1 for a block that is no integer, which is refused)."""
+        block = arrays["block"]
+        integer = isinstance(block, (int, np.integer)) and not isinstance(block, bool)
+        return int(block) if integer else 1
 
     def sensitivity(self, model: Model, neighbour: str, step: float) -> float:
         if not isinstance(model, ExpFamModel):

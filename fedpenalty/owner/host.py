@@ -18,35 +18,21 @@ into a ``Reply`` with ``OwnerHost.reply``.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
-from ..common import (
-    LOG_RATIO,
-    SGMCMC,
-    SUFF_STATS,
-    OwnerDescription,
-    PrivacyReport,
-)
+from ..common import OwnerDescription, PrivacyReport
 from ..errors import InvalidRequest, UnknownSession
-from ..kinds import KINDS, query_kind
-from ..models import ExpFamModel
+from ..kinds import QueryKind, query_kind
 from .aggregation import PeerKey, Reply, SecureOpen
-from .compute.gradient import GradientCompute, GradientQuery
-from .compute.log_ratio import LogRatioCompute, LogRatioQuery
-from .compute.suff_stats import SuffStatsCompute
-from .ledger import SampledCharge
-from .mechanism import HostNoise, Keys
+from .mechanism import HostNoise
 from .node import SESSION_EVENTS, OwnerNode, close_sessions, open_sessions, privacy_reports
-from .pipeline import AnswerPipeline, Request
+from .pipeline import AnswerPipeline, Asked, KindPath
 from .pipeline import reply as reply_of
 from .session_request import SessionRequest
 from .validation import RequestChecks, StepLimits
-
-_STATS_DIGEST = hashlib.sha256(KINDS["suff_stats"].digest_tag).digest()
-_LOG_RATIO_TAG = KINDS["log_ratio"].digest_tag
 
 
 class OwnerHost:
@@ -69,20 +55,10 @@ class OwnerHost:
         self.label = names[0] if len(names) == 1 else f"host of {len(names)} owners"
         self._checked: dict[str, tuple[str, int, list, StepLimits]] = {}
         self._checks = RequestChecks(self.nodes, self.label)
-        self._charged_step = max(n.policy.charged_step for n in nodes)  # see log_ratio
-        # sensitivity per unit step of a log-ratio answer: (2 or 1)·L (the kind's)
-        per_step = KINDS["log_ratio"].sensitivity
-        self._delta_per_step = np.array(
-            [per_step(self.model, n.policy.neighbour, 1.0) for n in nodes]
-        )
-        if isinstance(self.model, ExpFamModel):
-            stat = KINDS["suff_stats"].sensitivity
-            self._stat_delta = np.array([stat(self.model, n.policy.neighbour, 1.0) for n in nodes])
         self._pipeline = AnswerPipeline(self.nodes)
         self._noise = HostNoise(self.nodes, np.array([n.policy.sigma for n in nodes]), self.label)
-        self._log_ratio = LogRatioCompute(self.nodes)
-        self._stats = SuffStatsCompute.offered(self.nodes)
-        self._gradient = GradientCompute(self.nodes)
+        #: each kind's answer path (``QueryKind.answer_path``), built when first asked
+        self._paths: dict[str, KindPath] = {}
 
     def reply(self, session: str, answers: np.ndarray | Reply, scale: float = 1.0) -> Reply:
         """Any answer of this host as a transport carries it: plain answers ``(K, ...)`` with
@@ -172,12 +148,6 @@ class OwnerHost:
                 return opener
         return None
 
-    @property
-    def stat_width(self) -> int:
-        """Components of one sufficient-statistic answer (1 for a model without them, whose
-        statistic sessions are refused anyway)."""
-        return self._stats.width if self._stats is not None else 1
-
     def reply_values(self, session: str, answers: int, width: int) -> int:
         """How many numbers the reply to ``answers`` keys of ``width`` carries: every owner's
         answers, or a secure session's one masked sum with its check words — so that a server
@@ -193,6 +163,34 @@ class OwnerHost:
         raise InvalidRequest(f"this host serves no owner named {name!r}")
 
     # --- queries ------------------------------------------------------------------------------
+    def answer(
+        self, kind: str, session: str, iteration: int, chains: np.ndarray, **arrays: Any
+    ) -> np.ndarray | Reply:
+        """Every hosted owner's answers to one query of ``kind`` (its v2 or ledger name,
+        ``kinds.query_kind``) in ``session``: ``(K, C, ...)`` as the kind shapes them (a secure
+        session: their masked sum, a ``Reply``). Keys (session, chain, iteration …) for
+        ``chains`` ``(C,)``; ``arrays``: exactly the kind's named arrays.
+
+        The kind's path (``QueryKind.answer_path``) checks the query, digests it and says what
+        each answer costs; the pipeline replays, charges, computes, stores and releases
+        (docs/design.md §3, §4). An unknown kind, or a session of another kind, is refused.
+        """
+        asked_kind = query_kind(kind, self.label)
+        asked_kind.check_arrays(arrays)
+        opened = self._require_session(session, asked_kind.ledger_name)
+        asked = Asked(
+            session, opened, self._step_limits(session), self._checks, self._noise, self.label
+        )
+        planned = self._path(asked_kind).plan(asked, iteration, chains, arrays)
+        return self._pipeline.run(self._noise, planned)
+
+    def _path(self, kind: QueryKind) -> KindPath:
+        """``kind``'s answer path for this host's owners, built the first time it is asked."""
+        path = self._paths.get(kind.name)
+        if path is None:
+            path = self._paths[kind.name] = kind.answer_path(self.nodes)
+        return path
+
     def log_ratio(
         self,
         session: str,
@@ -210,28 +208,9 @@ class OwnerHost:
         and charged μ = Δ/σ_k with Δ = 2L‖θ'_c − θ_c‖ (replace-one) or L‖θ'_c − θ_c‖ (add/remove);
         in a secure session the noise variance is s²/(K − t) and μ = (Δ + γ)/s.
         """
-        self._require_session(session, LOG_RATIO)
-        checks = self._checks
-        iteration = checks.index("iteration", iteration)
-        chains = checks.chains(chains)
-        theta = checks.theta("theta", theta, len(chains))
-        theta_prop = checks.theta("theta_prop", theta_prop, len(chains))
-        step = self._step_limits(session).check(theta, theta_prop)
-        if self._log_ratio.per_record:
-            checks.work(len(chains))
-        pairs = np.concatenate([theta, theta_prop], axis=1).astype("<f8", copy=False)
-        digests = [hashlib.sha256(_LOG_RATIO_TAG + row.tobytes()).digest() for row in pairs]
-
-        iterations = np.full(len(chains), iteration)
-        keys = Keys(session, self._noise.label(session), chains, iterations)
-        mechanism = self._noise.mechanism(session)
-        # a minimum charge (invariant 14): the owners' largest charged_step, one floor for the
-        # host's one AffineMus (charging an owner more is never less private)
-        charged = np.maximum(step, self._charged_step)
-        mus = mechanism.mus(self._delta_per_step, charged, 1)
-        request = Request(keys, digests, mechanism, 1, mus)
-        query = LogRatioQuery(theta, theta_prop, step)
-        return self._pipeline.run(self._noise, request, self._log_ratio, query, (len(chains),))
+        return self.answer(
+            "log_ratio", session, iteration, chains, theta=theta, theta_prop=theta_prop
+        )
 
     def suff_stats(
         self, session: str, chains: np.ndarray, start: int, block: int
@@ -242,23 +221,7 @@ class OwnerHost:
         Copy j of chain c is keyed (session, c, start + j); each copy is N(Σ S(x), σ_k² I),
         charged μ = Δ_S/σ_k (secure: variance s²/(K − t), μ = (Δ_S + γ√s)/s).
         """
-        self._require_session(session, SUFF_STATS)
-        stats = self._stats
-        assert stats is not None  # statistic sessions open for exponential-family models only
-        start = self._checks.index("start", start)
-        block = self._checks.index("block", block)
-        if block < 1:
-            raise InvalidRequest("block must be at least 1", self.label)
-        chains = self._checks.chains(chains, per_chain=block)
-        s = stats.width
-        key_chains = np.repeat(chains, block)
-        key_iterations = np.tile(start + np.arange(block), len(chains))
-
-        keys = Keys(session, self._noise.label(session), key_chains, key_iterations)
-        mechanism = self._noise.mechanism(session)
-        mus = mechanism.mus(self._stat_delta, np.ones(len(key_chains)), s)
-        request = Request(keys, [_STATS_DIGEST] * len(key_chains), mechanism, s, mus)
-        return self._pipeline.run(self._noise, request, stats, None, (len(chains), block, s))
+        return self.answer("suff_stats", session, start, chains, block=block)
 
     def gradient(
         self, session: str, iteration: int, chains: np.ndarray, theta: np.ndarray, clip: float
@@ -273,26 +236,4 @@ class OwnerHost:
         (session, c, iteration); each is one subsampled-Gaussian release at (q, the owner's
         ``gradient_noise_multiplier``), counted against the session's plan.
         """
-        checks = self._checks
-        q = checks.sampling_rate(self._require_session(session, SGMCMC))
-        iteration = checks.index("iteration", iteration)
-        chains = checks.chains(chains)
-        theta = checks.theta("theta", theta, len(chains))
-        clip = checks.clip(clip)
-        checks.work(len(chains))
-        tag = KINDS["gradient"].digest_tag + np.float64(clip).tobytes()
-        digests = [
-            hashlib.sha256(tag + theta[c].astype("<f8").tobytes()).digest()
-            for c in range(len(chains))
-        ]
-
-        keys = Keys(session, self._noise.label(session), chains, np.full(len(chains), iteration))
-        mechanism = self._noise.mechanism(session)
-        sampled = SampledCharge(
-            q, mechanism.gradient_multiplier, [n.policy.neighbour for n in self.nodes]
-        )
-        request = Request(keys, digests, mechanism, self.model.dim, sampled=sampled)
-        query = GradientQuery(theta, iteration, clip, q)
-        return self._pipeline.run(
-            self._noise, request, self._gradient, query, (len(chains), self.model.dim), clip
-        )
+        return self.answer("gradient", session, iteration, chains, theta=theta, clip=clip)

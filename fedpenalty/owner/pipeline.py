@@ -9,10 +9,10 @@ before anything is released; a refused request draws no noise.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
@@ -23,6 +23,7 @@ from .ledger import Charge, SampledCharge
 from .ledger_rows import AffineMus, span
 from .mechanism import HostNoise, Keys, Mechanism
 from .node import OwnerNode
+from .validation import RequestChecks, StepLimits
 
 Q = TypeVar("Q")
 
@@ -63,6 +64,54 @@ class Request:
     sampled: SampledCharge | None = None
 
 
+@dataclass(frozen=True)
+class Asked:
+    """One query of an open session as a host hands it to its kind's path (``KindPath``):
+    the ``session``, every hosted owner's open session ``opened`` (``OwnerNode.require_session``),
+    the steps it admits ``limits``, the host's request ``checks`` and ``noise``, and the host's
+    ``label`` for errors about no single owner."""
+
+    session: str
+    opened: list
+    limits: StepLimits
+    checks: RequestChecks
+    noise: HostNoise
+    label: str
+
+    def keys(self, chains: np.ndarray, iterations: np.ndarray) -> Keys:
+        """The request's keys ``(M,)``, their noise drawn under a fresh ``HostNoise.label``."""
+        return Keys(self.session, self.noise.label(self.session), chains, iterations)
+
+    @property
+    def mechanism(self) -> Mechanism:
+        """How the session's answers are noised and charged."""
+        return self.noise.mechanism(self.session)
+
+
+@dataclass(frozen=True)
+class Planned(Generic[Q]):
+    """A validated query, ready for the pipeline: its keys, digests and charge (``request``),
+    the kind's ``compute`` of the kind's ``query`` value, and how the answers are released:
+    ``shape`` per owner and the answer unit ``scale`` (a gradient's clip)."""
+
+    request: Request
+    compute: Compute[Q]
+    query: Q
+    shape: tuple[int, ...]
+    scale: float = 1.0
+
+
+class KindPath(Protocol):
+    """One query kind's answer path at one host (``QueryKind.answer_path``): ``plan`` checks a
+    query's ``iteration``, ``chains`` and named ``arrays`` (``InvalidRequest`` for anything out
+    of shape or of policy), digests each answer's query, and gives the charge of each answer
+    and the compute of the fresh ones."""
+
+    def plan(
+        self, asked: Asked, iteration: int, chains: Any, arrays: Mapping[str, Any]
+    ) -> Planned[Any]: ...
+
+
 class AnswerPipeline:
     """Replay, charge, compute and release for the owners ``nodes`` of one host."""
 
@@ -79,20 +128,12 @@ class AnswerPipeline:
         for part in self.parts:
             part.refresh_caps()
 
-    def run(
-        self,
-        noise: HostNoise,
-        request: Request,
-        compute: Compute[Q],
-        query: Q,
-        shape: tuple[int, ...],
-        scale: float = 1.0,
-    ) -> np.ndarray | Reply:
-        """``answer`` the request with ``compute``'s fresh answers to ``query``, noised by
-        ``noise`` (drawn only when needed), then ``release`` them shaped ``(K, *shape)``
-        (``scale``: the answer unit, a gradient's clip)."""
-        fresh = compute.fresh(noise, request.keys, query)
-        return release(request.mechanism, self.answer(request, fresh), shape, scale)
+    def run(self, noise: HostNoise, planned: Planned[Q]) -> np.ndarray | Reply:
+        """``answer`` the planned request with its compute's fresh answers, noised by ``noise``
+        (drawn only when needed), then ``release`` them shaped ``(K, *shape)``."""
+        request = planned.request
+        fresh = planned.compute.fresh(noise, request.keys, planned.query)
+        return release(request.mechanism, self.answer(request, fresh), planned.shape, planned.scale)
 
     def answer(self, request: Request, fresh: Fresh) -> np.ndarray:
         """The reply ``(K, M, w')`` of ``Mechanism.dtype`` (float64; masked uint64 words in a

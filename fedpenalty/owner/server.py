@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import ipaddress
 import logging
 import signal
@@ -37,6 +38,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -46,7 +48,7 @@ from grpc_reflection.v1alpha import reflection
 
 from ..common import PrivacyReport
 from ..errors import ConfigError, InvalidRequest, NotPermitted, OwnerError
-from ..kinds import query_kind
+from ..kinds import QueryKind, query_kind
 from ..proto import owner_pb2 as pb
 from ..proto import owner_pb2_grpc as pb_grpc
 from . import wire
@@ -213,18 +215,41 @@ class OwnerServicer(pb_grpc.OwnerServicer):
             )
 
     # --- the host's operations on decoded messages -------------------------------------------
-    def _query(self, name: str, r, client: str | None) -> pb.Answers:
-        """One query of the kind ``name`` (v2, ``kinds.KINDS``) from its message ``r``
-        (``wire.QUERY_CODECS``): the reply's size checked, the session's client checked, then
-        the kind asks the host."""
+    def _query(
+        self,
+        kind: QueryKind,
+        session: str,
+        chains,
+        keys: int,
+        decode: Callable[[], tuple[int, dict[str, Any]]],
+        client: str | None,
+    ) -> pb.Answers:
+        """One query of ``kind`` in ``session`` for ``chains``, asking ``keys`` answers per
+        chain: the reply's size checked, the session's client checked, then its (iteration,
+        arrays) ``decode``d and the kind asks the host."""
+        chains = np.asarray(chains, dtype=np.int64)
+        self._check_reply(session, len(chains) * keys, kind.width(self.host.model))
+        owned = self._own(session, client)
+        iteration, arrays = decode()
+        values = kind.ask(self.host, owned, iteration, chains, arrays)
+        return wire.answers_message(self.host.reply(session, values, kind.reply_scale(arrays)))
+
+    def _v1_query(self, name: str, r, client: str | None) -> pb.Answers:
+        """A query in the v1 message of the kind ``name`` (``wire.QUERY_CODECS``)."""
         kind = query_kind(name)
         codec = wire.query_codec(kind.name)
-        chains = np.asarray(r.chains, dtype=np.int64)
-        self._check_reply(r.session, len(chains) * codec.keys(r), kind.width(self.host.model))
-        session = self._own(r.session, client)
-        iteration, arrays = codec.arrays(r, len(chains))
-        values = kind.ask(self.host, session, iteration, chains, arrays)
-        return wire.answers_message(self.host.reply(r.session, values, kind.reply_scale(arrays)))
+        decode = functools.partial(codec.arrays, r, len(r.chains))
+        return self._query(kind, r.session, r.chains, codec.keys(r), decode, client)
+
+    def _kind_query(self, r: pb.KindQuery, client: str | None) -> pb.Answers:
+        """A ``KindQuery`` of any registered kind (``kinds.KINDS``); an unknown kind, or arrays
+        other than the kind's, are refused."""
+        kind = query_kind(r.kind)
+        arrays = wire.kind_query_arrays(r)
+        kind.check_arrays(arrays)
+        decoded = (r.iteration, arrays)
+        keys = kind.keys_per_chain(arrays)
+        return self._query(kind, r.session, r.chains, keys, lambda: decoded, client)
 
     def _session_keys(self, r: pb.SessionKeysRequest, client: str | None) -> pb.SessionKeysReply:
         keys = self.host.session_keys(self._own(r.session, client))
@@ -274,7 +299,7 @@ class OwnerServicer(pb_grpc.OwnerServicer):
             context,
             client,
             request.session,
-            lambda: self._query("log_ratio", request, client),
+            lambda: self._v1_query("log_ratio", request, client),
             _cost("log_ratio", request),
         )
 
@@ -284,7 +309,7 @@ class OwnerServicer(pb_grpc.OwnerServicer):
             context,
             client,
             request.session,
-            lambda: self._query("suff_stats", request, client),
+            lambda: self._v1_query("suff_stats", request, client),
             _cost("suff_stats", request),
         )
 
@@ -294,8 +319,18 @@ class OwnerServicer(pb_grpc.OwnerServicer):
             context,
             client,
             request.session,
-            lambda: self._query("gradient", request, client),
+            lambda: self._v1_query("gradient", request, client),
             _cost("gradient", request),
+        )
+
+    async def Ask(self, request, context):
+        client = await self._client(context)
+        return await self._unary(
+            context,
+            client,
+            request.session,
+            lambda: self._kind_query(request, client),
+            _kind_query_cost(request),
         )
 
     async def SessionKeys(self, request, context):
@@ -354,11 +389,17 @@ class OwnerServicer(pb_grpc.OwnerServicer):
         self._work.close()
 
     def _answer(self, request: pb.QueryRequest, client: str | None) -> pb.QueryReply:
-        kind = request.WhichOneof("query")
+        v1 = request.WhichOneof("query")
         try:
-            if kind is None:
-                raise InvalidRequest(f"a query must carry one of {', '.join(wire.QUERY_CODECS)}")
-            answers = self._query(kind, getattr(request, kind), client)
+            if (v1 is None) == (not request.HasField("kind_query")):
+                raise InvalidRequest(
+                    "a query must carry one of kind_query, "
+                    f"{', '.join(wire.QUERY_CODECS)}, and only one"
+                )
+            if v1 is None:
+                answers = self._kind_query(request.kind_query, client)
+            else:
+                answers = self._v1_query(v1, getattr(request, v1), client)
             return pb.QueryReply(id=request.id, answers=answers)
         except OwnerError as exc:
             return pb.QueryReply(id=request.id, refusal=wire.refusal(exc))
@@ -385,10 +426,22 @@ def _cost(kind: str, query) -> int:
     return len(query.chains) * (codec.keys(query) if codec is not None else 1)
 
 
+def _kind_query_cost(query: pb.KindQuery) -> int:
+    """What a ``KindQuery`` costs in the fair queue: chains × its kind's keys per chain (1 per
+    chain for a query that is refused when its turn comes)."""
+    try:
+        kind = query_kind(query.kind)
+        return len(query.chains) * kind.keys_per_chain(wire.kind_query_arrays(query))
+    except (OwnerError, KeyError):
+        return len(query.chains)
+
+
 def _turn(request: pb.QueryRequest) -> tuple[str, int]:
-    """The session and cost (``_cost``) of a query on the stream."""
+    """The session and cost (``_cost``, ``_kind_query_cost``) of a query on the stream."""
     kind = request.WhichOneof("query")
     if kind is None:
+        if request.HasField("kind_query"):
+            return request.kind_query.session, _kind_query_cost(request.kind_query)
         return "", 1
     query = getattr(request, kind)
     return query.session, _cost(kind, query)

@@ -98,10 +98,11 @@ def answers_reply(msg: pb.Answers) -> Reply:
 # --- queries ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class QueryCodec:
-    """One query kind's message on the wire (the ``QueryRequest`` oneof field named as the
-    kind): ``message`` its class; ``fields`` the message's fields besides session and chains
-    from (iteration, arrays); ``arrays`` (iteration, arrays) back from a message of C chains
-    (``InvalidRequest`` for a malformed one); ``keys`` the answers it asks per chain."""
+    """One v1 query message on the wire (the ``QueryRequest`` oneof field named as the kind;
+    clients of this release send a ``KindQuery`` instead): ``message`` its class; ``fields``
+    the message's fields besides session and chains from (iteration, arrays); ``arrays``
+    (iteration, arrays) back from a message of C chains (``InvalidRequest`` for a malformed
+    one); ``keys`` the answers it asks per chain."""
 
     message: type
     fields: Callable[[int, Mapping[str, Any]], dict[str, Any]]
@@ -109,7 +110,8 @@ class QueryCodec:
     keys: Callable[[Any], int] = lambda msg: 1
 
 
-#: Query kind (v2 name, ``kinds.KINDS``) → its codec; one line per kind.
+#: Query kind (v2 name) → its v1 message's codec: the kinds of the first release only (a kind
+#: registered since travels as a ``KindQuery`` alone).
 QUERY_CODECS: dict[str, QueryCodec] = {
     "log_ratio": QueryCodec(
         pb.LogRatioRequest,
@@ -142,7 +144,7 @@ QUERY_CODECS: dict[str, QueryCodec] = {
 
 
 def query_codec(kind: str) -> QueryCodec:
-    """The codec of ``kind`` (v2 name); ``InvalidRequest`` naming the kinds the wire carries."""
+    """The v1 codec of ``kind`` (v2 name); ``InvalidRequest`` naming the kinds it has."""
     codec = QUERY_CODECS.get(kind)
     if codec is None:
         raise errors.InvalidRequest(
@@ -151,11 +153,50 @@ def query_codec(kind: str) -> QueryCodec:
     return codec
 
 
-def query_request(kind: str, session: str, iteration: int, chains, arrays) -> Any:
-    """A query of ``kind`` as its message (``QueryCodec``), for ``QueryRequest.<kind>``."""
-    codec = query_codec(kind)
-    chain_list = np.asarray(chains).tolist()
-    return codec.message(session=session, chains=chain_list, **codec.fields(iteration, arrays))
+def kind_query(kind: str, session: str, iteration: int, chains, arrays) -> pb.KindQuery:
+    """A query of ``kind`` (v2 name) as the generic ``KindQuery``: ``arrays`` by name, integer
+    ones (Python or numpy ints) as integers, everything else as float64."""
+    return pb.KindQuery(
+        kind=kind,
+        session=session,
+        iteration=int(iteration),
+        chains=np.asarray(chains).tolist(),
+        arrays=[_named_array(name, value) for name, value in arrays.items()],
+    )
+
+
+def _named_array(name: str, value: Any) -> pb.NamedArray:
+    arr = np.asarray(value)
+    msg = pb.NamedArray(name=name, shape=arr.shape)
+    if arr.dtype.kind in "iu":
+        msg.integers[:] = arr.ravel().tolist()
+    else:
+        msg.values[:] = np.ravel(arr.astype(float)).tolist()
+    return msg
+
+
+def kind_query_arrays(msg: pb.KindQuery) -> dict[str, Any]:
+    """A ``KindQuery``'s named arrays: scalars as Python ints or floats, the others as arrays
+    of their shape; ``InvalidRequest`` for a name given twice, or values that do not fill
+    their shape of at most 32 axes (whether the names, shapes and values are the kind's is
+    the kind's to check)."""
+    arrays: dict[str, Any] = {}
+    for named in msg.arrays:
+        if named.name in arrays:
+            raise errors.InvalidRequest(f"the query names the array {named.name!r} twice")
+        if named.integers and named.values:
+            raise errors.InvalidRequest(f"array {named.name!r} has both values and integers")
+        shape = tuple(named.shape)
+        if named.integers:
+            flat = np.asarray(named.integers, dtype=np.int64)
+        else:
+            flat = np.asarray(named.values, dtype=float)
+        if len(shape) > 32 or any(n < 0 for n in shape) or math.prod(shape) != flat.size:
+            raise errors.InvalidRequest(
+                f"array {named.name!r} has {flat.size} values, not the {shape} it declares"
+            )
+        arrays[named.name] = flat[0].item() if not shape else flat.reshape(shape)
+    return arrays
 
 
 # --- secure aggregation -------------------------------------------------------------------

@@ -172,6 +172,32 @@ class GradientRequest(_message.Message):
     clip: float
     def __init__(self, session: _Optional[str] = ..., iteration: _Optional[int] = ..., chains: _Optional[_Iterable[int]] = ..., theta: _Optional[_Iterable[float]] = ..., clip: _Optional[float] = ...) -> None: ...
 
+class KindQuery(_message.Message):
+    __slots__ = ("kind", "session", "iteration", "chains", "arrays")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    CHAINS_FIELD_NUMBER: _ClassVar[int]
+    ARRAYS_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    session: str
+    iteration: int
+    chains: _containers.RepeatedScalarFieldContainer[int]
+    arrays: _containers.RepeatedCompositeFieldContainer[NamedArray]
+    def __init__(self, kind: _Optional[str] = ..., session: _Optional[str] = ..., iteration: _Optional[int] = ..., chains: _Optional[_Iterable[int]] = ..., arrays: _Optional[_Iterable[_Union[NamedArray, _Mapping]]] = ...) -> None: ...
+
+class NamedArray(_message.Message):
+    __slots__ = ("name", "shape", "values", "integers")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    INTEGERS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    values: _containers.RepeatedScalarFieldContainer[float]
+    integers: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., values: _Optional[_Iterable[float]] = ..., integers: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class Answers(_message.Message):
     __slots__ = ("values", "shape", "noise_sd", "masked", "check", "lattice_step")
     VALUES_FIELD_NUMBER: _ClassVar[int]
@@ -203,16 +229,18 @@ class Refusal(_message.Message):
     def __init__(self, code: _Optional[str] = ..., error: _Optional[str] = ..., message: _Optional[str] = ..., owner: _Optional[str] = ..., epsilon_left: _Optional[float] = ...) -> None: ...
 
 class QueryRequest(_message.Message):
-    __slots__ = ("id", "log_ratio", "suff_stats", "gradient")
+    __slots__ = ("id", "log_ratio", "suff_stats", "gradient", "kind_query")
     ID_FIELD_NUMBER: _ClassVar[int]
     LOG_RATIO_FIELD_NUMBER: _ClassVar[int]
     SUFF_STATS_FIELD_NUMBER: _ClassVar[int]
     GRADIENT_FIELD_NUMBER: _ClassVar[int]
+    KIND_QUERY_FIELD_NUMBER: _ClassVar[int]
     id: int
     log_ratio: LogRatioRequest
     suff_stats: SuffStatsRequest
     gradient: GradientRequest
-    def __init__(self, id: _Optional[int] = ..., log_ratio: _Optional[_Union[LogRatioRequest, _Mapping]] = ..., suff_stats: _Optional[_Union[SuffStatsRequest, _Mapping]] = ..., gradient: _Optional[_Union[GradientRequest, _Mapping]] = ...) -> None: ...
+    kind_query: KindQuery
+    def __init__(self, id: _Optional[int] = ..., log_ratio: _Optional[_Union[LogRatioRequest, _Mapping]] = ..., suff_stats: _Optional[_Union[SuffStatsRequest, _Mapping]] = ..., gradient: _Optional[_Union[GradientRequest, _Mapping]] = ..., kind_query: _Optional[_Union[KindQuery, _Mapping]] = ...) -> None: ...
 
 class QueryReply(_message.Message):
     __slots__ = ("id", "answers", "refusal")

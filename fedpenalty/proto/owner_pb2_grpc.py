@@ -64,6 +64,11 @@ class OwnerStub:
                 request_serializer=fedpenalty_dot_v1_dot_owner__pb2.GradientRequest.SerializeToString,
                 response_deserializer=fedpenalty_dot_v1_dot_owner__pb2.Answers.FromString,
                 _registered_method=True)
+        self.Ask = channel.unary_unary(
+                '/fedpenalty.v1.Owner/Ask',
+                request_serializer=fedpenalty_dot_v1_dot_owner__pb2.KindQuery.SerializeToString,
+                response_deserializer=fedpenalty_dot_v1_dot_owner__pb2.Answers.FromString,
+                _registered_method=True)
         self.PrivacyReport = channel.unary_unary(
                 '/fedpenalty.v1.Owner/PrivacyReport',
                 request_serializer=fedpenalty_dot_v1_dot_owner__pb2.PrivacyReportRequest.SerializeToString,
@@ -126,6 +131,13 @@ class OwnerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Ask(self, request, context):
+        """A query of any kind (v2): the kind by name with its named arrays.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def PrivacyReport(self, request, context):
         """Each hosted owner's own privacy report, read from its ledger.
         """
@@ -134,8 +146,9 @@ class OwnerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Query(self, request_iterator, context):
-        """The per-iteration fan-out: LogRatio / SuffStats / Gradient requests on one long-lived stream,
-        answered in order, each reply carrying the id of its request.
+        """The per-iteration fan-out: queries (KindQuery, or a v1 LogRatio / SuffStats / Gradient
+        request) on one long-lived stream, answered in order, each reply carrying the id of its
+        request.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -179,6 +192,11 @@ def add_OwnerServicer_to_server(servicer, server):
             'Gradient': grpc.unary_unary_rpc_method_handler(
                     servicer.Gradient,
                     request_deserializer=fedpenalty_dot_v1_dot_owner__pb2.GradientRequest.FromString,
+                    response_serializer=fedpenalty_dot_v1_dot_owner__pb2.Answers.SerializeToString,
+            ),
+            'Ask': grpc.unary_unary_rpc_method_handler(
+                    servicer.Ask,
+                    request_deserializer=fedpenalty_dot_v1_dot_owner__pb2.KindQuery.FromString,
                     response_serializer=fedpenalty_dot_v1_dot_owner__pb2.Answers.SerializeToString,
             ),
             'PrivacyReport': grpc.unary_unary_rpc_method_handler(
@@ -358,6 +376,33 @@ class Owner:
             target,
             '/fedpenalty.v1.Owner/Gradient',
             fedpenalty_dot_v1_dot_owner__pb2.GradientRequest.SerializeToString,
+            fedpenalty_dot_v1_dot_owner__pb2.Answers.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Ask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedpenalty.v1.Owner/Ask',
+            fedpenalty_dot_v1_dot_owner__pb2.KindQuery.SerializeToString,
             fedpenalty_dot_v1_dot_owner__pb2.Answers.FromString,
             options,
             channel_credentials,

@@ -1,21 +1,29 @@
 """Clipped, Poisson-subsampled gradient sums (federated SG-MCMC, docs/design.md §2.3): owner
 k's answer for chain c samples each record with the session's rate q, clips its ∇_θ ℓ(x, θ_c)
 to L2 norm ``clip``, sums, and adds noise of sd σ_k·clip — seeded float noise for simulated
-owners, exact lattice noise (the sum rounded to the lattice first) for the others."""
+owners, exact lattice noise (the sum rounded to the lattice first) for the others.
+``GradientPath``: the kind's whole answer path at one host."""
 
 from __future__ import annotations
 
+import hashlib
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ...common import SGMCMC
 from ...models import Model
+from ..ledger import SampledCharge
 from ..mechanism import HostNoise, Keys
 from ..node import OwnerNode
 from ..noise.exact import poisson_sample
+from ..pipeline import Asked, Planned, Request
+
+if TYPE_CHECKING:
+    from ...kinds import QueryKind
 
 
 def clipped_gradient_sum(
@@ -133,3 +141,41 @@ class GradientAnswers:
     def _scalars(self) -> tuple[int, float, float]:
         """(iteration, clip, q) of the request."""
         return self._query.iteration, self._query.clip, self._query.q
+
+
+class GradientPath:
+    """The gradient answer path of one host's owners ``nodes`` (``pipeline.KindPath``) for
+    ``kind``: each answer's digest is the kind's tag, the clip and θ_c as little-endian
+    float64; each is charged as one Poisson-subsampled Gaussian release at (q, the owner's
+    gradient noise multiplier) under its neighbour relation."""
+
+    def __init__(self, kind: QueryKind, nodes: Sequence[OwnerNode]):
+        self.compute = GradientCompute(nodes)
+        self.tag = kind.digest_tag
+        self.dim = nodes[0].model.dim
+        self.neighbours = [n.policy.neighbour for n in nodes]
+
+    def plan(
+        self, asked: Asked, iteration: int, chains: Any, arrays: Mapping[str, Any]
+    ) -> Planned[GradientQuery]:
+        """Answers ``(K, C, d)`` to θ ``(C, d)`` at ``iteration`` clipped at ``clip``
+        (``arrays``), keyed (session, c, iteration), in units of the clip."""
+        checks = asked.checks
+        q = checks.sampling_rate(asked.opened)
+        iteration = checks.index("iteration", iteration)
+        chains = checks.chains(chains)
+        theta = checks.theta("theta", arrays["theta"], len(chains))
+        clip = checks.clip(arrays["clip"])
+        checks.work(len(chains))
+        tag = self.tag + np.float64(clip).tobytes()
+        digests = [
+            hashlib.sha256(tag + theta[c].astype("<f8").tobytes()).digest()
+            for c in range(len(chains))
+        ]
+
+        keys = asked.keys(chains, np.full(len(chains), iteration))
+        mechanism = asked.mechanism
+        sampled = SampledCharge(q, mechanism.gradient_multiplier, self.neighbours)
+        request = Request(keys, digests, mechanism, self.dim, sampled=sampled)
+        query = GradientQuery(theta, iteration, clip, q)
+        return Planned(request, self.compute, query, (len(chains), self.dim), clip)

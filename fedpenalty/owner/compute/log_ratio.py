@@ -1,12 +1,15 @@
 """Clipped log-likelihood-ratio sums (penalty MH, docs/design.md §2.1, §2.2): owner k's exact
 answer for chain c is Σ_x clip(ℓ(x,θ'_c) − ℓ(x,θ_c), ±c_clip‖θ'_c − θ_c‖), record by record —
 or, for an exponential-family model where provably no per-record clip binds, in O(1) from the
-owner's sufficient statistics (``ExpFamShortcut``)."""
+owner's sufficient statistics (``ExpFamShortcut``). ``LogRatioPath``: the kind's whole answer
+path at one host — its checks, digests and charge μ = Δ/σ per answer."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -14,7 +17,11 @@ from ...common import LOG_RATIO
 from ...models import ExpFamModel
 from ..mechanism import HostNoise, Keys
 from ..node import OwnerNode
+from ..pipeline import Asked, Planned, Request
 from .noisy import NoisyExact
+
+if TYPE_CHECKING:
+    from ...kinds import QueryKind
 
 
 @dataclass(frozen=True)
@@ -111,3 +118,45 @@ class LogRatioCompute:
             return self.sums(query.theta, query.theta_prop, query.step)[:, :, None]
 
         return NoisyExact(noise, keys, self.kind, exact)
+
+
+class LogRatioPath:
+    """The log-ratio answer path of one host's owners ``nodes`` (``pipeline.KindPath``) for
+    ``kind``: each answer's digest is the kind's tag and its (θ, θ′) as little-endian float64,
+    and it is charged μ = Δ(step)/σ_k per owner, at a step of no less than the owners' largest
+    ``charged_step`` (docs/design.md §3, invariant 14)."""
+
+    def __init__(self, kind: QueryKind, nodes: Sequence[OwnerNode]):
+        self.compute = LogRatioCompute(nodes)
+        self.tag = kind.digest_tag
+        # one floor for the host's one AffineMus (charging an owner more is never less private)
+        self.charged_step = max(n.policy.charged_step for n in nodes)
+        # sensitivity per unit step of one answer: (2 or 1)·L per owner
+        model = nodes[0].model
+        self.delta_per_step = np.array(
+            [kind.sensitivity(model, n.policy.neighbour, 1.0) for n in nodes]
+        )
+
+    def plan(
+        self, asked: Asked, iteration: int, chains: Any, arrays: Mapping[str, Any]
+    ) -> Planned[LogRatioQuery]:
+        """Answers ``(K, C)`` to θ, θ′ ``(C, d)`` (``arrays``) at ``iteration`` for ``chains``
+        ``(C,)``, keyed (session, c, iteration); θ, θ′ inside Θ with an admitted step."""
+        checks = asked.checks
+        iteration = checks.index("iteration", iteration)
+        chains = checks.chains(chains)
+        theta = checks.theta("theta", arrays["theta"], len(chains))
+        theta_prop = checks.theta("theta_prop", arrays["theta_prop"], len(chains))
+        step = asked.limits.check(theta, theta_prop)
+        if self.compute.per_record:
+            checks.work(len(chains))
+        pairs = np.concatenate([theta, theta_prop], axis=1).astype("<f8", copy=False)
+        digests = [hashlib.sha256(self.tag + row.tobytes()).digest() for row in pairs]
+
+        keys = asked.keys(chains, np.full(len(chains), iteration))
+        mechanism = asked.mechanism
+        charged = np.maximum(step, self.charged_step)
+        mus = mechanism.mus(self.delta_per_step, charged, 1)
+        request = Request(keys, digests, mechanism, 1, mus)
+        query = LogRatioQuery(theta, theta_prop, step)
+        return Planned(request, self.compute, query, (len(chains),))
