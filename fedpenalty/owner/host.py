@@ -38,7 +38,7 @@ from .compute.gradient import GradientCompute, GradientQuery
 from .compute.log_ratio import LogRatioCompute, LogRatioQuery
 from .compute.suff_stats import SuffStatsCompute
 from .ledger import SampledCharge
-from .mechanism import HostNoise, Keys
+from .mechanism import HostNoise, Keys, noise_address
 from .node import SESSION_EVENTS, OwnerNode, close_sessions, open_sessions, privacy_reports
 from .pipeline import AnswerPipeline, Request
 from .pipeline import reply as reply_of
@@ -67,7 +67,8 @@ class OwnerHost:
             raise ValueError("all owners of a host must use the same model")
         self.names = names
         self.label = names[0] if len(names) == 1 else f"host of {len(names)} owners"
-        self._checked: dict[str, tuple[str, int, list, StepLimits]] = {}
+        # (session, kind asked) → (session events seen, every owner's open kind, step limits)
+        self._checked: dict[tuple[str, str], tuple[int, list, StepLimits]] = {}
         self._checks = RequestChecks(self.nodes, self.label)
         self._charged_step = max(n.policy.charged_step for n in nodes)  # see log_ratio
         # sensitivity per unit step of a log-ratio answer: (2 or 1)·L (the kind's)
@@ -116,6 +117,7 @@ class OwnerHost:
         """Open (or resume) ``request.session`` at every hosted owner (``node.open_sessions``)."""
         session, secure = request.session, request.secure
         mechanism = None
+        request.kinds(self.label)
         if secure is not None:
             kind = query_kind(request.single(self.label).kind, self.label)
             mechanism = self._noise.secure_mechanism(session, kind.ledger_name, secure)
@@ -134,11 +136,12 @@ class OwnerHost:
         self._noise.secure.pop(session, None)
 
     def _require_session(self, session: str, algorithm: str) -> list:
-        """Every owner's open ``session`` for ``algorithm``: validated in full, then kept until
-        any owner anywhere opens or closes a session (``SESSION_EVENTS``)."""
-        checked = self._checked.get(session) if isinstance(session, str) else None
-        if checked is not None and checked[0] == algorithm and checked[1] == SESSION_EVENTS[0]:
-            return checked[2]
+        """Every owner's open ``session``'s kind ``algorithm``: validated in full, then kept
+        until any owner anywhere opens or closes a session (``SESSION_EVENTS``)."""
+        key = (session, algorithm)
+        checked = self._checked.get(key) if isinstance(session, str) else None
+        if checked is not None and checked[0] == SESSION_EVENTS[0]:
+            return checked[1]
         opened = [node.require_session(session, algorithm) for node in self.nodes]
         if any(o.secure is not None for o in opened) != (session in self._noise.secure):
             raise UnknownSession(
@@ -147,17 +150,21 @@ class OwnerHost:
                 self.label,
             )
         steps = np.array([np.inf if o.max_step is None else o.max_step for o in opened])
-        self._checked[session] = (
-            algorithm,
-            SESSION_EVENTS[0],
-            opened,
-            self._checks.step_limits(steps),
-        )
+        self._checked[key] = (SESSION_EVENTS[0], opened, self._checks.step_limits(steps))
         return opened
 
     def _step_limits(self, session: str) -> StepLimits:
-        """What steps ``session`` admits (after ``_require_session``)."""
-        return self._checked[session][3]
+        """What steps ``session``'s log ratios admit (after ``_require_session``)."""
+        return self._checked[(session, LOG_RATIO)][2]
+
+    def _keys(self, opened: list, chains: np.ndarray, iterations: np.ndarray, substep: int) -> Keys:
+        """The keys of a request to the open kind ``opened`` (``_require_session``) at
+        ``substep`` (a non-negative int): keyed and charged in the kind's ledger session, its
+        noise addressed with the sub-step folded in when it is not 0 (``noise_address``)."""
+        substep = self._checks.index("substep", substep)
+        ledger_session = opened[0].ledger_session
+        label = self._noise.label(noise_address(ledger_session, substep))
+        return Keys(ledger_session, label, chains, iterations, substep)
 
     def privacy_reports(self, session: str | None = None) -> list[PrivacyReport]:
         return privacy_reports(self.nodes, session)
@@ -200,6 +207,7 @@ class OwnerHost:
         chains: np.ndarray,
         theta: np.ndarray,
         theta_prop: np.ndarray,
+        substep: int = 0,
     ) -> np.ndarray | Reply:
         """Noisy clipped log-likelihood ratios ``(K, C)`` (a secure session: their masked sum,
         a ``Reply``).
@@ -210,7 +218,7 @@ class OwnerHost:
         and charged μ = Δ/σ_k with Δ = 2L‖θ'_c − θ_c‖ (replace-one) or L‖θ'_c − θ_c‖ (add/remove);
         in a secure session the noise variance is s²/(K − t) and μ = (Δ + γ)/s.
         """
-        self._require_session(session, LOG_RATIO)
+        opened = self._require_session(session, LOG_RATIO)
         checks = self._checks
         iteration = checks.index("iteration", iteration)
         chains = checks.chains(chains)
@@ -223,7 +231,7 @@ class OwnerHost:
         digests = [hashlib.sha256(_LOG_RATIO_TAG + row.tobytes()).digest() for row in pairs]
 
         iterations = np.full(len(chains), iteration)
-        keys = Keys(session, self._noise.label(session), chains, iterations)
+        keys = self._keys(opened, chains, iterations, substep)
         mechanism = self._noise.mechanism(session)
         # a minimum charge (invariant 14): the owners' largest charged_step, one floor for the
         # host's one AffineMus (charging an owner more is never less private)
@@ -234,7 +242,7 @@ class OwnerHost:
         return self._pipeline.run(self._noise, request, self._log_ratio, query, (len(chains),))
 
     def suff_stats(
-        self, session: str, chains: np.ndarray, start: int, block: int
+        self, session: str, chains: np.ndarray, start: int, block: int, substep: int = 0
     ) -> np.ndarray | Reply:
         """``block`` fresh noisy copies of each owner's Σ S(x) per chain: ``(K, C, block, s)``
         (a secure session: their masked sum, a ``Reply``).
@@ -242,7 +250,7 @@ class OwnerHost:
         Copy j of chain c is keyed (session, c, start + j); each copy is N(Σ S(x), σ_k² I),
         charged μ = Δ_S/σ_k (secure: variance s²/(K − t), μ = (Δ_S + γ√s)/s).
         """
-        self._require_session(session, SUFF_STATS)
+        opened = self._require_session(session, SUFF_STATS)
         stats = self._stats
         assert stats is not None  # statistic sessions open for exponential-family models only
         start = self._checks.index("start", start)
@@ -254,14 +262,20 @@ class OwnerHost:
         key_chains = np.repeat(chains, block)
         key_iterations = np.tile(start + np.arange(block), len(chains))
 
-        keys = Keys(session, self._noise.label(session), key_chains, key_iterations)
+        keys = self._keys(opened, key_chains, key_iterations, substep)
         mechanism = self._noise.mechanism(session)
         mus = mechanism.mus(self._stat_delta, np.ones(len(key_chains)), s)
         request = Request(keys, [_STATS_DIGEST] * len(key_chains), mechanism, s, mus)
         return self._pipeline.run(self._noise, request, stats, None, (len(chains), block, s))
 
     def gradient(
-        self, session: str, iteration: int, chains: np.ndarray, theta: np.ndarray, clip: float
+        self,
+        session: str,
+        iteration: int,
+        chains: np.ndarray,
+        theta: np.ndarray,
+        clip: float,
+        substep: int = 0,
     ) -> np.ndarray | Reply:
         """Noisy clipped gradient sums ``(K, C, d)`` (federated SG-MCMC, docs/design.md §2.3;
         a secure session: their masked sum, a ``Reply``, with noise sd s·clip/√(K − t)).
@@ -274,7 +288,8 @@ class OwnerHost:
         ``gradient_noise_multiplier``), counted against the session's plan.
         """
         checks = self._checks
-        q = checks.sampling_rate(self._require_session(session, SGMCMC))
+        opened = self._require_session(session, SGMCMC)
+        q = checks.sampling_rate(opened)
         iteration = checks.index("iteration", iteration)
         chains = checks.chains(chains)
         theta = checks.theta("theta", theta, len(chains))
@@ -286,7 +301,7 @@ class OwnerHost:
             for c in range(len(chains))
         ]
 
-        keys = Keys(session, self._noise.label(session), chains, np.full(len(chains), iteration))
+        keys = self._keys(opened, chains, np.full(len(chains), iteration), substep)
         mechanism = self._noise.mechanism(session)
         sampled = SampledCharge(
             q, mechanism.gradient_multiplier, [n.policy.neighbour for n in self.nodes]

@@ -112,7 +112,9 @@ class AnswerPipeline:
         first, last = span(keys.iterations)
         out: np.ndarray | None = None
         for part in self.parts:
-            stored = part.ledger.stored_ids(part.owner_ids, keys.session, first, last)
+            stored = part.ledger.stored_ids_at(
+                part.owner_ids, keys.session, first, last, keys.substep
+            )
             if stored:
                 if out is None:
                     out = np.empty((len(self.nodes), len(keys.chains), width), dtype=dtype)
@@ -161,6 +163,7 @@ class AnswerPipeline:
             sub,
             part.renyi,
             part.owner_ids,
+            request.keys.substep,
         )
 
     def _replay(
@@ -175,8 +178,10 @@ class AnswerPipeline:
                 if row is None:
                     continue
                 if row[0] != digests[j]:
+                    at = f", sub-step {keys.substep}" if keys.substep else ""
                     raise ReplayConflict(
-                        f"(session, chain {key[0]}, iteration {key[1]}) was already answered for a "
+                        f"(session, chain {key[0]}, iteration {key[1]}{at}) was already answered "
+                        "for a "
                         f"different query; "
                         "an owner never gives two independent noisy answers to one query",
                         self.names[k],
