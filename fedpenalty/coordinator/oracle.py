@@ -80,11 +80,15 @@ class Oracle(Protocol):
         every owner's session key is relayed to all of them first, and every answer comes back
         as the decoded sum."""
 
-    def query(self, kind: str, iteration: int, chains: np.ndarray, **arrays: Any) -> Answers:
+    def query(
+        self, kind: str, iteration: int, chains: np.ndarray, substep: int = 0, **arrays: Any
+    ) -> Answers:
         """One query of ``kind`` (its protocol-v2 name, ``kinds.KINDS``) at every owner, for
-        ``chains`` ``(C,)`` keyed from ``iteration`` on, carrying the kind's ``arrays``
+        ``chains`` ``(C,)`` keyed from ``iteration`` on at ``substep`` (one of several answers
+        of one kind in one iteration; part of the key), carrying the kind's ``arrays``
         (``QueryKind.arrays``). What every transport implements; the kernels call the thin
-        per-kind methods below."""
+        per-kind methods below. A transport whose protocol does not carry the sub-step refuses
+        one that is not 0."""
         ...
 
     def log_ratio(

@@ -123,17 +123,25 @@ class QueryKind(ABC):
 
     # --- a query ----------------------------------------------------------------------------
     def ask(
-        self, host: Any, session: str, iteration: int, chains: np.ndarray, arrays: Mapping[str, Any]
+        self,
+        host: Any,
+        session: str,
+        iteration: int,
+        chains: np.ndarray,
+        arrays: Mapping[str, Any],
+        substep: int = 0,
     ) -> Any:
         """The owner host's answers to one query of this kind (``OwnerHost.<name>``): keys
-        (``session``, chain, ``iteration`` …) for ``chains`` ``(C,)``, with the kind's
-        ``arrays``; ``InvalidRequest`` when they are not exactly the kind's."""
+        (``session``, chain, ``iteration`` …) for ``chains`` ``(C,)`` at ``substep`` (passed
+        only when not 0), with the kind's ``arrays``; ``InvalidRequest`` when they are not
+        exactly the kind's."""
         if set(arrays) != set(self.arrays):
             raise InvalidRequest(
                 f"a {self.name} query carries {', '.join(self.arrays)}, not "
                 f"{', '.join(sorted(arrays)) or 'nothing'}"
             )
-        return getattr(host, self.name)(session, *self._host_args(iteration, chains, arrays))
+        at = {"substep": substep} if substep else {}
+        return getattr(host, self.name)(session, *self._host_args(iteration, chains, arrays), **at)
 
     @abstractmethod
     def _host_args(
