@@ -22,8 +22,11 @@ owners that answered together) and hold one value per owner:
   wrote them: still read (replays, spend), never written.
 * ``sampled`` — per (session, owner, q, σ): the number of Poisson-subsampled Gaussian answers
   (gradients), accounted with dp-accounting rather than as GDP.
-* ``sessions`` — per owner: algorithm, plan, open/close times, sampling rate. An open sgmcmc
-  session reserves what its plan may still give (``PlanView.reserved``).
+* ``sessions`` — per owner: algorithm, plan, open/close times, sampling rate; a session of
+  several kinds has one row per kind, its *part* (``ledger_records.part_name``). An open
+  sgmcmc session reserves what its plan may still give (``PlanView.reserved``).
+* ``answer_blocks.substep`` — the sub-step of a block's keys (0 in earlier ledgers): part of
+  the answer key.
 * ``limits`` — per owner: the μ² its Gaussian answers may reach with every gradient answer
   given or reserved (written when a plan is admitted, read by every charge).
 * ``mechanisms`` — per owner: whether it ever opened a session as a lattice owner (then all
