@@ -9,6 +9,7 @@ import pytest
 
 from fedpenalty.common import Policy
 from fedpenalty.coordinator.inprocess import InProcessOracle
+from fedpenalty.coordinator.oracle import Oracle
 from fedpenalty.errors import BudgetExhausted, InvalidRequest, ReplayConflict
 from fedpenalty.kinds import KindTerms
 from fedpenalty.models import build_model
@@ -135,3 +136,30 @@ def test_substep_zero_is_the_key_and_noise_of_a_session_of_one_kind(tmp_path):
     np.testing.assert_array_equal(ask(b, "log_ratio", 4, 0), first)
     with pytest.raises(InvalidRequest, match="substep"):
         ask(a, "log_ratio", 4, -1)
+
+
+def test_the_owner_report_lists_a_session_once_per_kind(tmp_path):
+    o = oracle(tmp_path)
+    session = o.open_kinds([KindTerms("log_ratio", 20), KindTerms("gradient", 20, 0.1)])
+    ask(o, "log_ratio", 0, 0)
+    rows = o.host.nodes[0].ledger.sessions("o0")
+    assert [(r.session, r.algorithm, r.spend.answers) for r in rows] == [
+        (session, "penalty", 2),
+        (session, "sgmcmc", 0),
+    ]
+
+
+def test_a_transport_of_one_kind_per_session_opens_one_and_refuses_several(tmp_path):
+    class OneKind(Oracle):  # the protocol's default open_kinds (gRPC, Ray)
+        def __init__(self, inner: InProcessOracle):
+            self.inner = inner
+
+        def open_session(self, *args) -> str:
+            return self.inner.open_session(*args)
+
+    inner = oracle(tmp_path)
+    o = OneKind(inner)
+    session = o.open_kinds([KindTerms("gradient", 20, 0.1)], session="g")
+    assert session == "g" and inner.host.nodes[0].require_session("g", "gradient")
+    with pytest.raises(ValueError, match="one query kind, not 2"):
+        o.open_kinds([KindTerms("log_ratio", 20), KindTerms("gradient", 20, 0.1)])

@@ -14,7 +14,7 @@ import numpy as np
 from ..privacy import GaussianSpend
 from ..privacy.subsampled import SubsampledGaussian
 from .key_store import KeyStore
-from .ledger_records import Report, SecureSpend, Session, events_of
+from .ledger_records import PART_SEPARATOR, Report, SecureSpend, Session, events_of
 from .ledger_rows import StepSums, line_spend
 from .ledger_store import LedgerStore
 
@@ -184,7 +184,8 @@ class SpendTotals:
             return None
         spend = self.spend_of(owner, self.store.id(session))
         sampled = self.sampled_of(owner, self.store.id(session))
-        return Session(session, row[0], row[1], row[2] is not None, spend, sampled, row[3], row[4])
+        name = session.partition(PART_SEPARATOR)[0]  # a part is shown as its session
+        return Session(name, row[0], row[1], row[2] is not None, spend, sampled, row[3], row[4])
 
     def sessions(self, owner: str) -> list[Session]:
         """Every session the owner has opened, oldest first, each with its own spend (what
