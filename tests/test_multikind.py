@@ -4,6 +4,9 @@ and the kinds' plans are admitted jointly."""
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -163,3 +166,31 @@ def test_a_transport_of_one_kind_per_session_opens_one_and_refuses_several(tmp_p
     assert session == "g" and inner.host.nodes[0].require_session("g", "gradient")
     with pytest.raises(ValueError, match="one query kind, not 2"):
         o.open_kinds([KindTerms("log_ratio", 20), KindTerms("gradient", 20, 0.1)])
+
+
+def test_a_ledger_of_release_0_1_0_reads_at_substep_0_and_takes_sessions_of_several_kinds(
+    tmp_path,
+):
+    fixture = Path(__file__).resolve().parent / "fixtures" / "ledger_0.1.0.sqlite"
+    copy = tmp_path / "old.sqlite"
+    shutil.copy(fixture, copy)
+    reader = Ledger(copy, read_only=True)  # no sub-step column: every stored answer is at 0
+    try:
+        assert not reader.store.substeps
+        owner = reader.store.db.execute("SELECT owner FROM sessions LIMIT 1").fetchone()[0]
+        sessions = {s.session for s in reader.sessions(owner)}
+        assert sessions
+        for session in sessions:
+            at_zero = reader.stored([owner], session, 0, 10**6)
+            assert reader.stored_at([owner], session, 0, 10**6, 0) == at_zero
+            assert reader.stored_at([owner], session, 0, 10**6, 1) == {}
+    finally:
+        reader.close()
+    ledger = Ledger(copy, synchronous="NORMAL")  # the writer's migration adds the column
+    assert ledger.store.substeps
+    node = OwnerNode("new", MODEL, RECORDS, POLICY, ledger, np.random.default_rng(3))
+    o = InProcessOracle([node])
+    o.open_kinds([KindTerms("log_ratio", 20), KindTerms("gradient", 20, 0.1)], "mk")
+    first = ask(o, "log_ratio", 0, 1)
+    np.testing.assert_array_equal(ask(o, "log_ratio", 0, 1), first)
+    ledger.close()
