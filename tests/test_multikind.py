@@ -13,10 +13,11 @@ import pytest
 from fedpenalty.common import Policy
 from fedpenalty.coordinator.inprocess import InProcessOracle
 from fedpenalty.coordinator.oracle import Oracle
-from fedpenalty.errors import BudgetExhausted, InvalidRequest, ReplayConflict
+from fedpenalty.errors import BudgetExhausted, InvalidRequest, NotPermitted, ReplayConflict
 from fedpenalty.kinds import KindTerms
 from fedpenalty.models import build_model
-from fedpenalty.owner import Ledger, OwnerNode
+from fedpenalty.owner import Ledger, OwnerHost, OwnerNode
+from fedpenalty.owner.session_request import SessionRequest
 
 MODEL = build_model({"name": "gaussian_mean", "dim": 2, "data_bound": 3.0, "theta_bound": 2.0})
 RECORDS = MODEL.simulate_records(np.random.default_rng(1), np.array([0.3, -0.2]), 500)
@@ -193,4 +194,16 @@ def test_a_ledger_of_release_0_1_0_reads_at_substep_0_and_takes_sessions_of_seve
     o.open_kinds([KindTerms("log_ratio", 20), KindTerms("gradient", 20, 0.1)], "mk")
     first = ask(o, "log_ratio", 0, 1)
     np.testing.assert_array_equal(ask(o, "log_ratio", 0, 1), first)
+    ledger.close()
+
+
+def test_the_opener_of_a_session_of_several_kinds_is_recorded(tmp_path):
+    ledger = Ledger(tmp_path / "l.sqlite", synchronous="NORMAL")
+    node = OwnerNode("o", MODEL, RECORDS, POLICY, ledger, np.random.default_rng(3))
+    host = OwnerHost([node])
+    terms = (KindTerms("log_ratio", 20), KindTerms("gradient", 20, 0.1))
+    host.open(SessionRequest("mk", terms, client="alice"))
+    assert host.session_opener("mk") == "alice"
+    with pytest.raises(NotPermitted, match="another client"):
+        host.open(SessionRequest("mk", terms, client="mallory"))
     ledger.close()

@@ -16,7 +16,15 @@ from ..errors import InvalidRequest, NotPermitted, UnknownSession
 from ..privacy import GaussianSpend
 from ..privacy.subsampled import SubsampledGaussian
 from .key_store import KeyStore
-from .ledger_records import Admit, Opening, PlanView, Session, SessionPart, events_of
+from .ledger_records import (
+    PART_SEPARATOR,
+    Admit,
+    Opening,
+    PlanView,
+    Session,
+    SessionPart,
+    events_of,
+)
 from .ledger_store import LedgerStore
 from .spend_book import SpendBook
 from .spend_totals import SpendTotals
@@ -270,12 +278,14 @@ class SessionBook:
         return views
 
     def session_opener(self, owners: list[str], session: str) -> str | None:
-        """The client that opened ``session`` for some of ``owners`` (None: not recorded, or
-        opened without a client identity)."""
+        """The client that opened ``session`` (or, with several kinds, its parts) for some of
+        ``owners`` (None: not recorded, or opened without a client identity)."""
+        prefix = session + PART_SEPARATOR
         with self.store.reading():
             for owner, client in self.store.db.execute(
-                "SELECT owner, client FROM sessions WHERE session=? AND client IS NOT NULL",
-                (session,),
+                "SELECT owner, client FROM sessions WHERE (session=? OR substr(session, 1, ?)=?) "
+                "AND client IS NOT NULL",
+                (session, len(prefix), prefix),
             ):
                 if owner in owners:
                     return client
