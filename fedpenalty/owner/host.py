@@ -117,7 +117,7 @@ class OwnerHost:
         """Open (or resume) ``request.session`` at every hosted owner (``node.open_sessions``)."""
         session, secure = request.session, request.secure
         mechanism = None
-        request.kinds(self.label)
+        request.kinds(self.label)  # refuses no kind, a kind twice, several kinds with secure
         if secure is not None:
             kind = query_kind(request.single(self.label).kind, self.label)
             mechanism = self._noise.secure_mechanism(session, kind.ledger_name, secure)
