@@ -207,3 +207,14 @@ def test_the_opener_of_a_session_of_several_kinds_is_recorded(tmp_path):
     with pytest.raises(NotPermitted, match="another client"):
         host.open(SessionRequest("mk", terms, client="mallory"))
     ledger.close()
+
+
+def test_the_ledger_records_the_step_each_kind_declared(tmp_path):
+    """As before sessions of several kinds: None when a session declares no max_step (the
+    resume of a session recorded by an earlier release compares with it)."""
+    o = oracle(tmp_path)
+    o.open_session("log_ratio", 20, session="one")
+    o.open_kinds([KindTerms("log_ratio", 20, None, 0.02), KindTerms("suff_stats", 20)], "two")
+    db = o.host.nodes[0].ledger.store.db
+    steps = dict(db.execute("SELECT session, max_step FROM sessions WHERE owner='o0'"))
+    assert steps == {"one": None, "two\x1fpenalty": 0.02, "two\x1fpenalty_expfam": None}

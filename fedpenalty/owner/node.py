@@ -589,7 +589,7 @@ def _open_in_ledger(
         o = first[0]
         return ledger.open_sessions(
             openings, request.session, o.algorithm, o.planned_answers, o.sampling_rate,
-            request.client, o.max_step,
+            request.client, request.terms[0].max_step,
         )  # fmt: skip
     openings = [
         Opening(
@@ -601,9 +601,10 @@ def _open_in_ledger(
         )
         for n, o in zip(group, opened)
     ]
+    # the ledger records the step each kind declared (None: none), as a session of one kind
     parts = [
-        SessionPart(o.ledger_session, o.algorithm, o.planned_answers, o.sampling_rate, o.max_step)
-        for o in first
+        SessionPart(o.ledger_session, o.algorithm, o.planned_answers, o.sampling_rate, t.max_step)
+        for o, t in zip(first, request.terms)
     ]
     return ledger.open_parts(openings, request.session, parts, request.client)
 
