@@ -206,8 +206,12 @@ class GrpcOracle(Oracle):
             raise OwnerError("the owner hosts sent session keys of other owners than they describe")
         return keys
 
-    def query(self, kind: str, iteration: int, chains: np.ndarray, **arrays: Any) -> Answers:
+    def query(
+        self, kind: str, iteration: int, chains: np.ndarray, substep: int = 0, **arrays: Any
+    ) -> Answers:
         """One query on every host's stream, as a ``KindQuery`` (any registered kind)."""
+        if substep:  # docs/design.md §4, "Sessions of several kinds"
+            raise ValueError("the owner protocol carries no sub-step yet: only sub-step 0 is asked")
         asked = query_kind(kind)
         message = wire.kind_query(asked.name, self._require_session(), iteration, chains, arrays)
         keys = len(message.chains) * asked.keys_per_chain(arrays)

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..common import OwnerDescription, PrivacyReport
-from ..kinds import query_kind
+from ..kinds import KindTerms, query_kind
 from ..owner import Ledger, OwnerHost, OwnerNode
 from ..owner.session_request import SessionRequest
 from .oracle import Answers, Oracle, SecureAggregation, Unreported
@@ -39,20 +39,23 @@ class InProcessOracle(Oracle):
         max_step: float | None = None,
         secure: SecureAggregation | None = None,
     ) -> str:
+        """A session of one kind (``open_kinds`` with its one ``KindTerms``)."""
+        terms = KindTerms(algorithm, planned_answers, sampling_rate, max_step)
+        return self.open_kinds([terms], session, secure)
+
+    def open_kinds(
+        self,
+        terms: Sequence[KindTerms],
+        session: str | None = None,
+        secure: SecureAggregation | None = None,
+    ) -> str:
+        """Open (or resume) a session of the kinds ``terms`` (each with its plan, rate and
+        step) at every owner; returns its id."""
         session = session or uuid.uuid4().hex
         request = None
         if secure is not None:
             request = secure_open(self.host.session_keys(session), secure)
-        self.host.open(
-            SessionRequest.of(
-                session,
-                algorithm,
-                planned_answers,
-                sampling_rate,
-                max_step=max_step,
-                secure=request,
-            )
-        )
+        self.host.open(SessionRequest.several(session, terms, secure=request))
         self.session = session
         return session
 
@@ -61,10 +64,12 @@ class InProcessOracle(Oracle):
             raise RuntimeError("open_session must be called first")
         return self.session
 
-    def query(self, kind: str, iteration: int, chains: np.ndarray, **arrays: Any) -> Answers:
+    def query(
+        self, kind: str, iteration: int, chains: np.ndarray, substep: int = 0, **arrays: Any
+    ) -> Answers:
         session = self._require_session()
         asked = query_kind(kind)
-        values = asked.ask(self.host, session, iteration, chains, arrays)
+        values = asked.ask(self.host, session, iteration, chains, arrays, substep)
         return combine([self.host.reply(session, values, asked.reply_scale(arrays))])
 
     def privacy_reports(self) -> list[PrivacyReport]:

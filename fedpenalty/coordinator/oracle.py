@@ -10,12 +10,14 @@ owners with the sd of its noise (``secure_sum.combine``); the samplers read both
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
 from ..common import OwnerDescription, PrivacyReport
+from ..kinds import KindTerms
 
 
 @dataclass(frozen=True)
@@ -80,11 +82,34 @@ class Oracle(Protocol):
         every owner's session key is relayed to all of them first, and every answer comes back
         as the decoded sum."""
 
-    def query(self, kind: str, iteration: int, chains: np.ndarray, **arrays: Any) -> Answers:
+    def open_kinds(
+        self,
+        terms: Sequence[KindTerms],
+        session: str | None = None,
+        secure: SecureAggregation | None = None,
+    ) -> str:
+        """Open (or resume) a session of the kinds ``terms`` (one ``KindTerms`` each: plan,
+        rate, step) at every owner; returns its id. A transport whose protocol carries one kind
+        per session (gRPC, Ray for now) opens a session of one kind through ``open_session``
+        and refuses several (docs/design.md §4, "Sessions of several kinds")."""
+        if len(terms) != 1:
+            raise ValueError(
+                f"{type(self).__name__} opens sessions of one query kind, not {len(terms)}"
+            )
+        (one,) = terms
+        return self.open_session(
+            one.kind, one.planned_answers, session, one.sampling_rate, one.max_step, secure
+        )
+
+    def query(
+        self, kind: str, iteration: int, chains: np.ndarray, substep: int = 0, **arrays: Any
+    ) -> Answers:
         """One query of ``kind`` (its protocol-v2 name, ``kinds.KINDS``) at every owner, for
-        ``chains`` ``(C,)`` keyed from ``iteration`` on, carrying the kind's ``arrays``
+        ``chains`` ``(C,)`` keyed from ``iteration`` on at ``substep`` (one of several answers
+        of one kind in one iteration; part of the key), carrying the kind's ``arrays``
         (``QueryKind.arrays``). What every transport implements; the kernels call the thin
-        per-kind methods below."""
+        per-kind methods below. A transport whose protocol does not carry the sub-step refuses
+        one that is not 0."""
         ...
 
     def log_ratio(

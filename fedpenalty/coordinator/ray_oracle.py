@@ -84,10 +84,14 @@ class RayOracle(Oracle):
             raise OwnerError("the Ray actors sent session keys of other owners than they describe")
         return keys
 
-    def query(self, kind: str, iteration: int, chains: np.ndarray, **arrays: Any) -> Answers:
+    def query(
+        self, kind: str, iteration: int, chains: np.ndarray, substep: int = 0, **arrays: Any
+    ) -> Answers:
         """One query on every actor (``OwnerHostActor.answer``), combined
         (``secure_sum.combine``) once all have answered: plain answers stacked in owner order
         ``(K, …)``, a secure session's masked sums decoded into one row."""
+        if substep:  # docs/design.md §4, "Sessions of several kinds"
+            raise ValueError("the Ray transport carries no sub-step yet: only sub-step 0 is asked")
         args = (kind, self._require_session(), iteration, chains, arrays)
         return combine(self.hosts.raise_failures(self.hosts.answer(args)))
 

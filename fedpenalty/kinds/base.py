@@ -135,13 +135,19 @@ class QueryKind(ABC):
             )
 
     def ask(
-        self, host: Any, session: str, iteration: int, chains: np.ndarray, arrays: Mapping[str, Any]
+        self,
+        host: Any,
+        session: str,
+        iteration: int,
+        chains: np.ndarray,
+        arrays: Mapping[str, Any],
+        substep: int = 0,
     ) -> Any:
         """The owner host's answers to one query of this kind (``OwnerHost.answer``): keys
-        (``session``, chain, ``iteration`` …) for ``chains`` ``(C,)``, with the kind's
-        ``arrays``; ``InvalidRequest`` when they are not exactly the kind's."""
+        (``session``, chain, ``iteration`` …) for ``chains`` ``(C,)`` at ``substep``, with the
+        kind's ``arrays``; ``InvalidRequest`` when they are not exactly the kind's."""
         self.check_arrays(arrays)
-        return host.answer(self.name, session, iteration, chains, **arrays)
+        return host.answer(self.name, session, iteration, chains, substep, **arrays)
 
     @abstractmethod
     def answer_path(self, nodes: Sequence[OwnerNode]) -> KindPath:

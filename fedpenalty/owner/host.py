@@ -53,7 +53,8 @@ class OwnerHost:
             raise ValueError("all owners of a host must use the same model")
         self.names = names
         self.label = names[0] if len(names) == 1 else f"host of {len(names)} owners"
-        self._checked: dict[str, tuple[str, int, list, StepLimits]] = {}
+        # (session, kind asked) → (session events seen, every owner's open kind, step limits)
+        self._checked: dict[tuple[str, str], tuple[int, list, StepLimits]] = {}
         self._checks = RequestChecks(self.nodes, self.label)
         self._pipeline = AnswerPipeline(self.nodes)
         self._noise = HostNoise(self.nodes, np.array([n.policy.sigma for n in nodes]), self.label)
@@ -92,6 +93,7 @@ class OwnerHost:
         """Open (or resume) ``request.session`` at every hosted owner (``node.open_sessions``)."""
         session, secure = request.session, request.secure
         mechanism = None
+        request.kinds(self.label)  # refuses no kind, a kind twice, several kinds with secure
         if secure is not None:
             kind = query_kind(request.single(self.label).kind, self.label)
             mechanism = self._noise.secure_mechanism(session, kind.ledger_name, secure)
@@ -110,11 +112,12 @@ class OwnerHost:
         self._noise.secure.pop(session, None)
 
     def _require_session(self, session: str, algorithm: str) -> list:
-        """Every owner's open ``session`` for ``algorithm``: validated in full, then kept until
-        any owner anywhere opens or closes a session (``SESSION_EVENTS``)."""
-        checked = self._checked.get(session) if isinstance(session, str) else None
-        if checked is not None and checked[0] == algorithm and checked[1] == SESSION_EVENTS[0]:
-            return checked[2]
+        """Every owner's open ``session``'s kind ``algorithm``: validated in full, then kept
+        until any owner anywhere opens or closes a session (``SESSION_EVENTS``)."""
+        key = (session, algorithm)
+        checked = self._checked.get(key) if isinstance(session, str) else None
+        if checked is not None and checked[0] == SESSION_EVENTS[0]:
+            return checked[1]
         opened = [node.require_session(session, algorithm) for node in self.nodes]
         if any(o.secure is not None for o in opened) != (session in self._noise.secure):
             raise UnknownSession(
@@ -123,17 +126,12 @@ class OwnerHost:
                 self.label,
             )
         steps = np.array([np.inf if o.max_step is None else o.max_step for o in opened])
-        self._checked[session] = (
-            algorithm,
-            SESSION_EVENTS[0],
-            opened,
-            self._checks.step_limits(steps),
-        )
+        self._checked[key] = (SESSION_EVENTS[0], opened, self._checks.step_limits(steps))
         return opened
 
-    def _step_limits(self, session: str) -> StepLimits:
-        """What steps ``session`` admits (after ``_require_session``)."""
-        return self._checked[session][3]
+    def _step_limits(self, session: str, algorithm: str) -> StepLimits:
+        """What steps ``session``'s kind ``algorithm`` admits (after ``_require_session``)."""
+        return self._checked[(session, algorithm)][2]
 
     def privacy_reports(self, session: str | None = None) -> list[PrivacyReport]:
         return privacy_reports(self.nodes, session)
@@ -164,12 +162,18 @@ class OwnerHost:
 
     # --- queries ------------------------------------------------------------------------------
     def answer(
-        self, kind: str, session: str, iteration: int, chains: np.ndarray, **arrays: Any
+        self,
+        kind: str,
+        session: str,
+        iteration: int,
+        chains: np.ndarray,
+        substep: int = 0,
+        **arrays: Any,
     ) -> np.ndarray | Reply:
         """Every hosted owner's answers to one query of ``kind`` (its v2 or ledger name,
         ``kinds.query_kind``) in ``session``: ``(K, C, ...)`` as the kind shapes them (a secure
         session: their masked sum, a ``Reply``). Keys (session, chain, iteration …) for
-        ``chains`` ``(C,)``; ``arrays``: exactly the kind's named arrays.
+        ``chains`` ``(C,)`` at ``substep``; ``arrays``: exactly the kind's named arrays.
 
         The kind's path (``QueryKind.answer_path``) checks the query, digests it and says what
         each answer costs; the pipeline replays, charges, computes, stores and releases
@@ -178,9 +182,8 @@ class OwnerHost:
         asked_kind = query_kind(kind, self.label)
         asked_kind.check_arrays(arrays)
         opened = self._require_session(session, asked_kind.ledger_name)
-        asked = Asked(
-            session, opened, self._step_limits(session), self._checks, self._noise, self.label
-        )
+        limits = self._step_limits(session, asked_kind.ledger_name)
+        asked = Asked(session, opened, limits, self._checks, self._noise, self.label, substep)
         planned = self._path(asked_kind).plan(asked, iteration, chains, arrays)
         return self._pipeline.run(self._noise, planned)
 
@@ -198,6 +201,7 @@ class OwnerHost:
         chains: np.ndarray,
         theta: np.ndarray,
         theta_prop: np.ndarray,
+        substep: int = 0,
     ) -> np.ndarray | Reply:
         """Noisy clipped log-likelihood ratios ``(K, C)`` (a secure session: their masked sum,
         a ``Reply``).
@@ -209,11 +213,11 @@ class OwnerHost:
         in a secure session the noise variance is s²/(K − t) and μ = (Δ + γ)/s.
         """
         return self.answer(
-            "log_ratio", session, iteration, chains, theta=theta, theta_prop=theta_prop
+            "log_ratio", session, iteration, chains, substep, theta=theta, theta_prop=theta_prop
         )
 
     def suff_stats(
-        self, session: str, chains: np.ndarray, start: int, block: int
+        self, session: str, chains: np.ndarray, start: int, block: int, substep: int = 0
     ) -> np.ndarray | Reply:
         """``block`` fresh noisy copies of each owner's Σ S(x) per chain: ``(K, C, block, s)``
         (a secure session: their masked sum, a ``Reply``).
@@ -221,10 +225,16 @@ class OwnerHost:
         Copy j of chain c is keyed (session, c, start + j); each copy is N(Σ S(x), σ_k² I),
         charged μ = Δ_S/σ_k (secure: variance s²/(K − t), μ = (Δ_S + γ√s)/s).
         """
-        return self.answer("suff_stats", session, start, chains, block=block)
+        return self.answer("suff_stats", session, start, chains, substep, block=block)
 
     def gradient(
-        self, session: str, iteration: int, chains: np.ndarray, theta: np.ndarray, clip: float
+        self,
+        session: str,
+        iteration: int,
+        chains: np.ndarray,
+        theta: np.ndarray,
+        clip: float,
+        substep: int = 0,
     ) -> np.ndarray | Reply:
         """Noisy clipped gradient sums ``(K, C, d)`` (federated SG-MCMC, docs/design.md §2.3;
         a secure session: their masked sum, a ``Reply``, with noise sd s·clip/√(K − t)).
@@ -236,4 +246,4 @@ class OwnerHost:
         (session, c, iteration); each is one subsampled-Gaussian release at (q, the owner's
         ``gradient_noise_multiplier``), counted against the session's plan.
         """
-        return self.answer("gradient", session, iteration, chains, theta=theta, clip=clip)
+        return self.answer("gradient", session, iteration, chains, substep, theta=theta, clip=clip)

@@ -22,8 +22,11 @@ owners that answered together) and hold one value per owner:
   wrote them: still read (replays, spend), never written.
 * ``sampled`` — per (session, owner, q, σ): the number of Poisson-subsampled Gaussian answers
   (gradients), accounted with dp-accounting rather than as GDP.
-* ``sessions`` — per owner: algorithm, plan, open/close times, sampling rate. An open sgmcmc
-  session reserves what its plan may still give (``PlanView.reserved``).
+* ``sessions`` — per owner: algorithm, plan, open/close times, sampling rate; a session of
+  several kinds has one row per kind, its *part* (``ledger_records.part_name``). An open
+  sgmcmc session reserves what its plan may still give (``PlanView.reserved``).
+* ``answer_blocks.substep`` — the sub-step of a block's keys (0 in earlier ledgers): part of
+  the answer key.
 * ``limits`` — per owner: the μ² its Gaussian answers may reach with every gradient answer
   given or reserved (written when a plan is admitted, read by every charge).
 * ``mechanisms`` — per owner: whether it ever opened a session as a lattice owner (then all
@@ -73,6 +76,7 @@ from .ledger_records import (
     SecureRecord,
     SecureSpend,
     Session,
+    SessionPart,
 )
 from .ledger_store import LedgerStore
 from .session_book import SessionBook
@@ -90,6 +94,7 @@ __all__ = [
     "SecureRecord",
     "SecureSpend",
     "Session",
+    "SessionPart",
 ]
 
 
@@ -150,6 +155,18 @@ class Ledger:
         """Stored answers by owner id: (owner id, chain, iteration) → (digest, payload)."""
         return self.store.stored_ids(owner_ids, session, first, last)
 
+    def stored_at(
+        self, owners: list[str], session: str, first: int, last: int, substep: int
+    ) -> dict[tuple[str, int, int], tuple[bytes, bytes]]:
+        """``stored`` at ``substep``."""
+        return self.store.stored(owners, session, first, last, substep)
+
+    def stored_ids_at(
+        self, owner_ids: np.ndarray, session: str, first: int, last: int, substep: int
+    ) -> dict[tuple[int, int, int], tuple[bytes, bytes]]:
+        """``stored_ids`` at ``substep`` (the sub-step of a session's iteration)."""
+        return self.store.stored_ids(owner_ids, session, first, last, substep)
+
     # --- sessions -----------------------------------------------------------------------------
     def open_session(
         self,
@@ -184,6 +201,13 @@ class Ledger:
             owners, session, algorithm, planned_answers, sampling_rate, client, max_step
         )
 
+    def open_parts(
+        self, owners: list[Opening], session: str, parts: list[SessionPart], client: str | None
+    ) -> list[float | None]:
+        """Record or resume ``session`` of several kinds, one ledger session per part, with one
+        joint plan check per owner (``SessionBook.open_parts``)."""
+        return self.sessions_book.open_parts(owners, session, parts, client)
+
     def session_opener(self, owners: list[str], session: str) -> str | None:
         """The client that opened ``session`` for some of ``owners`` (None: not recorded)."""
         return self.sessions_book.session_opener(owners, session)
@@ -208,6 +232,13 @@ class Ledger:
     def reports(self, owners: list[str], session: str | None) -> list[Report]:
         """Every owner's spend, in all sessions and in ``session`` (None: not asked)."""
         return self.totals.reports(owners, session)
+
+    def kind_spend(
+        self, owners: list[str], session: str
+    ) -> list[dict[str, tuple[GaussianSpend, list[SubsampledGaussian]]]]:
+        """Each owner's spend in ``session`` per kind (ledger name): Gaussian spend and
+        gradient answers (``SpendTotals.kind_spend``)."""
+        return self.totals.kind_spend(owners, session)
 
     def session(self, owner: str, session: str) -> Session | None:
         return self.totals.session(owner, session)

@@ -18,6 +18,29 @@ from ..privacy.accountant import OwnerAccountant
 from ..privacy.subsampled import SubsampledGaussian
 from .ledger_rows import AffineMus
 
+#: joins a session and a kind's ledger name into the ledger session of that kind's part of a
+#: session of several kinds (session ids may not contain it; docs/design.md §4, "Sessions of
+#: several kinds")
+PART_SEPARATOR = "\x1f"
+
+
+def part_name(session: str, algorithm: str) -> str:
+    """The ledger session of kind ``algorithm`` (ledger name) in a session of several kinds."""
+    return f"{session}{PART_SEPARATOR}{algorithm}"
+
+
+@dataclass(frozen=True)
+class SessionPart:
+    """One kind of a session as the ledger records it: its ledger session ``name`` (the session
+    itself for a session of one kind, else ``part_name``), the kind's ledger name
+    ``algorithm``, its plan (answers per owner), Poisson ``sampling_rate`` and ``max_step``."""
+
+    name: str
+    algorithm: str
+    planned_answers: int
+    sampling_rate: float | None = None
+    max_step: float | None = None
+
 
 @dataclass(frozen=True)
 class Session:
@@ -68,6 +91,8 @@ def events_of(rows: list[tuple]) -> list[SubsampledGaussian]:
 #: decides a plan from a ``PlanView``: raises to refuse, returns the owner's new Gaussian μ² cap
 #: (or None to keep it). It runs inside the ledger's transaction and must not call the ledger.
 Admit = Callable[[PlanView], float | None]
+#: the same for a session of several kinds: one ``PlanView`` per part, in the parts' order
+AdmitParts = Callable[[list[PlanView]], float | None]
 
 
 @dataclass(frozen=True)
@@ -118,6 +143,10 @@ class Opening:
     admit: Admit | None = None
     secure: SecureRecord | None = None
     session_multiplier: float | None = None
+    #: a session of several kinds: the joint plan check (``admit`` is then not called) and
+    #: each part's multiplier (in the parts' order)
+    admit_parts: AdmitParts | None = None
+    part_multipliers: tuple[float | None, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -127,7 +156,7 @@ class Charge:
     Keys (``chains[j]``, ``iterations[j]``) with query ``digests[j]`` (SHA-256); ``payloads``
     ``(K, M, w)`` float64 (uint64 masked words in secure sessions; stored as they are); ``mus``:
     every answer's μ (None for gradient answers); ``new`` ``(K, M)`` marks the answers to store
-    and charge.
+    and charge. ``substep``: the sub-step of every key (part of the key; 0 by default).
     ``max_mu_squared``, ``budget_epsilon``, ``delta``: ``(K,)`` each owner's limit; the ledger
     enforces the lower of ``max_mu_squared`` and the cap it recorded for the owner's plans.
     ``owner_ids``: the owners' ledger ids (``Ledger.ids``), when the caller has them.
@@ -154,6 +183,7 @@ class Charge:
     sampled: SampledCharge | None = None
     lattice: bool = False
     owner_ids: np.ndarray | None = None
+    substep: int = 0
 
 
 @dataclass(frozen=True)

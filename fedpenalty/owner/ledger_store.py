@@ -27,6 +27,7 @@ from urllib.parse import quote
 import numpy as np
 
 from ..errors import LedgerInUse, StorageUnavailable
+from .ledger_records import PART_SEPARATOR
 from .ledger_rows import read_block
 
 _SCHEMA = """
@@ -73,6 +74,8 @@ _ADDED_COLUMNS = (
     ("sessions", "client", "TEXT"),
     ("sessions", "max_step", "REAL"),
     ("sessions", "noise_multiplier", "REAL"),
+    # the sub-step of a block's keys (docs/design.md §4, "Sessions of several kinds")
+    ("answer_blocks", "substep", "INTEGER NOT NULL DEFAULT 0"),
 )
 
 
@@ -98,6 +101,8 @@ class LedgerStore:
             raise self.unavailable(exc) from exc
         #: the file has answer blocks and spend lines (a reader of an earlier ledger: not)
         self.blocks = self.has_table("answer_blocks")
+        #: its answer blocks have a sub-step (a reader of an earlier ledger: not, all are 0)
+        self.substeps = self.blocks and "substep" in self.columns("answer_blocks")
         self.forget()
 
     def on_forget(self, drop: Callable[[], None]) -> None:
@@ -111,7 +116,8 @@ class LedgerStore:
         self._names_loaded = False
         self._groups: dict[bytes, int] = {}
         self._members: dict[int, np.ndarray] = {}
-        self.frontier: dict[int, int] = {}  # session id → highest iteration answered
+        # (session id, sub-step) → highest iteration answered
+        self.frontier: dict[tuple[int, int], int] = {}
         for drop in self._on_forget:
             drop()
 
@@ -153,8 +159,7 @@ class LedgerStore:
             if statement.strip():
                 db.execute(statement)
         for table, column, declaration in _ADDED_COLUMNS:
-            present = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
-            if column not in present:
+            if column not in self.columns(table, db):
                 db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
         db.execute("COMMIT")
         return db
@@ -234,6 +239,23 @@ class LedgerStore:
             self._ids.update({n: i for i, n in self.db.execute("SELECT id, name FROM names")})
             self._names_loaded = True
 
+    def columns(self, table: str, db: sqlite3.Connection | None = None) -> set[str]:
+        """The column names of ``table``."""
+        return {row[1] for row in (db or self.db).execute(f"PRAGMA table_info({table})")}
+
+    def parts(self, session: str) -> list[str]:
+        """The ledger sessions recorded for ``session``: itself (one kind) or its kinds' parts
+        (``ledger_records.part_name``), or none (call under the lock)."""
+        prefix = session + PART_SEPARATOR
+        return [
+            name
+            for (name,) in self.db.execute(
+                "SELECT DISTINCT session FROM sessions WHERE session=? OR substr(session, 1, ?)=? "
+                "ORDER BY session",
+                (session, len(prefix), prefix),
+            )
+        ]
+
     def has_table(self, table: str) -> bool:
         return (
             self.db.execute(
@@ -281,46 +303,66 @@ class LedgerStore:
 
     # --- answers ----------------------------------------------------------------------------
     def stored(
-        self, owners: list[str], session: str, first: int, last: int
+        self, owners: list[str], session: str, first: int, last: int, substep: int = 0
     ) -> dict[tuple[str, int, int], tuple[bytes, bytes]]:
-        """Stored answers of ``owners`` in ``session`` with iteration in [first, last]:
-        (owner, chain, iteration) → (digest, payload bytes of that owner). One query."""
+        """Stored answers of ``owners`` in ``session`` at ``substep`` with iteration in
+        [first, last]: (owner, chain, iteration) → (digest, payload bytes of that owner). One
+        query."""
         with self.reading():
             by_id = {self.id(o): o for o in owners}
-        found = self.stored_ids(np.array(list(by_id), dtype=np.int64), session, first, last)
+        ids = np.array(list(by_id), dtype=np.int64)
+        found = self.stored_ids(ids, session, first, last, substep)
         return {(by_id[i], chain, it): row for (i, chain, it), row in found.items()}
 
     def stored_ids(
-        self, owner_ids: np.ndarray, session: str, first: int, last: int
+        self, owner_ids: np.ndarray, session: str, first: int, last: int, substep: int = 0
     ) -> dict[tuple[int, int, int], tuple[bytes, bytes]]:
         """``stored`` by owner id: (owner id, chain, iteration) → (digest, payload bytes). A
         writer skips the query when ``first`` lies past every answered iteration."""
         with self.reading():
-            return self.read_stored(owner_ids, self.id(session), first, last)
+            return self.read_stored(owner_ids, self.id(session), first, last, substep)
 
     def read_stored(
-        self, owner_ids: np.ndarray, session_id: int, first: int, last: int
+        self, owner_ids: np.ndarray, session_id: int, first: int, last: int, substep: int = 0
     ) -> dict[tuple[int, int, int], tuple[bytes, bytes]]:
-        """``stored_ids`` under the lock, from answer blocks and earlier ledgers' key rows."""
+        """``stored_ids`` under the lock, from answer blocks and earlier ledgers' key rows
+        (sub-step 0: earlier ledgers have no other)."""
         found: dict[tuple[int, int, int], tuple[bytes, bytes]] = {}
-        if not self.read_only and first > self.highest_iteration(session_id):
+        if not self.read_only and first > self.highest_iteration(session_id, substep):
             return found
         wanted = set(owner_ids.tolist())
-        blocks = (
-            self.db.execute(
-                "SELECT group_id, keys, digests, payload FROM answer_blocks "
-                "WHERE session_id=? AND last_iteration >= ? AND first_iteration <= ?",
-                (session_id, first, last),
-            ).fetchall()
-            if self.blocks
-            else []
-        )
-        for gid, keys, digests, payload in blocks:
+        for gid, keys, digests, payload in self._blocks(session_id, first, last, substep):
             for owner_id, chain, it, digest, part in read_block(
                 self.group_members(gid), keys, digests, payload
             ):
                 if owner_id in wanted and first <= it <= last:
                     found[(owner_id, chain, it)] = (digest, part)
+        if substep == 0:
+            self._read_key_rows(wanted, session_id, first, last, found)
+        return found
+
+    def _blocks(self, session_id: int, first: int, last: int, substep: int) -> list[tuple]:
+        """The answer blocks of the session at ``substep`` that may hold iterations in
+        [first, last]: (group id, keys, digests, payload)."""
+        if not self.blocks or (substep != 0 and not self.substeps):
+            return []
+        where = " AND substep=?" if self.substeps else ""
+        args = (session_id, first, last, substep) if self.substeps else (session_id, first, last)
+        return self.db.execute(
+            "SELECT group_id, keys, digests, payload FROM answer_blocks "
+            f"WHERE session_id=? AND last_iteration >= ? AND first_iteration <= ?{where}",
+            args,
+        ).fetchall()
+
+    def _read_key_rows(
+        self,
+        wanted: set[int],
+        session_id: int,
+        first: int,
+        last: int,
+        found: dict[tuple[int, int, int], tuple[bytes, bytes]],
+    ) -> None:
+        """Add the answers of owner ids ``wanted`` that earlier ledgers kept per key."""
         for it, chain, gid, digest, payload in self.db.execute(
             "SELECT iteration, chain, group_id, digest, payload FROM answers "
             "WHERE session_id=? AND iteration BETWEEN ? AND ?",
@@ -331,16 +373,17 @@ class LedgerStore:
             for j, owner_id in enumerate(members.tolist()):
                 if owner_id in wanted:
                     found[(owner_id, chain, it)] = (digest, payload[width * j : width * (j + 1)])
-        return found
 
-    def highest_iteration(self, session_id: int) -> int:
-        """The highest iteration answered in the session (−1: none), read once, then kept."""
-        if session_id not in self.frontier:
+    def highest_iteration(self, session_id: int, substep: int = 0) -> int:
+        """The highest iteration answered in the session at ``substep`` (−1: none), read once,
+        then kept (a writer's: its file has the sub-step column)."""
+        key = (session_id, substep)
+        if key not in self.frontier:
             row = self.db.execute(
                 "SELECT MAX(i) FROM (SELECT MAX(last_iteration) AS i FROM answer_blocks "
-                "WHERE session_id=?1 UNION ALL SELECT MAX(iteration) FROM answers "
-                "WHERE session_id=?1)",
-                (session_id,),
+                "WHERE session_id=?1 AND substep=?2 UNION ALL SELECT MAX(iteration) FROM answers "
+                "WHERE session_id=?1 AND ?2=0)",
+                key,
             ).fetchone()
-            self.frontier[session_id] = -1 if row[0] is None else int(row[0])
-        return self.frontier[session_id]
+            self.frontier[key] = -1 if row[0] is None else int(row[0])
+        return self.frontier[key]

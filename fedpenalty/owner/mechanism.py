@@ -14,6 +14,7 @@ import numpy as np
 
 from ..errors import InvalidRequest
 from .aggregation import SecureOpen, SecureSession, agree, scaled_step
+from .ledger_records import PART_SEPARATOR
 from .ledger_rows import AffineMus
 from .node import OwnerNode
 from .noise.exact import SCALE_MAX
@@ -30,15 +31,29 @@ from .noise.sources import WordSource, word_source
 LATTICE_LIMIT = 2.0**52
 
 
+def noise_address(session: str, substep: int) -> str:
+    """Where the noise of ``session``'s keys at ``substep`` is drawn: the (ledger) session
+    itself at sub-step 0 — so sessions of one sub-step draw what they drew before sub-steps
+    existed — and the session with the sub-step folded in otherwise."""
+    return session if substep == 0 else f"{session}{PART_SEPARATOR}sub-step {substep}"
+
+
 @dataclass(frozen=True)
 class Keys:
     """The addresses of one request's answers: key j is (``chains[j]``, ``iterations[j]``)
-    ``(M,)`` of ``session``, its noise drawn under ``label`` (``HostNoise.label``)."""
+    ``(M,)`` of ``session`` (the ledger session of the asked kind) at ``substep``, its noise
+    drawn under ``label`` (``HostNoise.label`` of ``address``)."""
 
     session: str
     label: str
     chains: np.ndarray
     iterations: np.ndarray
+    substep: int = 0
+
+    @property
+    def address(self) -> str:
+        """The session the seeded noise of these keys is addressed by (``noise_address``)."""
+        return noise_address(self.session, self.substep)
 
     def subset(self, new: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         """The (chains, iterations) of the keys selected by ``new`` ``(M,)`` bool (None: all)."""
@@ -159,7 +174,7 @@ class HostNoise:
                 mechanism, keys.label, kind, owners, exact, chains, iterations
             )
         asked = None if owner is None else owners
-        normals = self.seeded.normals(keys.session, kind, asked, chains, iterations, exact.shape[2])
+        normals = self.seeded.normals(keys.address, kind, asked, chains, iterations, exact.shape[2])
         normals *= self.sigma[:, None, None] if owner is None else self.sigma[owner]
         normals += exact
         return normals

@@ -31,6 +31,7 @@ from ..common import (
 )
 from ..errors import BudgetExhausted, InvalidRequest, UnknownSession
 from ..kinds import KindTerms, QueryKind, query_kind
+from ..kinds.base import Event
 from ..models import ExpFamModel, Model
 from ..privacy import GaussianSpend
 from ..privacy.owner_epsilon import max_gdp_mu_squared, owner_epsilon
@@ -43,7 +44,16 @@ from .aggregation import (
     session_private_key,
     transcript,
 )
-from .ledger import Ledger, Opening, PlanView, Report, SecureRecord, SecureSpend
+from .ledger import (
+    Ledger,
+    Opening,
+    PlanView,
+    Report,
+    SecureRecord,
+    SecureSpend,
+    SessionPart,
+)
+from .ledger_records import PART_SEPARATOR, part_name
 from .noise.lattice import LATTICE_BITS, lattice_gradient_multiplier
 from .noise.seeded import seed_material
 from .noise.sources import NoiseKey
@@ -63,6 +73,9 @@ class _OpenSession:
     max_step: float | None = None
     secure: SecureTerms | None = None
     record: SecureRecord | None = None
+    #: the ledger session its answers are keyed and charged in: the session, or in a session of
+    #: several kinds this kind's part (``ledger_records.part_name``)
+    ledger_session: str = ""
 
     @property
     def algorithm(self) -> str:
@@ -149,7 +162,7 @@ class OwnerNode:
         self.per_record = (
             per_record if per_record is not None else not isinstance(model, ExpFamModel)
         )
-        self._sessions: dict[str, _OpenSession] = {}
+        self._sessions: dict[str, tuple[_OpenSession, ...]] = {}  # session → its kinds
         self._session_keys: dict[str, X25519PrivateKey] = {}
 
     @classmethod
@@ -285,12 +298,17 @@ class OwnerNode:
         open_sessions([self], request)
 
     def _admit(self, view: PlanView, opened: _OpenSession) -> float | None:
-        """Refuse the plan unless it fits (``_check_plan``); the μ² Gaussian answers may still
-        spend with every gradient answer given or planned, when some Gaussian session is open
-        and gradient answers are given or planned (else None: the cap stands)."""
-        committed = self._check_plan(view, opened)
+        """The plan check of a session of one kind (``_admit_parts``)."""
+        return self._admit_parts([view], (opened,))
+
+    def _admit_parts(self, views: list[PlanView], opened: Sequence[_OpenSession]) -> float | None:
+        """Refuse the plans of a session's kinds (``views``: one per kind) unless they fit
+        together (``_check_plan``); the μ² Gaussian answers may still spend with every gradient
+        answer given or planned, when some Gaussian session is open and gradient answers are
+        given or planned (else None: the cap stands)."""
+        committed = self._check_plan(views, opened)
         # a gradient session's own planned event is always among ``committed``
-        if view.gaussian_open and committed:
+        if any(v.gaussian_open for v in views) and committed:
             return max_gdp_mu_squared(
                 self.policy.budget_epsilon,
                 self.policy.delta,
@@ -300,13 +318,16 @@ class OwnerNode:
             )
         return None
 
-    def _check_session_request(self, request: SessionRequest) -> _OpenSession:
-        """``InvalidRequest`` for a malformed session request; else the session to record."""
+    def _check_session_request(self, request: SessionRequest) -> tuple[_OpenSession, ...]:
+        """``InvalidRequest`` for a malformed session request; else its kinds to record."""
         session, secure = request.session, request.secure
         self._check_session_id(session)
-        opened = self._check_session_terms(request.single(self.name))
+        kinds = tuple(self._check_session_terms(t) for t in request.kinds(self.name))
+        if len(kinds) > 1:
+            return tuple(replace(o, ledger_session=part_name(session, o.algorithm)) for o in kinds)
+        opened = replace(kinds[0], ledger_session=session)
         if secure is None:
-            return opened
+            return (opened,)
         if not self.lattice:
             raise InvalidRequest(
                 "secure aggregation needs lattice answers; this owner gives float answers",
@@ -324,13 +345,15 @@ class OwnerNode:
         # the terms every owner counted
         digest = transcript(session, opened.algorithm, agreed.terms, secure.peers)
         record = SecureRecord(agreed.charged, digest)
-        return replace(opened, secure=agreed.charged, record=record)
+        return (replace(opened, secure=agreed.charged, record=record),)
 
     def _check_session_id(self, session: str) -> None:
         if not isinstance(session, str) or not session or len(session) > 128:
             raise InvalidRequest(
                 "session id must be a non-empty string of at most 128 characters", self.name
             )
+        if PART_SEPARATOR in session:  # it names the parts of sessions of several kinds
+            raise InvalidRequest("session id may not contain the character U+001F", self.name)
 
     def _check_session_terms(self, terms: KindTerms) -> _OpenSession:
         """The kind, plan, sampling rate and largest step of a session request, checked by
@@ -340,32 +363,33 @@ class OwnerNode:
         checked = kind.check_terms(terms, self.policy, self.name)
         return _OpenSession(kind, checked.planned_answers, checked.sampling_rate, checked.max_step)
 
-    def _check_plan(self, view: PlanView, opened: _OpenSession) -> list[SubsampledGaussian]:
-        """``BudgetExhausted`` unless the plan's worst case (at the session's max step) fits the
-        budget with everything spent and reserved (``view``); returns the gradient answers
-        given, held by other sessions and (sgmcmc) planned by this one."""
-        kind, planned_answers = opened.kind, opened.planned_answers
+    def _planned(self, view: PlanView, opened: _OpenSession) -> Event:
+        """The worst-case event of what one kind's plan may still answer (at its max step)."""
         existing = view.existing
         already = existing.spend.answers + sum(e.count for e in existing.sampled) if existing else 0
-        remaining = max(planned_answers - already, 0)
-        total, committed = view.total, view.sampled + view.reserved
-        unit = kind.answer_unit(self, opened.max_step, opened.secure)
-        event = kind.event(remaining, unit, opened.sampling_rate)
-        worst_spend = total
-        if isinstance(event, GaussianSpend):
-            worst_spend = total.combine(event)
-        else:
-            committed = [*committed, event]
-        policy = self.policy
-        worst, _ = owner_epsilon(
-            worst_spend, committed, policy.delta, policy.neighbour, self.renyi_accounting
-        )
+        remaining = max(opened.planned_answers - already, 0)
+        unit = opened.kind.answer_unit(self, opened.max_step, opened.secure)
+        return opened.kind.event(remaining, unit, opened.sampling_rate)
+
+    def _check_plan(
+        self, views: list[PlanView], opened: Sequence[_OpenSession]
+    ) -> list[SubsampledGaussian]:
+        """``BudgetExhausted`` unless the plans' worst cases (each kind at its max step) fit the
+        budget together with everything spent and reserved (``views``, one per kind: the
+        accountant composes the planned events with ``PlanView.committed``); returns the
+        gradient answers given, held by other sessions and (sgmcmc) planned by this one."""
+        policy, view = self.policy, views[0]
+        planned = [self._planned(v, o) for v, o in zip(views, opened)]
+        committed = [*view.sampled, *view.reserved]
+        committed += [e for e in planned if not isinstance(e, GaussianSpend)]
+        admitted = view.committed(policy.neighbour, self.renyi_accounting).compose(*planned)
+        worst = admitted.epsilon(policy.delta)
         if worst > policy.budget_epsilon:
             now, _ = owner_epsilon(
-                total, view.sampled, policy.delta, policy.neighbour, self.renyi_accounting
+                view.total, view.sampled, policy.delta, policy.neighbour, self.renyi_accounting
             )
             raise BudgetExhausted(
-                f"refusing a plan of {planned_answers} {kind.ledger_name} answers: in the worst "
+                f"refusing a plan of {self._plan_words(opened)}: in the worst "
                 f"case {self._worst_case_words(opened)} it would take ε from {now:.4g} to "
                 f"{worst:.4g} at δ={policy.delta:g}, past the budget ε={policy.budget_epsilon:g}",
                 self.name,
@@ -373,26 +397,36 @@ class OwnerNode:
             )
         return committed
 
-    def _worst_case_words(self, opened: _OpenSession) -> str:
-        if opened.max_step is not None:
-            return f"(every step at max_step {opened.max_step:g})"
+    @staticmethod
+    def _plan_words(opened: Sequence[_OpenSession]) -> str:
+        """``N kind answers`` for each kind of a plan, joined."""
+        return " and ".join(f"{o.planned_answers} {o.kind.ledger_name} answers" for o in opened)
+
+    def _worst_case_words(self, opened: Sequence[_OpenSession]) -> str:
+        steps = [o.max_step for o in opened if o.max_step is not None]
+        if steps:
+            return f"(every step at max_step {steps[0]:g})"
         return "its policy allows"
 
     def close_session(self, session: str) -> None:
         close_sessions([self], session)
 
     def require_session(self, session: str, algorithm: str | None) -> _OpenSession:
-        """The open ``session`` (for ``algorithm``, when given), or raise. A restarted owner
-        knows a session again once the coordinator re-opens (resumes) it."""
-        opened = self._sessions.get(session) if isinstance(session, str) else None
-        if opened is None:
+        """The open ``session``'s kind ``algorithm`` (None: its first kind), or raise. A
+        restarted owner knows a session again once the coordinator re-opens (resumes) it."""
+        kinds = self._sessions.get(session) if isinstance(session, str) else None
+        if kinds is None:
             raise UnknownSession(f"unknown or closed session {session!r}", self.name)
-        if algorithm is not None and opened.kind is not query_kind(algorithm, self.name):
-            raise InvalidRequest(
-                f"session {session!r} is a {opened.algorithm!r} session, not {algorithm!r}",
-                self.name,
-            )
-        return opened
+        if algorithm is None:
+            return kinds[0]
+        asked = query_kind(algorithm, self.name)
+        for opened in kinds:
+            if opened.kind is asked:
+                return opened
+        names = " and ".join(repr(o.algorithm) for o in kinds)
+        raise InvalidRequest(
+            f"session {session!r} is a {names} session, not {algorithm!r}", self.name
+        )
 
     # --- privacy -------------------------------------------------------------------------------
     def privacy_report(self, session: str | None = None) -> PrivacyReport:
@@ -524,34 +558,55 @@ def open_sessions(nodes: Sequence[OwnerNode], request: SessionRequest) -> None:
     requests = [n._check_session_request(request) for n in nodes]
     SESSION_EVENTS[0] += 1
     positions = {id(n): i for i, n in enumerate(nodes)}
-    terms = request.single()
     for group in _by_ledger(nodes):
         opened = [requests[positions[id(n)]] for n in group]
+        caps = _open_in_ledger(group, opened, request)
+        for node, o, cap in zip(group, opened, caps):
+            node._sessions[request.session] = o
+            if cap is not None:
+                node.max_mu_squared = cap
+
+
+def _open_in_ledger(
+    group: list[OwnerNode], opened: list[tuple[_OpenSession, ...]], request: SessionRequest
+) -> list[float | None]:
+    """Record ``request`` for the owners ``group`` of one ledger (``opened``: each one's
+    checked kinds): a session of one kind as before, one of several as one part per kind
+    with one joint plan check per owner (``Ledger.open_parts``); each owner's new cap."""
+    ledger, first = group[0].ledger, opened[0]
+    if len(first) == 1:
         openings = [
             Opening(
                 n.name,
                 n.reservation_multiplier(),
                 n.lattice,
-                functools.partial(n._admit, opened=o),
-                o.record,
-                o.kind.session_multiplier(n, o.secure),
+                functools.partial(n._admit, opened=o[0]),
+                o[0].record,
+                o[0].kind.session_multiplier(n, o[0].secure),
             )
             for n, o in zip(group, opened)
         ]
-        first = opened[0]
-        caps = group[0].ledger.open_sessions(
-            openings,
-            request.session,
-            first.algorithm,
-            first.planned_answers,
-            first.sampling_rate,
-            request.client,
-            terms.max_step,
+        o = first[0]
+        return ledger.open_sessions(
+            openings, request.session, o.algorithm, o.planned_answers, o.sampling_rate,
+            request.client, request.terms[0].max_step,
+        )  # fmt: skip
+    openings = [
+        Opening(
+            n.name,
+            n.reservation_multiplier(),
+            n.lattice,
+            admit_parts=functools.partial(n._admit_parts, opened=o),
+            part_multipliers=tuple(k.kind.session_multiplier(n, k.secure) for k in o),
         )
-        for node, o, cap in zip(group, opened, caps):
-            node._sessions[request.session] = o
-            if cap is not None:
-                node.max_mu_squared = cap
+        for n, o in zip(group, opened)
+    ]
+    # the ledger records the step each kind declared (None: none), as a session of one kind
+    parts = [
+        SessionPart(o.ledger_session, o.algorithm, o.planned_answers, o.sampling_rate, t.max_step)
+        for o, t in zip(first, request.terms)
+    ]
+    return ledger.open_parts(openings, request.session, parts, request.client)
 
 
 def close_sessions(nodes: Sequence[OwnerNode], session: str) -> None:
@@ -560,7 +615,8 @@ def close_sessions(nodes: Sequence[OwnerNode], session: str) -> None:
         node.require_session(session, None)
     SESSION_EVENTS[0] += 1
     for group in _by_ledger(nodes):
-        group[0].ledger.close_sessions([n.name for n in group], session)
+        for opened in group[0]._sessions[session]:
+            group[0].ledger.close_sessions([n.name for n in group], opened.ledger_session)
         for node in group:
             del node._sessions[session]
 

@@ -21,7 +21,7 @@ from .aggregation import Reply
 from .compute import Compute, Fresh
 from .ledger import Charge, SampledCharge
 from .ledger_rows import AffineMus, span
-from .mechanism import HostNoise, Keys, Mechanism
+from .mechanism import HostNoise, Keys, Mechanism, noise_address
 from .node import OwnerNode
 from .validation import RequestChecks, StepLimits
 
@@ -68,8 +68,8 @@ class Request:
 class Asked:
     """One query of an open session as a host hands it to its kind's path (``KindPath``):
     the ``session``, every hosted owner's open session ``opened`` (``OwnerNode.require_session``),
-    the steps it admits ``limits``, the host's request ``checks`` and ``noise``, and the host's
-    ``label`` for errors about no single owner."""
+    the steps it admits ``limits``, the host's request ``checks`` and ``noise``, the host's
+    ``label`` for errors about no single owner, and the ``substep`` asked."""
 
     session: str
     opened: list
@@ -77,10 +77,16 @@ class Asked:
     checks: RequestChecks
     noise: HostNoise
     label: str
+    substep: Any = 0
 
     def keys(self, chains: np.ndarray, iterations: np.ndarray) -> Keys:
-        """The request's keys ``(M,)``, their noise drawn under a fresh ``HostNoise.label``."""
-        return Keys(self.session, self.noise.label(self.session), chains, iterations)
+        """The request's keys ``(M,)`` at ``substep`` (a non-negative int): keyed and charged in
+        the asked kind's ledger session, their noise addressed with the sub-step folded in
+        when it is not 0 (``noise_address``), under a fresh ``HostNoise.label``."""
+        substep = self.checks.index("substep", self.substep)
+        ledger_session = self.opened[0].ledger_session
+        label = self.noise.label(noise_address(ledger_session, substep))
+        return Keys(ledger_session, label, chains, iterations, substep)
 
     @property
     def mechanism(self) -> Mechanism:
@@ -153,7 +159,9 @@ class AnswerPipeline:
         first, last = span(keys.iterations)
         out: np.ndarray | None = None
         for part in self.parts:
-            stored = part.ledger.stored_ids(part.owner_ids, keys.session, first, last)
+            stored = part.ledger.stored_ids_at(
+                part.owner_ids, keys.session, first, last, keys.substep
+            )
             if stored:
                 if out is None:
                     out = np.empty((len(self.nodes), len(keys.chains), width), dtype=dtype)
@@ -202,6 +210,7 @@ class AnswerPipeline:
             sub,
             part.renyi,
             part.owner_ids,
+            request.keys.substep,
         )
 
     def _replay(
@@ -216,8 +225,10 @@ class AnswerPipeline:
                 if row is None:
                     continue
                 if row[0] != digests[j]:
+                    at = f", sub-step {keys.substep}" if keys.substep else ""
                     raise ReplayConflict(
-                        f"(session, chain {key[0]}, iteration {key[1]}) was already answered for a "
+                        f"(session, chain {key[0]}, iteration {key[1]}{at}) was already answered "
+                        "for a "
                         f"different query; "
                         "an owner never gives two independent noisy answers to one query",
                         self.names[k],

@@ -16,7 +16,15 @@ from ..errors import InvalidRequest, NotPermitted, UnknownSession
 from ..privacy import GaussianSpend
 from ..privacy.subsampled import SubsampledGaussian
 from .key_store import KeyStore
-from .ledger_records import Admit, Opening, PlanView, Session, events_of
+from .ledger_records import (
+    PART_SEPARATOR,
+    Admit,
+    Opening,
+    PlanView,
+    Session,
+    SessionPart,
+    events_of,
+)
 from .ledger_store import LedgerStore
 from .spend_book import SpendBook
 from .spend_totals import SpendTotals
@@ -86,70 +94,113 @@ class SessionBook:
         client: str | None = None,
         max_step: float | None = None,
     ) -> list[float | None]:
-        """Record a session for every owner of ``owners``, or resume an open one with the same
-        algorithm and sampling rate; each owner's recorded cap (or None).
+        """Record a session of one kind for every owner of ``owners``, or resume an open one
+        with the same algorithm and sampling rate; each owner's recorded cap (or None)
+        (``open_parts`` with the one part ``session``)."""
+        part = SessionPart(session, algorithm, planned_answers, sampling_rate, max_step)
+        return self.open_parts(owners, session, [part], client)
 
-        Each owner's ``admit`` sees its spend and the reservations of its other open sgmcmc
-        sessions (at its noise multiplier) and may refuse; its cap is recorded. The checks and
-        the inserts are one ``BEGIN IMMEDIATE`` transaction with a constant number of
-        statements however many owners, so two concurrent plans never both fit what only one
-        of them fits, and a refusal by any owner records nothing. ``client``: the identity
-        opening it (None without an allow-list); a session recorded for another identity is
-        refused (``NotPermitted``). An owner's ``lattice`` is recorded in ``mechanisms``.
-        ``max_step``: the step the session declared (a resume must declare the same).
+    def open_parts(
+        self, owners: list[Opening], session: str, parts: list[SessionPart], client: str | None
+    ) -> list[float | None]:
+        """Record ``session`` — one ledger session per part (kind) — for every owner of
+        ``owners``, or resume it with the same parts and terms; each owner's recorded cap.
+
+        Each owner's ``admit`` (several parts: ``admit_parts``, once with every part's view)
+        sees its spend and the reservations of its other open sgmcmc sessions (at its noise
+        multiplier) and may refuse; its cap is recorded. The checks and the inserts are one
+        ``BEGIN IMMEDIATE`` transaction with a constant number of statements per part however
+        many owners, so two concurrent plans never both fit what only one of them fits, and a
+        refusal by any owner records nothing. ``client``: the identity opening it (None
+        without an allow-list); a session recorded for another identity is refused
+        (``NotPermitted``). An owner's ``lattice`` is recorded in ``mechanisms``. A part's
+        ``max_step``: the step it declared (a resume must declare the same).
         """
         names = [o.owner for o in owners]
         with self.store.writing():
-            recorded = {
-                row[0]: row[1:]
-                for row in self.store.db.execute(
-                    "SELECT owner, algorithm, closed_at, sampling_rate, client, max_step "
-                    "FROM sessions WHERE session=?",
-                    (session,),
-                )
-            }
-            asked = (algorithm, sampling_rate, max_step)
-            for name in names:
-                _check_reopen(name, recorded.get(name), session, asked, client)
-            self.keys.check_reopen(owners, session, recorded)
-            views = self._plan_views(owners, session, algorithm)
-            caps = [None if o.admit is None else o.admit(v) for o, v in zip(owners, views)]
-            row = (algorithm, planned_answers, sampling_rate, client, max_step)
-            self._record_sessions(owners, session, row, set(recorded))
+            recorded = self._check_parts(names, session, parts, client)
+            self.keys.check_reopen(owners, session, recorded[0])
+            views = [self._plan_views(owners, p, parts) for p in parts]
+            caps = [self._admit(o, [v[k] for v in views]) for k, o in enumerate(owners)]
+            for j, part in enumerate(parts):
+                self._record_sessions(owners, part, client, set(recorded[j]), j)
             ids = [self.store.id(name) for name in names]
             self._record_owners(ids, owners, caps, session)
-        self.book.plans_changed(session)
+        for part in parts:
+            self.book.plans_changed(part.name)
         self.book.caps_recorded(ids, caps)  # committed: the caches follow
         if self._lattice_ids is not None:
             self._lattice_ids.update(i for i, o in zip(ids, owners) if o.lattice)
         return caps
 
+    @staticmethod
+    def _admit(opening: Opening, views: list[PlanView]) -> float | None:
+        """The owner's plan check of its views (one per part): its new cap, or None."""
+        if opening.admit_parts is not None:
+            return opening.admit_parts(views)
+        return None if opening.admit is None else opening.admit(views[0])
+
+    def _check_parts(
+        self, names: list[str], session: str, parts: list[SessionPart], client: str | None
+    ) -> list[dict[str, tuple]]:
+        """Each part's recorded rows by owner (algorithm, closed_at, sampling_rate, client,
+        max_step), refusing a resume by another client, with other terms, once closed, or with
+        other kinds than the session recorded (call inside the transaction)."""
+        asked = [p.name for p in parts]
+        if (found := self.store.parts(session)) and found != sorted(asked):
+            raise InvalidRequest(
+                f"session {session!r} was opened with other query kinds; a resumed session "
+                "keeps its kinds",
+                names[0] if len(names) == 1 else None,
+            )
+        out = []
+        for part in parts:
+            recorded = {
+                row[0]: row[1:]
+                for row in self.store.db.execute(
+                    "SELECT owner, algorithm, closed_at, sampling_rate, client, max_step "
+                    "FROM sessions WHERE session=?",
+                    (part.name,),
+                )
+            }
+            terms = (part.algorithm, part.sampling_rate, part.max_step)
+            for name in names:
+                _check_reopen(name, recorded.get(name), session, terms, client)
+            out.append(recorded)
+        return out
+
     def _record_sessions(
-        self, owners: list[Opening], session: str, row: tuple, recorded: set[str]
+        self,
+        owners: list[Opening],
+        part: SessionPart,
+        client: str | None,
+        recorded: set[str],
+        j: int,
     ) -> None:
-        """Insert the session of each owner not ``recorded`` (``row``: algorithm, plan,
-        sampling rate, client, max step); give each resumed one its new plan — admitted in full
-        by the caller (``admit`` saw the other sessions' reservations and this one's answers) —
-        so later admissions reserve it and its charges are held to it (invariant 12). Each
-        records the multiplier its gradient answers are charged at (call inside the
-        transaction)."""
-        algorithm, planned_answers, sampling_rate, client, max_step = row
+        """Insert ``part`` (the ``j``-th of its session) for each owner not ``recorded``; give
+        each resumed one its new plan — admitted in full by the caller (``admit`` saw the other
+        sessions' reservations and this one's answers) — so later admissions reserve it and its
+        charges are held to it (invariant 12). Each records the multiplier its gradient answers
+        are charged at (call inside the transaction)."""
         now = time.time()
+        multipliers = [
+            o.part_multipliers[j] if o.part_multipliers else o.session_multiplier for o in owners
+        ]
         self.store.db.executemany(
             "INSERT INTO sessions(owner, session, algorithm, planned_answers, opened_at, "
             "sampling_rate, client, max_step, noise_multiplier) VALUES (?,?,?,?,?,?,?,?,?)",
             [
-                (o.owner, session, algorithm, planned_answers, now, sampling_rate, client,
-                 max_step, o.session_multiplier)
-                for o in owners
+                (o.owner, part.name, part.algorithm, part.planned_answers, now,
+                 part.sampling_rate, client, part.max_step, m)
+                for o, m in zip(owners, multipliers)
                 if o.owner not in recorded
             ],
         )  # fmt: skip
         self.store.db.executemany(
             "UPDATE sessions SET planned_answers=?, noise_multiplier=? WHERE owner=? AND session=?",
             [
-                (planned_answers, o.session_multiplier, o.owner, session)
-                for o in owners
+                (part.planned_answers, m, o.owner, part.name)
+                for o, m in zip(owners, multipliers)
                 if o.owner in recorded
             ],
         )
@@ -169,9 +220,13 @@ class SessionBook:
         )
         self.keys.record(ids, owners, session)
 
-    def _plan_views(self, owners: list[Opening], session: str, algorithm: str) -> list[PlanView]:
-        """Each owner's spend and reservations, in a constant number of statements (call inside
-        the transaction)."""
+    def _plan_views(
+        self, owners: list[Opening], part: SessionPart, parts: list[SessionPart]
+    ) -> list[PlanView]:
+        """Each owner's spend and reservations for ``part`` of the session of ``parts`` (whose
+        other parts are not reservations of other sessions), in a constant number of statements
+        (call inside the transaction)."""
+        session, siblings = part.name, {p.name for p in parts}
         ids = np.array([self.store.id(o.owner) for o in owners], dtype=np.int64)
         session_id = self.store.id(session)
         open_rows: dict[str, list[tuple]] = defaultdict(list)
@@ -201,7 +256,7 @@ class SessionBook:
             mine = open_rows.get(opening.owner, [])
             reserved = []
             for name, kind, planned, rate, recorded_multiplier in mine:
-                if kind == SGMCMC and name != session:
+                if kind == SGMCMC and name not in siblings:
                     used = sum(c for sid, _, _, c in rows if sid == self.store.id(name))
                     multiplier = recorded_multiplier or opening.noise_multiplier
                     reserved.append(SubsampledGaussian(rate, multiplier, max(planned - used, 0)))
@@ -216,17 +271,21 @@ class SessionBook:
                     session, record[0], record[1], record[2] is not None, spend, events, record[3]
                 )
             total = GaussianSpend(int(totals[0][k]), float(totals[1][k]), float(totals[2][k]))
-            gaussian_open = algorithm != SGMCMC or any(kind != SGMCMC for _, kind, *_ in mine)
+            gaussian_open = any(p.algorithm != SGMCMC for p in parts) or any(
+                kind != SGMCMC for _, kind, *_ in mine
+            )
             views.append(PlanView(current, total, events_of(rows), reserved, gaussian_open))
         return views
 
     def session_opener(self, owners: list[str], session: str) -> str | None:
-        """The client that opened ``session`` for some of ``owners`` (None: not recorded, or
-        opened without a client identity)."""
+        """The client that opened ``session`` (or, with several kinds, its parts) for some of
+        ``owners`` (None: not recorded, or opened without a client identity)."""
+        prefix = session + PART_SEPARATOR
         with self.store.reading():
             for owner, client in self.store.db.execute(
-                "SELECT owner, client FROM sessions WHERE session=? AND client IS NOT NULL",
-                (session,),
+                "SELECT owner, client FROM sessions WHERE (session=? OR substr(session, 1, ?)=?) "
+                "AND client IS NOT NULL",
+                (session, len(prefix), prefix),
             ):
                 if owner in owners:
                     return client

@@ -2,15 +2,18 @@
 (``kinds.KindTerms``: plan, sampling rate, largest step), who opens it and, with secure
 aggregation, the peers' keys (docs/design.md §4). Built once by whoever receives the request
 (the server from the wire, an oracle from its arguments) and passed unchanged through host and
-nodes to the ledger.
+nodes to the ledger. A session may ask several kinds (each with its own terms); the ledger
+records and charges each kind as its own part (docs/design.md §4, "Sessions of several
+kinds").
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import InvalidRequest
-from ..kinds import KindTerms
+from ..kinds import KindTerms, query_kind
 from .aggregation import SecureOpen
 
 
@@ -41,11 +44,39 @@ class SessionRequest:
             session, (KindTerms(kind, planned_answers, sampling_rate, max_step),), client, secure
         )
 
+    @classmethod
+    def several(
+        cls,
+        session: str,
+        terms: Sequence[KindTerms],
+        client: str | None = None,
+        secure: SecureOpen | None = None,
+    ) -> SessionRequest:
+        """A request for the kinds ``terms`` (one ``KindTerms`` each)."""
+        return cls(session, tuple(terms), client, secure)
+
+    def kinds(self, owner: str | None = None) -> tuple[KindTerms, ...]:
+        """Every kind's terms, each kind once (``InvalidRequest`` for none, for a kind asked
+        twice, and for several kinds with secure aggregation, whose masks are keyed by one
+        kind). A session of several kinds keys and charges each kind's answers apart
+        (docs/design.md §4, "Sessions of several kinds")."""
+        if not self.terms:
+            raise InvalidRequest("a session asks at least one query kind", owner)
+        names = [query_kind(t.kind, owner).name for t in self.terms]
+        if len(set(names)) != len(names):
+            raise InvalidRequest(f"a session asks each query kind once, not {names}", owner)
+        if len(names) > 1 and self.secure is not None:
+            raise InvalidRequest(
+                "a session with secure aggregation asks one query kind, not " + " and ".join(names),
+                owner,
+            )
+        return self.terms
+
     def single(self, owner: str | None = None) -> KindTerms:
-        """The request's one kind's terms. A session answers one kind for now (its answers
-        are keyed by chain and iteration only); ``InvalidRequest`` for none or several."""
+        """The request's one kind's terms (a secure session's, or a protocol message's that
+        carries one kind); ``InvalidRequest`` for none or several."""
         if len(self.terms) != 1:
             raise InvalidRequest(
-                f"a session asks exactly one query kind, not {len(self.terms)}", owner
+                f"a session asks exactly one query kind here, not {len(self.terms)}", owner
             )
         return self.terms[0]

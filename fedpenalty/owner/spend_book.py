@@ -133,7 +133,8 @@ class SpendBook:
             committed()
         if groups:
             answered = max(span(c.iterations[keys])[1] for _, _, keys in groups)
-            self.store.frontier[session_id] = max(self.store.frontier[session_id], answered)
+            frontier = (session_id, c.substep)
+            self.store.frontier[frontier] = max(self.store.frontier[frontier], answered)
 
     def _admit(
         self, c: Charge, slots: np.ndarray, every: tuple[int | None, StepSums] | None
@@ -220,17 +221,18 @@ class SpendBook:
         if not asked.size:
             return
         first, last = span(asked)
-        if first > self.store.highest_iteration(session_id):
+        if first > self.store.highest_iteration(session_id, c.substep):
             return
-        stored = self.store.read_stored(owner_ids, session_id, first, last)
+        stored = self.store.read_stored(owner_ids, session_id, first, last, c.substep)
         position = {owner_id: k for k, owner_id in enumerate(owner_ids.tolist())}
         keys = {key: j for j, key in enumerate(zip(c.chains.tolist(), c.iterations.tolist()))}
         for owner_id, chain, iteration in stored:
             j = keys.get((chain, iteration))
             if j is not None and c.new[position[owner_id], j]:
+                at = f", sub-step {c.substep}" if c.substep else ""
                 raise ReplayConflict(
-                    f"(session, chain {chain}, iteration {iteration}) was answered before: its "
-                    "stored answer is replayed, never a second one",
+                    f"(session, chain {chain}, iteration {iteration}{at}) was answered before: "
+                    "its stored answer is replayed, never a second one",
                     c.owners[position[owner_id]],
                 )
 
@@ -267,11 +269,11 @@ class SpendBook:
                 c.chains[keys], c.iterations[keys], digests, payloads
             )
             counts = (sums.count, sums.total, sums.squares, sums.largest)
-            rows.append((session_id, first, last, gid, line, *counts, *blobs))
+            rows.append((session_id, first, last, gid, line, *counts, *blobs, c.substep))
         self.store.db.executemany(
             "INSERT INTO answer_blocks(session_id, first_iteration, last_iteration, group_id, "
-            "line_id, answers, steps, steps_squared, max_step, keys, digests, payload) "
-            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            "line_id, answers, steps, steps_squared, max_step, keys, digests, payload, substep) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
             rows,
         )
 

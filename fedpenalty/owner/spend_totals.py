@@ -14,7 +14,7 @@ import numpy as np
 from ..privacy import GaussianSpend
 from ..privacy.subsampled import SubsampledGaussian
 from .key_store import KeyStore
-from .ledger_records import Report, SecureSpend, Session, events_of
+from .ledger_records import PART_SEPARATOR, Report, SecureSpend, Session, events_of
 from .ledger_rows import StepSums, line_spend
 from .ledger_store import LedgerStore
 
@@ -94,23 +94,23 @@ class SpendTotals:
         return GaussianSpend(int(answers[0]), float(mu2[0]), float(max_mu[0]))
 
     def reports(self, owners: list[str], session: str | None) -> list[Report]:
-        """Every owner's spend, in all sessions and in ``session`` (None: not asked), in a
-        constant number of statements: what ``PrivacyReport`` needs."""
+        """Every owner's spend, in all sessions and in ``session`` (None: not asked; a session
+        of several kinds: the sum of its parts), in a constant number of statements per part:
+        what ``PrivacyReport`` needs."""
         with self.store.reading():
             ids = np.array([self.store.id(o) for o in owners], dtype=np.int64)
             sampled = self.sampled_rows()
             totals = self.spend(ids)
-            known: set[str] = set()
-            session_id = -1
-            if session is not None:
-                session_id = self.store.id(session)
-                in_session = self.spend(ids, session_id)
-                known = {
-                    row[0]
-                    for row in self.store.db.execute(
-                        "SELECT owner FROM sessions WHERE session=?", (session,)
-                    )
-                }
+            parts = [] if session is None else self.store.parts(session)
+            part_ids = {self.store.id(name) for name in parts}
+            in_session = self._summed(ids, part_ids)
+            known = {
+                row[0]
+                for name in parts
+                for row in self.store.db.execute(
+                    "SELECT owner FROM sessions WHERE session=?", (name,)
+                )
+            }
             secure = self.secure_spends(ids, sampled)
         out = []
         for k, (owner, owner_id) in enumerate(zip(owners, ids.tolist())):
@@ -122,11 +122,37 @@ class SpendTotals:
                     GaussianSpend(
                         int(in_session[0][k]), float(in_session[1][k]), float(in_session[2][k])
                     ),
-                    events_of([r for r in rows if r[0] == session_id]),
+                    events_of([r for r in rows if r[0] in part_ids]),
                 )
             out.append(
                 Report(total, events_of(rows), owner in known, current, secure.get(owner_id, []))
             )
+        return out
+
+    def _summed(
+        self, ids: np.ndarray, session_ids: set[int]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``spend`` of ``ids`` summed over ``session_ids`` (the parts of one session)."""
+        k = len(ids)
+        answers, mu2, max_mu = np.zeros(k, dtype=np.int64), np.zeros(k), np.zeros(k)
+        for session_id in sorted(session_ids):
+            a, m2, mx = self.spend(ids, session_id)
+            answers, mu2, max_mu = answers + a, mu2 + m2, np.maximum(max_mu, mx)
+        return answers, mu2, max_mu
+
+    def kind_spend(
+        self, owners: list[str], session: str
+    ) -> list[dict[str, tuple[GaussianSpend, list[SubsampledGaussian]]]]:
+        """Each owner's spend in ``session`` per kind (ledger name), from each part's rows."""
+        with self.store.reading():
+            out: list[dict[str, tuple[GaussianSpend, list[SubsampledGaussian]]]] = [
+                {} for _ in owners
+            ]
+            for name in self.store.parts(session):
+                for k, owner in enumerate(owners):
+                    recorded = self.read_session(owner, name)
+                    if recorded is not None:
+                        out[k][recorded.algorithm] = (recorded.spend, recorded.sampled)
         return out
 
     def secure_spends(
@@ -158,7 +184,8 @@ class SpendTotals:
             return None
         spend = self.spend_of(owner, self.store.id(session))
         sampled = self.sampled_of(owner, self.store.id(session))
-        return Session(session, row[0], row[1], row[2] is not None, spend, sampled, row[3], row[4])
+        name = session.partition(PART_SEPARATOR)[0]  # a part is shown as its session
+        return Session(name, row[0], row[1], row[2] is not None, spend, sampled, row[3], row[4])
 
     def sessions(self, owner: str) -> list[Session]:
         """Every session the owner has opened, oldest first, each with its own spend (what

@@ -96,7 +96,7 @@ class GradientAnswers:
         """A simulated owner k's answers ``(M, d)``: Poisson sample (O(q·n) work,
         ``SeededNormals.sample``) and float noise of sd σ_k·clip, both addressed by (session,
         owner, chain, iteration)."""
-        session, kind = self._keys.session, self._compute.kind
+        session, kind = self._keys.address, self._compute.kind
         iteration, clip, q = self._scalars()
         model, records = self._compute.model, self._compute.nodes[k].records
         seeded = self._noise.seeded
