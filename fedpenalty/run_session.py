@@ -1,7 +1,7 @@
-"""The owners' session of a run that asks owners: open it (``Owners``; a budget refusal says
-what would fit), sample with checkpoints while recording the owners' running spend
-(``sample_owners``), and settle it once the run's files are written (``settling``: close a
-completed session, leave a stopped one open for ``--resume``).
+"""The session of a run that asks owners (``Owners``: the oracle, names and policies): open it
+(a plan an owner refuses for its budget says what would fit), sample with checkpoints while
+recording the owners' running spend (``sample_owners``), and settle it once the run's files are
+written (``settling``: close a completed session, leave a stopped one open for ``--resume``).
 """
 
 from __future__ import annotations
