@@ -42,6 +42,7 @@ from .schema import (
     PositiveInts,
     Probability,
     Section,
+    entry_of,
     one_of,
     validate_file,
 )
@@ -51,7 +52,7 @@ class ModelTable(Section):
     """``name`` picks the model; every other key is the model's own (``build_model``)."""
 
     model_config = ConfigDict(extra="allow")
-    name: Annotated[str, one_of(*MODELS)] = Field(
+    name: Annotated[str, entry_of(MODELS)] = Field(
         default="gaussian_mean", description="the likelihood (models/)"
     )
 
@@ -127,7 +128,7 @@ class GenericSampler(Section):
     """The ``[sampler]`` keys of every algorithm; each registry entry adds its own
     (``SamplerSection``)."""
 
-    algorithm: Annotated[str, one_of(*ALGORITHMS)] = Field(
+    algorithm: Annotated[str, entry_of(ALGORITHMS)] = Field(
         default="penalty",
         description="which sampler or baseline to run (coordinator/algorithms.py)",
     )
@@ -151,7 +152,7 @@ class GenericRun(Section):
     """The ``[run]`` keys of every transport; each registry entry adds its own
     (``RunSection``)."""
 
-    transport: Annotated[str, one_of(*TRANSPORTS)] = Field(
+    transport: Annotated[str, entry_of(TRANSPORTS)] = Field(
         default="grpc",
         description="simulate: how the owners run (coordinator/transports.py): 'grpc' (local "
         "processes on loopback gRPC), 'inprocess' (fastest) or 'ray' (Ray actors)",

@@ -9,6 +9,7 @@ Numbers are strict: ``true`` is never a number, NaN and ±inf are refused, an in
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from typing import Annotated, Any, TypeVar, get_type_hints
 
 from pydantic import (
@@ -50,11 +51,18 @@ def refusal(phrase: str) -> WrapValidator:
 
 def one_of(*names: str) -> PlainValidator:
     """Field metadata of ``Annotated[str, one_of(...)]``: exactly one of ``names``."""
-    phrase = f"one of {', '.join(map(repr, names))}"
+    return entry_of(names)
+
+
+def entry_of(registry: Collection[str]) -> PlainValidator:
+    """Field metadata of ``Annotated[str, entry_of(REGISTRY)]``: a name in ``registry`` (a
+    registry dict's keys) as it is when a value is validated, so that an entry added to the
+    registry after this module is imported is accepted by the same one line."""
 
     def check(value: Any) -> str:
-        if isinstance(value, str) and value in names:
+        if isinstance(value, str) and value in registry:
             return value
+        phrase = f"one of {', '.join(map(repr, registry))}"
         raise PydanticCustomError(_REFUSED, "must be {allowed}", {"allowed": phrase})
 
     return PlainValidator(check)

@@ -1,25 +1,34 @@
 """The architecture of docs/design.md §4 and §6, checked: no import cycle between modules or
-between the package's parts, the layering rules, the registries, and short functions."""
+between the package's parts, the layering rules, the registries (every entry the package tree
+defines is registered and offered by the scenario), short functions, small classes and
+modules."""
 
 from __future__ import annotations
 
 import ast
+import importlib
 import inspect
+import pkgutil
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 import fedpenalty
-from fedpenalty.config import resolve
+from fedpenalty import coordinator, kinds, models
+from fedpenalty.config import load_scenario, resolve
 from fedpenalty.coordinator.algorithms import ALGORITHMS
 from fedpenalty.coordinator.base import ChainAlgorithm, ReleaseAlgorithm
+from fedpenalty.coordinator.transport_base import Transport
 from fedpenalty.coordinator.transports import TRANSPORTS
-from fedpenalty.kinds import KINDS
+from fedpenalty.kinds import KINDS, QueryKind
+from fedpenalty.models import MODELS, Model
 
 ROOT = Path(fedpenalty.__file__).parent
-#: Kernel modules: pure numpy over the oracle interface (docs/design.md §4).
-KERNELS = ("base", "mh", "adapt", "exact", "expfam")
-KERNELS += ("sgmcmc", "sgld", "sghmc", "sgnht", "driver")
+#: The driver, which runs every kernel (docs/design.md §4).
+DRIVER = "fedpenalty.coordinator.driver"
+#: Largest module (lines; generated protocol code aside) and class (lines) of the package.
+MAX_MODULE_LINES, MAX_CLASS_LINES = 800, 400
 #: The leaves every layer may import; they import no other part of the package.
 LEAVES = ("errors", "models", "privacy")
 #: Just above the leaves: the query kinds (``common`` imports their registry).
@@ -101,6 +110,22 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def kernel_modules() -> set[str]:
+    """The kernel layer, pure numpy over the oracle interface (docs/design.md §4): the modules
+    of every registered chain algorithm's kernel and state, the driver, and every coordinator
+    module they import."""
+    graph = import_graph()
+    chains = [a for a in ALGORITHMS.values() if isinstance(a, ChainAlgorithm)]
+    todo = [DRIVER, *(m for a in chains for m in (a.build.__module__, a.state.__module__))]
+    found: set[str] = set()
+    while todo:
+        module = todo.pop()
+        if module not in found:
+            found.add(module)
+            todo += [t for t in graph.get(module, ()) if t.startswith(coordinator.__name__)]
+    return found - {coordinator.__name__}
+
+
 def _part(module: str) -> str:
     """The part of the package a module belongs to: ``fedpenalty.owner``, ``fedpenalty.config``."""
     return ".".join(module.split(".")[:2])
@@ -128,13 +153,23 @@ def test_the_cycle_check_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
+def test_the_kernel_layer_is_what_the_registry_runs():
+    kernels = kernel_modules()
+    assert DRIVER in kernels
+    for name, algorithm in ALGORITHMS.items():
+        if isinstance(algorithm, ChainAlgorithm):
+            assert algorithm.build.__module__ in kernels, name
+    assert all(m.startswith(f"{coordinator.__name__}.") for m in kernels)
+
+
 def test_layers_point_one_way():
     graph = import_graph()
+    kernels = kernel_modules()
     for module, targets in graph.items():
         parts = {_part(t) for t in targets}
         if module.startswith("fedpenalty.owner"):
             assert "fedpenalty.coordinator" not in parts, f"{module} imports the coordinator"
-        if module.split(".")[-1] in KERNELS and module.startswith("fedpenalty.coordinator"):
+        if module in kernels:
             assert "fedpenalty.owner" not in parts, f"kernel {module} imports the owner side"
         if _part(module) in (f"fedpenalty.{leaf}" for leaf in LEAVES):
             allowed = {f"fedpenalty.{leaf}" for leaf in LEAVES}
@@ -167,6 +202,85 @@ def test_registries_are_what_the_scenario_offers():
         assert resolve({"sampler": {"algorithm": name}})["sampler"]["algorithm"] == name
     for name in TRANSPORTS:
         assert resolve({"run": {"transport": name}})["run"]["transport"] == name
+    for name in MODELS:
+        assert load_scenario(None, {"model.name": name})["model"]["name"] == name
+    # every query kind is the one some offered algorithm asks its owners for
+    asked = {a.query for a in ALGORITHMS.values() if isinstance(a, ChainAlgorithm)}
+    assert {kind.ledger_name for kind in KINDS.values()} <= asked
+
+
+def _defined(package: ModuleType, cls: type) -> dict[str, list[str]]:
+    """Module → the names of the ``cls`` instances defined (not imported) at its top level, in
+    every module of ``package``."""
+    found: dict[str, list[str]] = {}
+    for info in pkgutil.iter_modules(package.__path__, f"{package.__name__}."):
+        module = importlib.import_module(info.name)
+        names = [
+            name
+            for name, value in vars(module).items()
+            if isinstance(value, cls) and name in _assigned(module)
+        ]
+        if names:
+            found[info.name] = names
+    return found
+
+
+def _assigned(module: ModuleType) -> set[str]:
+    """The names a module's own top-level statements assign."""
+    tree = ast.parse(Path(module.__file__ or "").read_text())
+    return {
+        target.id
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+
+
+def _subclasses(package: ModuleType, base: type) -> set[type]:
+    """The concrete subclasses of ``base`` defined in the modules of ``package``."""
+    for info in pkgutil.iter_modules(package.__path__, f"{package.__name__}."):
+        importlib.import_module(info.name)
+    todo, found = [base], set()
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            todo.append(sub)
+            if sub.__module__.startswith(f"{package.__name__}.") and not inspect.isabstract(sub):
+                found.add(sub)
+    return found
+
+
+def test_every_entry_the_package_defines_is_registered():
+    """The registries list what the package tree holds: no algorithm, transport, model or
+    query kind is defined and left out of its registry (docs/design.md §6)."""
+    registered_algorithms = set(map(id, ALGORITHMS.values()))
+    for module, names in _defined(coordinator, ChainAlgorithm | ReleaseAlgorithm).items():
+        for name in names:
+            entry = getattr(importlib.import_module(module), name)
+            assert id(entry) in registered_algorithms, f"{module}.{name} is not in ALGORITHMS"
+    for module, names in _defined(coordinator, Transport).items():
+        for name in names:
+            entry = getattr(importlib.import_module(module), name)
+            assert TRANSPORTS.get(entry.name, None) is not None, f"{module}.{name}"
+            assert TRANSPORTS[entry.name].launch is entry.launch, f"{module}.{name}"
+    assert _subclasses(models, Model) == set(MODELS.values())
+    assert _subclasses(kinds, QueryKind) == {type(kind) for kind in KINDS.values()}
+
+
+def test_modules_and_classes_are_small():
+    """No module over 800 lines (generated protocol code aside) and no class over 400."""
+    big = []
+    for path in ROOT.rglob("*.py"):
+        if path.parent.name == "proto" and "_pb2" in path.name:
+            continue
+        text = path.read_text()
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            big.append(f"{path.relative_to(ROOT)} ({len(text.splitlines())} lines)")
+        for node in ast.walk(ast.parse(text)):
+            lines = getattr(node, "end_lineno", 0) - getattr(node, "lineno", 0) + 1
+            if isinstance(node, ast.ClassDef) and lines > MAX_CLASS_LINES:
+                big.append(f"{path.relative_to(ROOT)}:{node.name} ({lines} lines)")
+    assert big == []
 
 
 def test_functions_are_short():
