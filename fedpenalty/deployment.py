@@ -83,7 +83,7 @@ def owner_file(name: str, port: int) -> dict[str, Any]:
         "model": MODEL,
         "data": {"path": f"{name}.csv"},
         "privacy": {
-            "sigma": 1.0,
+            "log_ratio_sd": 1.0,
             "max_step": STEP,
             "budget_epsilon": 10.0,
             "delta": 1e-5,

@@ -263,7 +263,8 @@ def plan_causes(scenario: Scenario, query: str, policy: Policy, deployed: bool) 
             shown = f"{value:g}" if isinstance(value, (int, float)) else str(value)
             words.append(f"{key} = {shown} ({scenario.origin(key)})")
     if deployed:
-        words.append(f"the owner's sigma = {policy.sigma:g} (its OWNER.toml)")
+        noise_key = query_kind(query).noise_key
+        words.append(f"the owner's {noise_key} = {policy.sigma:g} (its OWNER.toml)")
     return ", ".join(words)
 
 

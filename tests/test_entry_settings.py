@@ -108,7 +108,8 @@ def _walk(stop_at: int | None = None) -> SamplingAlgorithm:
 
 
 def test_declared_info_fields_reach_the_outputs_and_survive_a_resume(tmp_path, monkeypatch):
-    monkeypatch.setitem(checkpoint.STATES, _Walk.__qualname__, _Walk)  # as a registered kernel
+    registered = checkpoint.state_classes()  # _Walk loads as a registered kernel's state would
+    monkeypatch.setattr(checkpoint, "state_classes", lambda: {**registered, "_Walk": _Walk})
     theta0 = np.zeros((2, 1))
     run = dict(iterations=6, warmup=2, progress=False)
     whole = sample(_walk(), np.random.default_rng(1), theta0, **run)

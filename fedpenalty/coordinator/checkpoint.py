@@ -30,10 +30,14 @@ FORMAT = "fedpenalty-checkpoint-3"
 #: The array-name prefix of ``Progress.stats`` buffers.
 STATS = "stats."
 
-#: Every chain state class by name: a checkpoint names its state class, and only these load.
-STATES: dict[str, type] = {
-    a.state.__qualname__: a.state for a in ALGORITHMS.values() if isinstance(a, ChainAlgorithm)
-}
+
+def state_classes() -> dict[str, type]:
+    """Every registered chain state class by name (read from ``ALGORITHMS`` when asked, so a
+    kernel registered later is included): a checkpoint names its state class, and only these
+    load."""
+    return {
+        a.state.__qualname__: a.state for a in ALGORITHMS.values() if isinstance(a, ChainAlgorithm)
+    }
 
 
 def _flatten(
@@ -119,7 +123,7 @@ def load(path: Path) -> Progress:
         raise ValueError(f"{path} is not a readable checkpoint ({exc})") from exc
     if meta.get("format") != FORMAT:
         raise ValueError(f"{path} is not a {FORMAT} file")
-    state_class = STATES.get(meta.get("state_class", ""))
+    state_class = state_classes().get(meta.get("state_class", ""))
     if state_class is None:
         raise ValueError(f"{path} holds a chain state of unknown kind {meta.get('state_class')!r}")
     state = _unflatten(state_class, "state", arrays, meta["state_scalars"])
