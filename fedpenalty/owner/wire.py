@@ -317,8 +317,9 @@ def _single_terms(msg: pb.OpenSessionRequest) -> KindTerms:
 
 
 def _same_terms(a: KindTerms, b: KindTerms) -> bool:
-    """One kind (by either of its names) with the same plan, rate and step."""
-    if query_kind(a.kind) is not query_kind(b.kind):
+    """One kind (by either of its names; ``a`` may name none) with the same plan, rate and
+    step."""
+    if not a.kind or query_kind(a.kind) is not query_kind(b.kind):
         return False
     return (a.planned_answers, a.sampling_rate, a.max_step) == (
         b.planned_answers,
