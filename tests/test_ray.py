@@ -230,7 +230,7 @@ def test_a_killed_actor_stops_the_run_naming_its_owners_and_the_resumed_run_is_e
     answer = RayHosts.answer
 
     def killing(self, query):
-        if query[0] == "log_ratio":  # (kind, session, iteration, chains, arrays)
+        if query[0] == "log_ratio":  # (kind, session, iteration, chains, arrays, substep)
             calls["log_ratio"] += 1
             if calls["log_ratio"] == 120:  # iteration 119 (0-based) finds actor 1 dead
                 ray.kill(self.actors[1])

@@ -183,13 +183,14 @@ class OwnerHostActor:
         """A query's answers as the host's ``Reply`` (``OwnerHost.reply``: plain answers with
         each owner's noise sd × the kind's ``reply_scale``, or a secure session's masked sum),
         or the ``Failure`` of an owner's refusal. ``query``: (kind, session, iteration, chains,
-        arrays), the kind by name (``kinds.query_kind``; an unknown one is refused)."""
-        name, session, iteration, chains, arrays = query
+        arrays, substep), the kind by name (``kinds.query_kind``; an unknown one is refused),
+        the sub-step checked by the host."""
+        name, session, iteration, chains, arrays, substep = query
         if self.host is None:
             return Failure("OwnerUnavailable", "this Ray actor hosts no owners")
         try:
             kind = query_kind(name)
-            values = kind.ask(self.host, session, iteration, chains, arrays)
+            values = kind.ask(self.host, session, iteration, chains, arrays, substep)
         except FedPenaltyError as exc:
             return Failure.of(exc)
         return self.host.reply(session, values, kind.reply_scale(arrays))

@@ -48,7 +48,7 @@ import numpy as np
 from ..cluster.local import LocalCluster, default_owner_hosts
 from ..common import OwnerDescription, PrivacyReport
 from ..errors import ConfigError, OwnerError, OwnerUnavailable, UnknownSession
-from ..kinds import query_kind
+from ..kinds import KindTerms, query_kind
 from ..models import Model, check_owner_models
 from ..owner import wire
 from ..owner.owner_config import TlsFiles
@@ -185,13 +185,22 @@ class GrpcOracle(Oracle):
         max_step: float | None = None,
         secure: SecureAggregation | None = None,
     ) -> str:
+        """A session of one kind (``open_kinds`` with its one ``KindTerms``)."""
+        terms = KindTerms(algorithm, planned_answers, sampling_rate, max_step)
+        return self.open_kinds([terms], session, secure)
+
+    def open_kinds(
+        self,
+        terms: Sequence[KindTerms],
+        session: str | None = None,
+        secure: SecureAggregation | None = None,
+    ) -> str:
+        """Open (or resume) a session of the kinds ``terms`` at every host: one kind in the
+        single-kind fields of ``OpenSession`` (as before sessions of several kinds), several
+        in its ``kinds`` (``wire.open_message``)."""
         session = session or uuid.uuid4().hex
         peers = None if secure is None else secure_open(self._session_keys(session), secure)
-        request = wire.open_message(
-            SessionRequest.of(
-                session, algorithm, planned_answers, sampling_rate, max_step=max_step, secure=peers
-            )
-        )
+        request = wire.open_message(SessionRequest.several(session, terms, secure=peers))
         self._run(self._each(lambda h: self._unary(h, h.stub.OpenSession, request)))
         self._noise_sd = owner_noise_sd(secure, self._sigma, len(self._sigma))
         self.session, self._opened = session, request
@@ -209,11 +218,11 @@ class GrpcOracle(Oracle):
     def query(
         self, kind: str, iteration: int, chains: np.ndarray, substep: int = 0, **arrays: Any
     ) -> Answers:
-        """One query on every host's stream, as a ``KindQuery`` (any registered kind)."""
-        if substep:  # docs/design.md §4, "Sessions of several kinds"
-            raise ValueError("the owner protocol carries no sub-step yet: only sub-step 0 is asked")
+        """One query on every host's stream, as a ``KindQuery`` (any registered kind) at
+        ``substep``."""
         asked = query_kind(kind)
-        message = wire.kind_query(asked.name, self._require_session(), iteration, chains, arrays)
+        session = self._require_session()
+        message = wire.kind_query(asked.name, session, iteration, chains, arrays, substep)
         keys = len(message.chains) * asked.keys_per_chain(arrays)
 
         def fill(request: pb.QueryRequest) -> None:

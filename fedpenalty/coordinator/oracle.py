@@ -89,9 +89,10 @@ class Oracle(Protocol):
         secure: SecureAggregation | None = None,
     ) -> str:
         """Open (or resume) a session of the kinds ``terms`` (one ``KindTerms`` each: plan,
-        rate, step) at every owner; returns its id. A transport whose protocol carries one kind
-        per session (gRPC, Ray for now) opens a session of one kind through ``open_session``
-        and refuses several (docs/design.md §4, "Sessions of several kinds")."""
+        rate, step) at every owner; returns its id. Every transport of this package carries
+        several kinds (docs/design.md §4, "Sessions of several kinds"); this default, for a
+        transport that carries one kind per session, opens one through ``open_session`` and
+        refuses several."""
         if len(terms) != 1:
             raise ValueError(
                 f"{type(self).__name__} opens sessions of one query kind, not {len(terms)}"
@@ -107,9 +108,8 @@ class Oracle(Protocol):
         """One query of ``kind`` (its protocol-v2 name, ``kinds.KINDS``) at every owner, for
         ``chains`` ``(C,)`` keyed from ``iteration`` on at ``substep`` (one of several answers
         of one kind in one iteration; part of the key), carrying the kind's ``arrays``
-        (``QueryKind.arrays``). What every transport implements; the kernels call the thin
-        per-kind methods below. A transport whose protocol does not carry the sub-step refuses
-        one that is not 0."""
+        (``QueryKind.arrays``). What every transport implements (each carries the sub-step to
+        the owners, which check it); the kernels call the thin per-kind methods below."""
         ...
 
     def log_ratio(

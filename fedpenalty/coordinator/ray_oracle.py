@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,7 @@ from ..cluster.ray_hosts import Failure, HostSpec, OwnerSpec, RayHosts, RayRunti
 from ..common import OwnerDescription, PrivacyReport
 from ..data import OwnerRecords
 from ..errors import ConfigError, OwnerError, OwnerUnavailable
+from ..kinds import KindTerms
 from ..owner.aggregation import PeerKey
 from ..owner.session_request import SessionRequest
 from .oracle import Answers, Oracle, SecureAggregation, Unreported
@@ -59,21 +61,23 @@ class RayOracle(Oracle):
         max_step: float | None = None,
         secure: SecureAggregation | None = None,
     ) -> str:
+        """A session of one kind (``open_kinds`` with its one ``KindTerms``)."""
+        terms = KindTerms(algorithm, planned_answers, sampling_rate, max_step)
+        return self.open_kinds([terms], session, secure)
+
+    def open_kinds(
+        self,
+        terms: Sequence[KindTerms],
+        session: str | None = None,
+        secure: SecureAggregation | None = None,
+    ) -> str:
+        """Open (or resume) a session of the kinds ``terms`` at every actor
+        (``OwnerHost.open``); returns its id."""
         session = session or uuid.uuid4().hex
         request = None
         if secure is not None:
             request = secure_open(self._session_keys(session), secure)
-        self._each(
-            "open",
-            SessionRequest.of(
-                session,
-                algorithm,
-                planned_answers,
-                sampling_rate,
-                max_step=max_step,
-                secure=request,
-            ),
-        )
+        self._each("open", SessionRequest.several(session, terms, secure=request))
         self.session = session
         return session
 
@@ -90,9 +94,7 @@ class RayOracle(Oracle):
         """One query on every actor (``OwnerHostActor.answer``), combined
         (``secure_sum.combine``) once all have answered: plain answers stacked in owner order
         ``(K, …)``, a secure session's masked sums decoded into one row."""
-        if substep:  # docs/design.md §4, "Sessions of several kinds"
-            raise ValueError("the Ray transport carries no sub-step yet: only sub-step 0 is asked")
-        args = (kind, self._require_session(), iteration, chains, arrays)
+        args = (kind, self._require_session(), iteration, chains, arrays, substep)
         return combine(self.hosts.raise_failures(self.hosts.answer(args)))
 
     def privacy_reports(self) -> list[PrivacyReport]:

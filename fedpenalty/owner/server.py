@@ -223,15 +223,17 @@ class OwnerServicer(pb_grpc.OwnerServicer):
         keys: int,
         decode: Callable[[], tuple[int, dict[str, Any]]],
         client: str | None,
+        substep: int = 0,
     ) -> pb.Answers:
-        """One query of ``kind`` in ``session`` for ``chains``, asking ``keys`` answers per
-        chain: the reply's size checked, the session's client checked, then its (iteration,
-        arrays) ``decode``d and the kind asks the host."""
+        """One query of ``kind`` in ``session`` for ``chains`` at ``substep``, asking ``keys``
+        answers per chain: the reply's size checked, the session's client checked, then its
+        (iteration, arrays) ``decode``d and the kind asks the host (which checks the
+        sub-step)."""
         chains = np.asarray(chains, dtype=np.int64)
         self._check_reply(session, len(chains) * keys, kind.width(self.host.model))
         owned = self._own(session, client)
         iteration, arrays = decode()
-        values = kind.ask(self.host, owned, iteration, chains, arrays)
+        values = kind.ask(self.host, owned, iteration, chains, arrays, substep)
         return wire.answers_message(self.host.reply(session, values, kind.reply_scale(arrays)))
 
     def _v1_query(self, name: str, r, client: str | None) -> pb.Answers:
@@ -242,14 +244,14 @@ class OwnerServicer(pb_grpc.OwnerServicer):
         return self._query(kind, r.session, r.chains, codec.keys(r), decode, client)
 
     def _kind_query(self, r: pb.KindQuery, client: str | None) -> pb.Answers:
-        """A ``KindQuery`` of any registered kind (``kinds.KINDS``); an unknown kind, or arrays
-        other than the kind's, are refused."""
+        """A ``KindQuery`` of any registered kind (``kinds.KINDS``) at its sub-step; an unknown
+        kind, arrays other than the kind's, or a negative sub-step are refused."""
         kind = query_kind(r.kind)
         arrays = wire.kind_query_arrays(r)
         kind.check_arrays(arrays)
         decoded = (r.iteration, arrays)
         keys = kind.keys_per_chain(arrays)
-        return self._query(kind, r.session, r.chains, keys, lambda: decoded, client)
+        return self._query(kind, r.session, r.chains, keys, lambda: decoded, client, r.substep)
 
     def _session_keys(self, r: pb.SessionKeysRequest, client: str | None) -> pb.SessionKeysReply:
         keys = self.host.session_keys(self._own(r.session, client))

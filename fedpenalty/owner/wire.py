@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import errors
 from ..common import OwnerDescription, OwnNoise, Policy, PrivacyReport, SecureTerms, SpendReport
-from ..kinds import KindTerms, query_kind
+from ..kinds import KINDS, KindTerms, kind_names, query_kind
 from ..models.base import check_neighbour
 from ..proto import owner_pb2 as pb
 from .aggregation import PeerKey, Reply, SecureOpen
@@ -153,15 +153,19 @@ def query_codec(kind: str) -> QueryCodec:
     return codec
 
 
-def kind_query(kind: str, session: str, iteration: int, chains, arrays) -> pb.KindQuery:
-    """A query of ``kind`` (v2 name) as the generic ``KindQuery``: ``arrays`` by name, integer
-    ones (Python or numpy ints) as integers, everything else as float64."""
+def kind_query(
+    kind: str, session: str, iteration: int, chains, arrays, substep: int = 0
+) -> pb.KindQuery:
+    """A query of ``kind`` (v2 name) at ``substep`` as the generic ``KindQuery``: ``arrays`` by
+    name, integer ones (Python or numpy ints) as integers, everything else as float64. Sub-step
+    0 is not written (proto3's default): such a query is the bytes of one before sub-steps."""
     return pb.KindQuery(
         kind=kind,
         session=session,
         iteration=int(iteration),
         chains=np.asarray(chains).tolist(),
         arrays=[_named_array(name, value) for name, value in arrays.items()],
+        substep=int(substep),
     )
 
 
@@ -227,43 +231,101 @@ def secure_open(msg: pb.SecureAggregation) -> SecureOpen:
 
 # --- sessions -----------------------------------------------------------------------------
 def open_message(request: SessionRequest) -> pb.OpenSessionRequest:
-    """A session request on the wire: its kind by the v2 name (``kind``) and, for owners that
-    speak only v1, by its ledger name (``algorithm``)."""
-    terms = request.single()
-    kind = query_kind(terms.kind)
-    msg = pb.OpenSessionRequest(
-        session=request.session,
-        kind=kind.name,
-        algorithm=kind.ledger_name,
-        planned_answers=terms.planned_answers,
-    )
+    """A session request on the wire. One kind: in the single-kind fields, by the v2 name
+    (``kind``) and, for owners that speak only v1, by its ledger name (``algorithm``) — the
+    message of the release before sessions of several kinds. Several kinds: in ``kinds`` alone
+    (an owner that knows no ``kinds`` then refuses the session: it names no kind)."""
+    msg = pb.OpenSessionRequest(session=request.session)
+    asked = request.kinds()
+    if len(asked) == 1:
+        terms = asked[0]
+        kind = query_kind(terms.kind)
+        msg.kind, msg.algorithm = kind.name, kind.ledger_name
+        msg.planned_answers = terms.planned_answers
+        if terms.sampling_rate is not None:
+            msg.sampling_rate = terms.sampling_rate
+        if terms.max_step is not None:
+            msg.max_step = terms.max_step
+    else:
+        msg.kinds.extend(_terms_message(t) for t in asked)
+    if request.secure is not None:
+        msg.secure.CopyFrom(secure_message(request.secure))
+    return msg
+
+
+def _terms_message(terms: KindTerms) -> pb.KindTerms:
+    msg = pb.KindTerms(kind=query_kind(terms.kind).name, planned_answers=terms.planned_answers)
     if terms.sampling_rate is not None:
         msg.sampling_rate = terms.sampling_rate
     if terms.max_step is not None:
         msg.max_step = terms.max_step
-    if request.secure is not None:
-        msg.secure.CopyFrom(secure_message(request.secure))
     return msg
+
+
+def _kind_terms(msg: pb.KindTerms | pb.OpenSessionRequest, kind: str) -> KindTerms:
+    """``kind``'s terms from a message's plan, rate and step (``KindTerms`` or the
+    single-kind fields of ``OpenSessionRequest``)."""
+    return KindTerms(
+        kind,
+        msg.planned_answers,
+        msg.sampling_rate if msg.HasField("sampling_rate") else None,
+        msg.max_step if msg.HasField("max_step") else None,
+    )
 
 
 def session_request(
     msg: pb.OpenSessionRequest, client: str | None, secure: SecureOpen | None
 ) -> SessionRequest:
     """``OpenSession`` → the request the host opens, for ``client`` with ``secure`` (decoded
-    by the server, which alone may mark its peers authenticated). The kind is ``kind`` (v2) or
-    else ``algorithm`` (v1); a message naming both must name one kind."""
+    by the server, which alone may mark its peers authenticated). The kinds are ``kinds`` (v2,
+    at most one per registered kind) or else the one kind of the single-kind fields: ``kind``
+    (v2) or ``algorithm`` (v1), which must name one kind when both are set. A message with
+    both single-kind fields and ``kinds`` must carry one kind with the same terms in each."""
+    if len(msg.kinds) > len(KINDS):
+        raise errors.InvalidRequest(
+            f"the session asks {len(msg.kinds)} query kinds; each kind is asked once and "
+            f"there are {len(KINDS)}: {kind_names()}"
+        )
+    kinds = [_kind_terms(t, t.kind) for t in msg.kinds]
+    if not kinds:
+        return SessionRequest(msg.session, (_single_terms(msg),), client, secure)
+    if _names_a_single_kind(msg):
+        single = _single_terms(msg)
+        if len(kinds) != 1 or not _same_terms(single, kinds[0]):
+            raise errors.InvalidRequest(
+                f"the session's single-kind fields ask {single} but its kinds ask "
+                f"{', '.join(map(str, kinds))}; send the kinds alone"
+            )
+    return SessionRequest.several(msg.session, kinds, client, secure)
+
+
+def _names_a_single_kind(msg: pb.OpenSessionRequest) -> bool:
+    """The message sets any of the single-kind (v1) fields."""
+    optional = msg.HasField("sampling_rate") or msg.HasField("max_step")
+    return bool(msg.kind or msg.algorithm or msg.planned_answers or optional)
+
+
+def _single_terms(msg: pb.OpenSessionRequest) -> KindTerms:
+    """The terms of the single-kind fields: the kind is ``kind`` (v2) or else ``algorithm``
+    (v1); a message naming both must name one kind."""
     if msg.kind and msg.algorithm and query_kind(msg.kind) is not query_kind(msg.algorithm):
         raise errors.InvalidRequest(
             f"the session names two query kinds: kind {msg.kind!r} and algorithm "
             f"{msg.algorithm!r}; name one (kind)"
         )
-    terms = KindTerms(
-        msg.kind or msg.algorithm,
-        msg.planned_answers,
-        msg.sampling_rate if msg.HasField("sampling_rate") else None,
-        msg.max_step if msg.HasField("max_step") else None,
+    return _kind_terms(msg, msg.kind or msg.algorithm)
+
+
+def _same_terms(a: KindTerms, b: KindTerms) -> bool:
+    """One kind (by either of its names; ``a`` may name none) with the same plan, rate and
+    step."""
+    if not a.kind or query_kind(a.kind) is not query_kind(b.kind):
+        return False
+    return (a.planned_answers, a.sampling_rate, a.max_step) == (
+        b.planned_answers,
+        b.sampling_rate,
+        b.max_step,
     )
-    return SessionRequest(msg.session, (terms,), client, secure)
 
 
 # --- descriptions and reports -------------------------------------------------------------

@@ -67,7 +67,7 @@ class DescribeReply(_message.Message):
     def __init__(self, owners: _Optional[_Iterable[_Union[OwnerInfo, _Mapping]]] = ...) -> None: ...
 
 class OpenSessionRequest(_message.Message):
-    __slots__ = ("session", "algorithm", "planned_answers", "sampling_rate", "max_step", "secure", "kind")
+    __slots__ = ("session", "algorithm", "planned_answers", "sampling_rate", "max_step", "secure", "kind", "kinds")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     ALGORITHM_FIELD_NUMBER: _ClassVar[int]
     PLANNED_ANSWERS_FIELD_NUMBER: _ClassVar[int]
@@ -75,6 +75,7 @@ class OpenSessionRequest(_message.Message):
     MAX_STEP_FIELD_NUMBER: _ClassVar[int]
     SECURE_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    KINDS_FIELD_NUMBER: _ClassVar[int]
     session: str
     algorithm: str
     planned_answers: int
@@ -82,7 +83,20 @@ class OpenSessionRequest(_message.Message):
     max_step: float
     secure: SecureAggregation
     kind: str
-    def __init__(self, session: _Optional[str] = ..., algorithm: _Optional[str] = ..., planned_answers: _Optional[int] = ..., sampling_rate: _Optional[float] = ..., max_step: _Optional[float] = ..., secure: _Optional[_Union[SecureAggregation, _Mapping]] = ..., kind: _Optional[str] = ...) -> None: ...
+    kinds: _containers.RepeatedCompositeFieldContainer[KindTerms]
+    def __init__(self, session: _Optional[str] = ..., algorithm: _Optional[str] = ..., planned_answers: _Optional[int] = ..., sampling_rate: _Optional[float] = ..., max_step: _Optional[float] = ..., secure: _Optional[_Union[SecureAggregation, _Mapping]] = ..., kind: _Optional[str] = ..., kinds: _Optional[_Iterable[_Union[KindTerms, _Mapping]]] = ...) -> None: ...
+
+class KindTerms(_message.Message):
+    __slots__ = ("kind", "planned_answers", "sampling_rate", "max_step")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    PLANNED_ANSWERS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_RATE_FIELD_NUMBER: _ClassVar[int]
+    MAX_STEP_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    planned_answers: int
+    sampling_rate: float
+    max_step: float
+    def __init__(self, kind: _Optional[str] = ..., planned_answers: _Optional[int] = ..., sampling_rate: _Optional[float] = ..., max_step: _Optional[float] = ...) -> None: ...
 
 class OpenSessionReply(_message.Message):
     __slots__ = ()
@@ -173,18 +187,20 @@ class GradientRequest(_message.Message):
     def __init__(self, session: _Optional[str] = ..., iteration: _Optional[int] = ..., chains: _Optional[_Iterable[int]] = ..., theta: _Optional[_Iterable[float]] = ..., clip: _Optional[float] = ...) -> None: ...
 
 class KindQuery(_message.Message):
-    __slots__ = ("kind", "session", "iteration", "chains", "arrays")
+    __slots__ = ("kind", "session", "iteration", "chains", "arrays", "substep")
     KIND_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     CHAINS_FIELD_NUMBER: _ClassVar[int]
     ARRAYS_FIELD_NUMBER: _ClassVar[int]
+    SUBSTEP_FIELD_NUMBER: _ClassVar[int]
     kind: str
     session: str
     iteration: int
     chains: _containers.RepeatedScalarFieldContainer[int]
     arrays: _containers.RepeatedCompositeFieldContainer[NamedArray]
-    def __init__(self, kind: _Optional[str] = ..., session: _Optional[str] = ..., iteration: _Optional[int] = ..., chains: _Optional[_Iterable[int]] = ..., arrays: _Optional[_Iterable[_Union[NamedArray, _Mapping]]] = ...) -> None: ...
+    substep: int
+    def __init__(self, kind: _Optional[str] = ..., session: _Optional[str] = ..., iteration: _Optional[int] = ..., chains: _Optional[_Iterable[int]] = ..., arrays: _Optional[_Iterable[_Union[NamedArray, _Mapping]]] = ..., substep: _Optional[int] = ...) -> None: ...
 
 class NamedArray(_message.Message):
     __slots__ = ("name", "shape", "values", "integers")
