@@ -12,7 +12,6 @@ import pytest
 
 from fedpenalty.common import Policy
 from fedpenalty.coordinator.inprocess import InProcessOracle
-from fedpenalty.coordinator.oracle import Oracle
 from fedpenalty.errors import BudgetExhausted, InvalidRequest, NotPermitted, ReplayConflict
 from fedpenalty.kinds import KindTerms
 from fedpenalty.models import build_model
@@ -151,22 +150,6 @@ def test_the_owner_report_lists_a_session_once_per_kind(tmp_path):
         (session, "penalty", 2),
         (session, "sgmcmc", 0),
     ]
-
-
-def test_a_transport_of_one_kind_per_session_opens_one_and_refuses_several(tmp_path):
-    class OneKind(Oracle):  # the protocol's default open_kinds (gRPC, Ray)
-        def __init__(self, inner: InProcessOracle):
-            self.inner = inner
-
-        def open_session(self, *args) -> str:
-            return self.inner.open_session(*args)
-
-    inner = oracle(tmp_path)
-    o = OneKind(inner)
-    session = o.open_kinds([KindTerms("gradient", 20, 0.1)], session="g")
-    assert session == "g" and inner.host.nodes[0].require_session("g", "gradient")
-    with pytest.raises(ValueError, match="one query kind, not 2"):
-        o.open_kinds([KindTerms("log_ratio", 20), KindTerms("gradient", 20, 0.1)])
 
 
 def test_a_ledger_of_release_0_1_0_reads_at_substep_0_and_takes_sessions_of_several_kinds(

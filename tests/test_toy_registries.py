@@ -151,15 +151,15 @@ class CountingOracle(Oracle):
     def __init__(self, inner):
         self.inner, self.asked = inner, Counter()
 
-    def query(self, kind, iteration, chains, **arrays):
+    def query(self, kind, iteration, chains, substep=0, **arrays):
         self.asked[kind] += len(chains)
-        return self.inner.query(kind, iteration, chains, **arrays)
+        return self.inner.query(kind, iteration, chains, substep, **arrays)
 
     def describe(self):
         return self.inner.describe()
 
-    def open_session(self, *args, **kwargs):
-        return self.inner.open_session(*args, **kwargs)
+    def open_kinds(self, terms, session=None, secure=None):
+        return self.inner.open_kinds(terms, session, secure)
 
     def privacy_reports(self):
         return self.inner.privacy_reports()

@@ -176,19 +176,6 @@ class GrpcOracle(Oracle):
     def describe(self) -> list[OwnerDescription]:
         return [o for h in self._hosts for o in h.owners]
 
-    def open_session(
-        self,
-        algorithm: str,
-        planned_answers: int,
-        session: str | None = None,
-        sampling_rate: float | None = None,
-        max_step: float | None = None,
-        secure: SecureAggregation | None = None,
-    ) -> str:
-        """A session of one kind (``open_kinds`` with its one ``KindTerms``)."""
-        terms = KindTerms(algorithm, planned_answers, sampling_rate, max_step)
-        return self.open_kinds([terms], session, secure)
-
     def open_kinds(
         self,
         terms: Sequence[KindTerms],

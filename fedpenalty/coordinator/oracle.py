@@ -75,12 +75,14 @@ class Oracle(Protocol):
         max_step: float | None = None,
         secure: SecureAggregation | None = None,
     ) -> str:
-        """Open (or, with an existing id, resume) a session at every owner; returns its id.
-        ``sgmcmc`` sessions name the owners' Poisson ``sampling_rate``; ``penalty`` sessions may
-        declare the largest step ``max_step`` they will ask about (≤ each owner's), which the
-        owners check the plan and every request against. ``secure``: with secure aggregation —
-        every owner's session key is relayed to all of them first, and every answer comes back
-        as the decoded sum."""
+        """Open (or, with an existing id, resume) a session of one kind at every owner
+        (``open_kinds`` with its one ``KindTerms``); returns its id. ``sgmcmc`` sessions name the
+        owners' Poisson ``sampling_rate``; ``penalty`` sessions may declare the largest step
+        ``max_step`` they will ask about (≤ each owner's), which the owners check the plan and
+        every request against. ``secure``: with secure aggregation — every owner's session key
+        is relayed to all of them first, and every answer comes back as the decoded sum."""
+        terms = KindTerms(algorithm, planned_answers, sampling_rate, max_step)
+        return self.open_kinds([terms], session, secure)
 
     def open_kinds(
         self,
@@ -89,18 +91,9 @@ class Oracle(Protocol):
         secure: SecureAggregation | None = None,
     ) -> str:
         """Open (or resume) a session of the kinds ``terms`` (one ``KindTerms`` each: plan,
-        rate, step) at every owner; returns its id. Every transport of this package carries
-        several kinds (docs/design.md §4, "Sessions of several kinds"); this default, for a
-        transport that carries one kind per session, opens one through ``open_session`` and
-        refuses several."""
-        if len(terms) != 1:
-            raise ValueError(
-                f"{type(self).__name__} opens sessions of one query kind, not {len(terms)}"
-            )
-        (one,) = terms
-        return self.open_session(
-            one.kind, one.planned_answers, session, one.sampling_rate, one.max_step, secure
-        )
+        rate, step) at every owner; returns its id (docs/design.md §4, "Sessions of several
+        kinds"). What a transport implements."""
+        raise NotImplementedError
 
     def query(
         self, kind: str, iteration: int, chains: np.ndarray, substep: int = 0, **arrays: Any
