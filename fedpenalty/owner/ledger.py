@@ -181,10 +181,10 @@ class Ledger:
         lattice: bool = False,
     ) -> float | None:
         """``open_sessions`` for one owner: its recorded cap (or None)."""
-        opening = Opening(owner, noise_multiplier, lattice, admit)
-        return self.open_sessions(
-            [opening], session, algorithm, planned_answers, sampling_rate, client
-        )[0]
+        return self.sessions_book.open_session(
+            owner, session, algorithm, planned_answers, sampling_rate, noise_multiplier, admit,
+            client, lattice,
+        )  # fmt: skip
 
     def open_sessions(
         self,
