@@ -9,7 +9,8 @@ from __future__ import annotations
 import functools
 import math
 import sys
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .errors import ConfigError
@@ -35,6 +36,7 @@ from .schema import (
 LOG_RATIO = KINDS["log_ratio"].ledger_name
 SUFF_STATS = KINDS["suff_stats"].ledger_name
 SGMCMC = KINDS["gradient"].ledger_name
+_LEDGER_NAMES = tuple(kind.ledger_name for kind in KINDS.values())
 
 #: The smallest gradient noise sd σ·clip an owner uses: the smallest normal float (below it the
 #: noise is subnormal or rounds to 0 while the ledger would still count σ).
@@ -46,11 +48,15 @@ class Policy:
     """Owner policy (``[privacy]`` of OWNER.toml); every field is checked on construction
     (``ConfigError`` naming ``privacy.<field>``).
 
-    sigma: the owner's noise level, whose meaning is its query kind's (``QueryKind.sigma_meaning``):
-        the sd of the log-likelihood-ratio sum (``log_ratio``), of each component of the
-        sufficient-statistic sum (``suff_stats``), or for gradient answers (``gradient``) the
-        noise *multiplier*: noise sd σ·clip on each coordinate. OWNER.toml names it for the
-        kind (``QueryKind.noise_key``: log_ratio_sd, stat_sd, gradient_noise_multiplier).
+    sigma: the owner's noise level for every query kind ``noise`` does not name, whose meaning
+        is its query kind's (``QueryKind.sigma_meaning``): the sd of the log-likelihood-ratio
+        sum (``log_ratio``), of each component of the sufficient-statistic sum
+        (``suff_stats``), or for gradient answers (``gradient``) the noise *multiplier*: noise
+        sd σ·clip on each coordinate. OWNER.toml names each kind's level for what it is
+        (``QueryKind.noise_key``: log_ratio_sd, stat_sd, gradient_noise_multiplier).
+    noise: the noise level of each kind it names (keyed by the kind's ledger name: penalty,
+        penalty_expfam, sgmcmc), so that one session of several kinds answers each at its own
+        level (``noise_for``); empty: ``sigma`` for every kind.
     max_step: the largest ‖θ' − θ‖₂ the owner answers for (bounds each answer's sensitivity).
     budget_epsilon, delta: the owner refuses any answer that would take its cumulative
         ε(δ) past ``budget_epsilon``.
@@ -98,6 +104,7 @@ class Policy:
     colluders: NonNegativeInt = 0
     min_peers: NonNegativeInt = 0
     unauthenticated_peers: PeerTrust = "refuse"
+    noise: dict[str, PositiveFloat] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_fields(self, "privacy")
@@ -114,11 +121,36 @@ class Policy:
             raise ConfigError(
                 f"privacy.min_clip = {self.min_clip:g} exceeds privacy.max_clip = {self.max_clip:g}"
             )
-        if self.sigma * self.min_clip < _SMALLEST_NOISE_SD:
+        self._check_noise()
+
+    def _check_noise(self) -> None:
+        """Every level ``noise`` names is of a known kind (``ConfigError`` otherwise), and the
+        gradient noise sd σ·min_clip is a normal float."""
+        ledger_names = {kind.ledger_name: kind for kind in KINDS.values()}
+        unknown = sorted(set(self.noise) - set(ledger_names))
+        if unknown:
             raise ConfigError(
-                f"privacy.sigma × privacy.min_clip = {self.sigma * self.min_clip:g} is below "
+                f"privacy.noise names unknown query kinds {unknown}; known: {sorted(ledger_names)}"
+            )
+        sigma = self.noise_for(SGMCMC)
+        if sigma * self.min_clip < _SMALLEST_NOISE_SD:
+            key = "sigma" if SGMCMC not in self.noise else ledger_names[SGMCMC].noise_key
+            raise ConfigError(
+                f"privacy.{key} × privacy.min_clip = {sigma * self.min_clip:g} is below "
                 f"{_SMALLEST_NOISE_SD:g}: gradient noise that small is no noise; raise min_clip"
             )
+
+    def noise_for(self, kind: str) -> float:
+        """The noise level of query kind ``kind`` (its ledger name; ``KeyError`` for an unknown
+        kind): its entry in ``noise``, else ``sigma``. Units: the kind's ``sigma_meaning``."""
+        if kind not in _LEDGER_NAMES:
+            raise KeyError(f"unknown query kind {kind!r}")
+        return self.noise.get(kind, self.sigma)
+
+    @property
+    def noise_levels(self) -> Mapping[str, float]:
+        """Every kind's noise level, by ledger name (``noise_for``)."""
+        return {name: self.noise_for(name) for name in _LEDGER_NAMES}
 
     @property
     def charged_step(self) -> float:
