@@ -9,12 +9,11 @@ from __future__ import annotations
 import functools
 import math
 import sys
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .errors import ConfigError
-from .kinds import KINDS
+from .kinds import KINDS, QueryKind
 from .privacy import GaussianSpend
 from .privacy.owner_epsilon import owner_epsilon
 from .privacy.subsampled import SubsampledGaussian
@@ -36,7 +35,6 @@ from .schema import (
 LOG_RATIO = KINDS["log_ratio"].ledger_name
 SUFF_STATS = KINDS["suff_stats"].ledger_name
 SGMCMC = KINDS["gradient"].ledger_name
-_LEDGER_NAMES = tuple(kind.ledger_name for kind in KINDS.values())
 
 #: The smallest gradient noise sd σ·clip an owner uses: the smallest normal float (below it the
 #: noise is subnormal or rounds to 0 while the ledger would still count σ).
@@ -126,7 +124,7 @@ class Policy:
     def _check_noise(self) -> None:
         """Every level ``noise`` names is of a known kind (``ConfigError`` otherwise), and the
         gradient noise sd σ·min_clip is a normal float."""
-        ledger_names = {kind.ledger_name: kind for kind in KINDS.values()}
+        ledger_names = _ledger_names()
         unknown = sorted(set(self.noise) - set(ledger_names))
         if unknown:
             raise ConfigError(
@@ -143,14 +141,9 @@ class Policy:
     def noise_for(self, kind: str) -> float:
         """The noise level of query kind ``kind`` (its ledger name; ``KeyError`` for an unknown
         kind): its entry in ``noise``, else ``sigma``. Units: the kind's ``sigma_meaning``."""
-        if kind not in _LEDGER_NAMES:
+        if kind not in _ledger_names():
             raise KeyError(f"unknown query kind {kind!r}")
         return self.noise.get(kind, self.sigma)
-
-    @property
-    def noise_levels(self) -> Mapping[str, float]:
-        """Every kind's noise level, by ledger name (``noise_for``)."""
-        return {name: self.noise_for(name) for name in _LEDGER_NAMES}
 
     @property
     def charged_step(self) -> float:
@@ -160,6 +153,12 @@ class Policy:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _ledger_names() -> dict[str, QueryKind]:
+    """The registered query kinds (``kinds.KINDS``, read when asked: a kind registered later
+    counts) by ledger name."""
+    return {kind.ledger_name: kind for kind in KINDS.values()}
 
 
 @dataclass(frozen=True)
