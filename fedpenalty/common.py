@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import math
 import sys
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -102,7 +103,7 @@ class Policy:
     colluders: NonNegativeInt = 0
     min_peers: NonNegativeInt = 0
     unauthenticated_peers: PeerTrust = "refuse"
-    noise: dict[str, PositiveFloat] = field(default_factory=dict)
+    noise: Mapping[str, PositiveFloat] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_fields(self, "privacy")
@@ -119,6 +120,7 @@ class Policy:
             raise ConfigError(
                 f"privacy.min_clip = {self.min_clip:g} exceeds privacy.max_clip = {self.max_clip:g}"
             )
+        object.__setattr__(self, "noise", NoiseLevels(self.noise))
         self._check_noise()
 
     def _check_noise(self) -> None:
@@ -152,7 +154,27 @@ class Policy:
         return self.max_step / 10 if self.min_charged_step is None else self.min_charged_step
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields by name; ``noise`` only when it names a kind (a policy of sigma alone
+        gives the dict it gave before levels per kind)."""
+        fields = asdict(self)
+        fields["noise"] = dict(self.noise)
+        if not self.noise:
+            del fields["noise"]
+        return fields
+
+
+class NoiseLevels(dict[str, float]):
+    """``Policy.noise``: each named kind's level by ledger name, immutable and hashable (a
+    policy is a frozen, hashable value)."""
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(frozenset(self.items()))
+
+    def _immutable(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("a policy's noise levels are immutable")
+
+    __setitem__ = __delitem__ = update = pop = popitem = clear = setdefault = _immutable  # type: ignore[assignment]
+    __ior__ = _immutable  # type: ignore[assignment]
 
 
 def _ledger_names() -> dict[str, QueryKind]:

@@ -62,6 +62,10 @@ def test_a_policy_names_each_kinds_level_and_sigma_is_every_other_kinds():
     assert p.noise_for("penalty") == 1.0 and p.noise_for("sgmcmc") == 2.0
     assert p.noise_for("penalty_expfam") == 5.0
     assert all(Policy(sigma=3.0).noise_for(k.ledger_name) == 3.0 for k in KINDS.values())
+    assert hash(p) == hash(policy(sgmcmc=2.0, penalty=1.0)) and p == policy(sgmcmc=2, penalty=1)
+    assert Policy(**p.to_dict()) == p and "noise" not in Policy(sigma=3.0).to_dict()
+    with pytest.raises(TypeError):
+        p.noise["penalty"] = 9.0  # type: ignore[index]
     with pytest.raises(KeyError):
         p.noise_for("log_ratio")  # by ledger name only: no fallback for an unknown kind
     with pytest.raises(ConfigError, match="unknown query kinds"):
