@@ -235,3 +235,32 @@ def _sigma_only_draws(tmp_path) -> str:
 
 def test_a_policy_of_sigma_alone_draws_reports_and_charges_as_before(tmp_path):
     assert _sigma_only_draws(tmp_path) == SIGMA_ONLY_DRAWS
+
+
+# --- over gRPC ---------------------------------------------------------------------------------
+def test_over_grpc_each_kind_is_answered_and_checked_at_its_own_level(tmp_path):
+    """The coordinator reads each owner's levels from its description and checks every
+    answer's sd against the asked kind's; the answers equal the in-process oracle's."""
+    from fedpenalty.coordinator.grpc_oracle import GrpcOracle
+    from fedpenalty.owner.host import OwnerHost
+    from fedpenalty.owner.server import ServerThread
+
+    local = owners(tmp_path, policy(**LEVELS), "o")
+    (tmp_path / "remote").mkdir()
+    server = ServerThread(OwnerHost(owners(tmp_path / "remote", policy(**LEVELS), "o").host.nodes))
+    remote = GrpcOracle([server.address], model=MODEL, deadline=10, retry_seconds=2)
+    try:
+        assert [d.policy for d in remote.describe()] == [policy(**LEVELS)] * 2
+        for oracle in (local, remote):
+            oracle.open_kinds(BOTH, session="s")
+        for kind, arrays, sd in (
+            ("log_ratio", {"theta": THETA, "theta_prop": THETA + 0.01}, 1.0),
+            ("gradient", {"theta": THETA, "clip": 1.5}, 3.0),
+        ):
+            there = remote.query(kind, 0, CHAINS, **arrays)
+            here = local.query(kind, 0, CHAINS, **arrays)
+            np.testing.assert_array_equal(there.values, here.values)
+            np.testing.assert_array_equal(there.noise_sd, [sd, sd])
+    finally:
+        remote.close()
+        server.close()
