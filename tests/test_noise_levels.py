@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections import defaultdict
 
 import numpy as np
 import pytest
@@ -264,3 +265,35 @@ def test_over_grpc_each_kind_is_answered_and_checked_at_its_own_level(tmp_path):
     finally:
         remote.close()
         server.close()
+
+
+# --- refusal advice ----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("query", "session"),
+    [("penalty", {"max_step": 0.05}), ("penalty_expfam", {}), ("sgmcmc", {"sampling_rate": 0.2})],
+)
+def test_refusal_advice_is_figured_at_the_asked_kinds_level(query, session):
+    """What a refused plan needs is what it needs of an owner whose every level is the asked
+    kind's; a deployed refusal names the kind's key and level."""
+    from fedpenalty.refusals import plan_causes, plan_needs
+
+    levels = {"penalty": 0.7, "penalty_expfam": 3.0, "sgmcmc": 1.3}
+    mixed = Policy(sigma=9.0, noise=levels, budget_epsilon=2.0, delta=1e-5)
+    alone = Policy(sigma=levels[query], budget_epsilon=2.0, delta=1e-5)
+    for lattice in (False, True):
+        assert plan_needs(query, MODEL, mixed, 10**4, session, lattice) == plan_needs(
+            query, MODEL, alone, 10**4, session, lattice
+        )
+    kind = next(k for k in KINDS.values() if k.ledger_name == query)
+    words = plan_causes(_Scenario(), query, mixed, deployed=True)  # type: ignore[arg-type]
+    assert words.endswith(f", the owner's {kind.noise_key} = {levels[query]:g} (its OWNER.toml)")
+
+
+class _Scenario(dict):
+    """Just what ``plan_causes`` reads of a scenario: every key is 4, set by a test."""
+
+    def __getitem__(self, section):
+        return defaultdict(lambda: 4)
+
+    def origin(self, key):
+        return "this test"
