@@ -203,6 +203,8 @@ def test_owner_toml_reads_each_combination_of_noise_names(
 def test_owner_toml_refuses_a_bad_kind_level_naming_its_key(tmp_path):
     with pytest.raises(ConfigError, match=r"privacy\.gradient_noise_multiplier must be"):
         noise_level({"privacy": {"log_ratio_sd": 1.0, "gradient_noise_multiplier": "two"}})
+    with pytest.raises(ConfigError, match=r"unknown key privacy\.noise; name each kind's"):
+        noise_level({"privacy": {"noise": {"penalty": 1.0}}})
 
 
 # --- sigma alone: as before ------------------------------------------------------------------

@@ -240,6 +240,10 @@ def noise_level(raw: dict[str, Any]) -> str | None:
     privacy = raw.get("privacy")
     if not isinstance(privacy, dict):
         return None
+    if "noise" in privacy:
+        raise ConfigError(
+            f"unknown key privacy.noise; name each kind's noise level: {', '.join(NOISE_KEYS)}"
+        )
     given = {key: privacy.pop(key) for key in list(privacy) if key in NOISE_KEYS}
     if "sigma" in privacy and not given:
         log.info(
