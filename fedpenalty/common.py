@@ -9,11 +9,12 @@ from __future__ import annotations
 import functools
 import math
 import sys
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .errors import ConfigError
-from .kinds import KINDS
+from .kinds import KINDS, QueryKind
 from .privacy import GaussianSpend
 from .privacy.owner_epsilon import owner_epsilon
 from .privacy.subsampled import SubsampledGaussian
@@ -46,11 +47,15 @@ class Policy:
     """Owner policy (``[privacy]`` of OWNER.toml); every field is checked on construction
     (``ConfigError`` naming ``privacy.<field>``).
 
-    sigma: the owner's noise level, whose meaning is its query kind's (``QueryKind.sigma_meaning``):
-        the sd of the log-likelihood-ratio sum (``log_ratio``), of each component of the
-        sufficient-statistic sum (``suff_stats``), or for gradient answers (``gradient``) the
-        noise *multiplier*: noise sd σ·clip on each coordinate. OWNER.toml names it for the
-        kind (``QueryKind.noise_key``: log_ratio_sd, stat_sd, gradient_noise_multiplier).
+    sigma: the owner's noise level for every query kind ``noise`` does not name, whose meaning
+        is its query kind's (``QueryKind.sigma_meaning``): the sd of the log-likelihood-ratio
+        sum (``log_ratio``), of each component of the sufficient-statistic sum
+        (``suff_stats``), or for gradient answers (``gradient``) the noise *multiplier*: noise
+        sd σ·clip on each coordinate. OWNER.toml names each kind's level for what it is
+        (``QueryKind.noise_key``: log_ratio_sd, stat_sd, gradient_noise_multiplier).
+    noise: the noise level of each kind it names (keyed by the kind's ledger name: penalty,
+        penalty_expfam, sgmcmc), so that one session of several kinds answers each at its own
+        level (``noise_for``); empty: ``sigma`` for every kind.
     max_step: the largest ‖θ' − θ‖₂ the owner answers for (bounds each answer's sensitivity).
     budget_epsilon, delta: the owner refuses any answer that would take its cumulative
         ε(δ) past ``budget_epsilon``.
@@ -98,6 +103,7 @@ class Policy:
     colluders: NonNegativeInt = 0
     min_peers: NonNegativeInt = 0
     unauthenticated_peers: PeerTrust = "refuse"
+    noise: Mapping[str, PositiveFloat] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_fields(self, "privacy")
@@ -114,11 +120,32 @@ class Policy:
             raise ConfigError(
                 f"privacy.min_clip = {self.min_clip:g} exceeds privacy.max_clip = {self.max_clip:g}"
             )
-        if self.sigma * self.min_clip < _SMALLEST_NOISE_SD:
+        object.__setattr__(self, "noise", NoiseLevels(self.noise))
+        self._check_noise()
+
+    def _check_noise(self) -> None:
+        """Every level ``noise`` names is of a known kind (``ConfigError`` otherwise), and the
+        gradient noise sd σ·min_clip is a normal float."""
+        ledger_names = _ledger_names()
+        unknown = sorted(set(self.noise) - set(ledger_names))
+        if unknown:
             raise ConfigError(
-                f"privacy.sigma × privacy.min_clip = {self.sigma * self.min_clip:g} is below "
+                f"privacy.noise names unknown query kinds {unknown}; known: {sorted(ledger_names)}"
+            )
+        sigma = self.noise_for(SGMCMC)
+        if sigma * self.min_clip < _SMALLEST_NOISE_SD:
+            key = "sigma" if SGMCMC not in self.noise else ledger_names[SGMCMC].noise_key
+            raise ConfigError(
+                f"privacy.{key} × privacy.min_clip = {sigma * self.min_clip:g} is below "
                 f"{_SMALLEST_NOISE_SD:g}: gradient noise that small is no noise; raise min_clip"
             )
+
+    def noise_for(self, kind: str) -> float:
+        """The noise level of query kind ``kind`` (its ledger name; ``KeyError`` for an unknown
+        kind): its entry in ``noise``, else ``sigma``. Units: the kind's ``sigma_meaning``."""
+        if kind not in _ledger_names():
+            raise KeyError(f"unknown query kind {kind!r}")
+        return self.noise.get(kind, self.sigma)
 
     @property
     def charged_step(self) -> float:
@@ -127,7 +154,33 @@ class Policy:
         return self.max_step / 10 if self.min_charged_step is None else self.min_charged_step
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields by name; ``noise`` only when it names a kind (a policy of sigma alone
+        gives the dict it gave before levels per kind)."""
+        fields = asdict(self)
+        fields["noise"] = dict(self.noise)
+        if not self.noise:
+            del fields["noise"]
+        return fields
+
+
+class NoiseLevels(dict[str, float]):
+    """``Policy.noise``: each named kind's level by ledger name, immutable and hashable (a
+    policy is a frozen, hashable value)."""
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(frozenset(self.items()))
+
+    def _immutable(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("a policy's noise levels are immutable")
+
+    __setitem__ = __delitem__ = update = pop = popitem = clear = setdefault = _immutable  # type: ignore[assignment]
+    __ior__ = _immutable  # type: ignore[assignment]
+
+
+def _ledger_names() -> dict[str, QueryKind]:
+    """The registered query kinds (``kinds.KINDS``, read when asked: a kind registered later
+    counts) by ledger name."""
+    return {kind.ledger_name: kind for kind in KINDS.values()}
 
 
 @dataclass(frozen=True)

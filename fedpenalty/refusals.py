@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from .common import Policy
 from .config import Scenario
 from .errors import BudgetExhausted, FedPenaltyError
-from .kinds import GaussianKind, query_kind
+from .kinds import KINDS, GaussianKind, query_kind
 from .models import Model
 from .owner.noise.lattice import lattice_gradient_multiplier
 from .privacy import GaussianSpend
@@ -80,7 +80,8 @@ def _gaussian_needs(
     charged_step: ``QueryKind.worst_sensitivity``, as the owner admits it)."""
     budget, delta, neighbour = policy.budget_epsilon, policy.delta, policy.neighbour
     step = kind.worst_step(policy, max_step)
-    mu = kind.worst_sensitivity(model, policy, max_step) / policy.sigma
+    sigma = policy.noise_for(kind.ledger_name)
+    mu = kind.worst_sensitivity(model, policy, max_step) / sigma
     spend = GaussianSpend(
         before.answers + answers, before.mu_squared + answers * mu * mu, max(before.max_mu, mu)
     )
@@ -93,7 +94,7 @@ def _gaussian_needs(
         answers,
         need,
         int(left / (mu * mu)),
-        policy.sigma / scale,
+        sigma / scale,
         step * scale if kind.step_scaled else None,
     )
 
@@ -122,7 +123,8 @@ def _gradient_needs(
     spend) fit (never overstated); deployed owners' lattice bounds are not inverted here
     (None)."""
     budget, delta, neighbour = policy.budget_epsilon, policy.delta, policy.neighbour
-    sigma = lattice_gradient_multiplier(policy.sigma, model.dim) if lattice else policy.sigma
+    level = policy.noise_for(KINDS["gradient"].ledger_name)
+    sigma = lattice_gradient_multiplier(level, model.dim) if lattice else level
     event = SubsampledGaussian(rate, sigma, answers)
     need, _ = owner_epsilon(before, [event], delta, neighbour, lattice)
     if lattice:
@@ -263,8 +265,9 @@ def plan_causes(scenario: Scenario, query: str, policy: Policy, deployed: bool) 
             shown = f"{value:g}" if isinstance(value, (int, float)) else str(value)
             words.append(f"{key} = {shown} ({scenario.origin(key)})")
     if deployed:
-        noise_key = query_kind(query).noise_key
-        words.append(f"the owner's {noise_key} = {policy.sigma:g} (its OWNER.toml)")
+        kind = query_kind(query)
+        level = policy.noise_for(kind.ledger_name)
+        words.append(f"the owner's {kind.noise_key} = {level:g} (its OWNER.toml)")
     return ", ".join(words)
 
 

@@ -288,15 +288,16 @@ def owner_privacy(
     report: PrivacyReport, policy: Policy, algorithm: ChainAlgorithm, scenario: Scenario
 ) -> dict[str, Any]:
     """One owner's privacy.json entry: its own report of this run's session, and
-    ``ledger_epsilon``, its ε across every session its ledger has seen. Gradient runs show the
-    owner's σ as ``noise_multiplier`` with the sampling rate and clip they asked for; ``mu`` is
-    null unless the owner's ε is the exact GDP one. With secure aggregation the owner's ε from
-    its own noise alone, and no σ (its noise is s/√(K − t), ``owner_fields``)."""
+    ``ledger_epsilon``, its ε across every session its ledger has seen; its noise level is the
+    run's kind's (``Policy.noise_for``). Gradient runs show the owner's σ as
+    ``noise_multiplier`` with the sampling rate and clip they asked for; ``mu`` is null unless
+    the owner's ε is the exact GDP one. With secure aggregation the owner's ε from its own
+    noise alone, and no σ (its noise is s/√(K − t), ``owner_fields``)."""
     kind = query_kind(algorithm.query)
     gradient = not isinstance(kind, GaussianKind)
     spend = report.session
     assert spend is not None  # the reports were asked for this run's session
-    noise = kind.report_noise(policy.sigma, scenario["sampler"])
+    noise = kind.report_noise(policy.noise_for(kind.ledger_name), scenario["sampler"])
     if requested(scenario["privacy"]) is not None:
         noise.pop(kind.report_sigma_key)
     return {

@@ -159,9 +159,14 @@ def test_owner_toml_sigma_still_reads_with_a_message_naming_the_new_keys(caplog)
         assert kind.noise_key in caplog.text
 
 
-def test_owner_toml_noise_levels_that_disagree_are_refused():
-    with pytest.raises(ConfigError, match="one noise level"):
-        noise_level({"privacy": {"log_ratio_sd": 1.0, "stat_sd": 550.0}})
+def test_owner_toml_noise_levels_that_disagree_are_each_kinds_own():
+    # issue 22: they were refused while an owner had one level; each kind now has its own
+    # (tests/test_noise_levels.py); names that agree still give the one level sigma
+    raw = {"privacy": {"log_ratio_sd": 1.0, "stat_sd": 550.0}}
+    assert noise_level(raw) is None
+    assert raw["privacy"] == {"noise": {"penalty": 1.0, "penalty_expfam": 550.0}}
+    with pytest.raises(ConfigError, match=r"privacy\.stat_sd must be a positive finite number"):
+        noise_level({"privacy": {"log_ratio_sd": 1.0, "stat_sd": -550.0}})
     raw = {"privacy": {"log_ratio_sd": 1.0, "sigma": 1.0}}
     assert noise_level(raw) == "log_ratio_sd" and raw["privacy"] == {"sigma": 1.0}
 

@@ -193,7 +193,7 @@ class OwnerHostActor:
             values = kind.ask(self.host, session, iteration, chains, arrays, substep)
         except FedPenaltyError as exc:
             return Failure.of(exc)
-        return self.host.reply(session, values, kind.reply_scale(arrays))
+        return self.host.reply(session, values, kind.reply_scale(arrays), kind.ledger_name)
 
     def simulation_counters(self) -> list[tuple[bool, int, int]] | None:
         """Per owner (answers from sufficient statistics, clip binds, log-ratio terms), or None

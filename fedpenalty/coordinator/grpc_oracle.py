@@ -48,7 +48,7 @@ import numpy as np
 from ..cluster.local import LocalCluster, default_owner_hosts
 from ..common import OwnerDescription, PrivacyReport
 from ..errors import ConfigError, OwnerError, OwnerUnavailable, UnknownSession
-from ..kinds import KindTerms, query_kind
+from ..kinds import KINDS, KindTerms, query_kind
 from ..models import Model, check_owner_models
 from ..owner import wire
 from ..owner.owner_config import TlsFiles
@@ -163,8 +163,13 @@ class GrpcOracle(Oracle):
             self._run(self._close_channels())
             self._loop.close()
             raise
-        self._sigma = np.array([o.policy.sigma for o in self.describe()])
-        self._noise_sd = self._sigma
+        policies = [o.policy for o in self.describe()]
+        #: each kind's described noise level σ_k ``(K,)`` by ledger name (``Policy.noise_for``)
+        self._levels = {
+            kind.ledger_name: np.array([p.noise_for(kind.ledger_name) for p in policies])
+            for kind in KINDS.values()
+        }
+        self._secure: SecureAggregation | None = None
 
     @staticmethod
     async def _open_channel(address: str, creds, options) -> grpc.aio.Channel:
@@ -189,7 +194,7 @@ class GrpcOracle(Oracle):
         peers = None if secure is None else secure_open(self._session_keys(session), secure)
         request = wire.open_message(SessionRequest.several(session, terms, secure=peers))
         self._run(self._each(lambda h: self._unary(h, h.stub.OpenSession, request)))
-        self._noise_sd = owner_noise_sd(secure, self._sigma, len(self._sigma))
+        self._secure = secure
         self.session, self._opened = session, request
         return session
 
@@ -215,7 +220,9 @@ class GrpcOracle(Oracle):
         def fill(request: pb.QueryRequest) -> None:
             request.kind_query.CopyFrom(message)
 
-        return self._query(fill, asked.reply_scale(arrays), keys)
+        levels = self._levels[asked.ledger_name]
+        declared = owner_noise_sd(self._secure, levels, len(levels))
+        return self._query(fill, declared * asked.reply_scale(arrays), keys)
 
     def privacy_reports(self) -> list[PrivacyReport]:
         request = pb.PrivacyReportRequest(session=self.session or "")
@@ -308,11 +315,12 @@ class GrpcOracle(Oracle):
         return results
 
     def _query(
-        self, fill: Callable[[pb.QueryRequest], None], noise_scale: float, keys: int
+        self, fill: Callable[[pb.QueryRequest], None], declared: np.ndarray, keys: int
     ) -> Answers:
         """One query of ``keys`` answers per owner on every host's stream. Each owner's noise
-        sd must be what its described policy gives (σ_k, or s/√(K − t) with secure
-        aggregation) times ``noise_scale`` (1, or the clip of gradient answers)."""
+        sd must be ``declared`` ``(K,)``: what its described policy gives for the asked kind
+        (σ_k, or s/√(K − t) with secure aggregation) times the answer unit (1, or the clip of
+        gradient answers)."""
         messages = self._run(self._each(lambda h: self._stream_query(h, fill, keys)))
         replies = []
         for host, message in zip(self._hosts, messages):
@@ -324,7 +332,6 @@ class GrpcOracle(Oracle):
                 )
             replies.append(reply)
         noise_sd = np.concatenate([r.noise_sd for r in replies])
-        declared = self._noise_sd * noise_scale
         # np.isclose(rtol=1e-12, atol=0) without its cost (~0.2 ms); NaN and inf are wrong
         wrong = ~(np.abs(noise_sd - declared) <= 1e-12 * np.abs(declared))
         if wrong.any():

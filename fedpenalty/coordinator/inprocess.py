@@ -57,7 +57,9 @@ class InProcessOracle(Oracle):
         session = self._require_session()
         asked = query_kind(kind)
         values = asked.ask(self.host, session, iteration, chains, arrays, substep)
-        return combine([self.host.reply(session, values, asked.reply_scale(arrays))])
+        return combine(
+            [self.host.reply(session, values, asked.reply_scale(arrays), asked.ledger_name)]
+        )
 
     def privacy_reports(self) -> list[PrivacyReport]:
         return self.host.privacy_reports(self.session)

@@ -70,7 +70,7 @@ class QueryKind(ABC):
     name: ClassVar[str]
     #: the name stored in ledgers and mixed into seeded noise streams (never changes)
     ledger_name: ClassVar[str]
-    #: what ``Policy.sigma`` means for this kind (units)
+    #: what this kind's noise level (``Policy.noise_for``) means (units)
     sigma_meaning: ClassVar[str]
     #: OWNER.toml's ``[privacy]`` key naming this kind's noise level (``owner_config``)
     noise_key: ClassVar[str]

@@ -19,9 +19,10 @@ if TYPE_CHECKING:
 
 
 class Gradient(QueryKind):
-    """``gradient`` (ledger ``sgmcmc``). Policy.sigma is the noise *multiplier*: the noise sd
-    on each coordinate is σ·clip. Answers are accounted as Poisson-subsampled Gaussian events
-    (dp-accounting), whose neighbour relation sets the sensitivity per unit clip."""
+    """``gradient`` (ledger ``sgmcmc``). Its noise level (``Policy.noise_for``) is the noise
+    *multiplier*: the noise sd on each coordinate is σ·clip. Answers are accounted as
+    Poisson-subsampled Gaussian events (dp-accounting), whose neighbour relation sets the
+    sensitivity per unit clip."""
 
     name = "gradient"
     ledger_name = "sgmcmc"

@@ -43,9 +43,9 @@ class GaussianKind(QueryKind):
 
 
 class LogRatio(GaussianKind):
-    """``log_ratio`` (ledger ``penalty``). Policy.sigma is the sd of the noise added to one
-    owner's log-likelihood-ratio sum (nats). Sensitivity 2L‖θ' − θ‖ (replace_one) or
-    L‖θ' − θ‖ (add_remove), charged at no less than ``Policy.charged_step``."""
+    """``log_ratio`` (ledger ``penalty``). Its noise level (``Policy.noise_for``) is the sd of
+    the noise added to one owner's log-likelihood-ratio sum (nats). Sensitivity 2L‖θ' − θ‖
+    (replace_one) or L‖θ' − θ‖ (add_remove), charged at no less than ``Policy.charged_step``."""
 
     name = "log_ratio"
     ledger_name = "penalty"

@@ -18,8 +18,8 @@ if TYPE_CHECKING:
 
 
 class SuffStats(GaussianKind):
-    """``suff_stats`` (ledger ``penalty_expfam``). Policy.sigma is the sd of the noise on each
-    component of the statistic sum (the statistic's units). Sensitivity
+    """``suff_stats`` (ledger ``penalty_expfam``). Its noise level (``Policy.noise_for``) is
+    the sd of the noise on each component of the statistic sum (the statistic's units). Sensitivity
     ``ExpFamModel.stat_sensitivity``, whatever the step."""
 
     name = "suff_stats"

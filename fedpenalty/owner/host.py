@@ -57,14 +57,22 @@ class OwnerHost:
         self._checked: dict[tuple[str, str], tuple[int, list, StepLimits]] = {}
         self._checks = RequestChecks(self.nodes, self.label)
         self._pipeline = AnswerPipeline(self.nodes)
-        self._noise = HostNoise(self.nodes, np.array([n.policy.sigma for n in nodes]), self.label)
+        self._noise = HostNoise(self.nodes, self.label)
         #: each kind's answer path (``QueryKind.answer_path``), built when first asked
         self._paths: dict[str, KindPath] = {}
 
-    def reply(self, session: str, answers: np.ndarray | Reply, scale: float = 1.0) -> Reply:
-        """Any answer of this host as a transport carries it: plain answers ``(K, ...)`` with
-        each owner's noise sd σ_k·``scale`` (a secure session's reply is already one)."""
-        return reply_of(self._noise.mechanism(session), answers, scale)
+    def reply(
+        self,
+        session: str,
+        answers: np.ndarray | Reply,
+        scale: float = 1.0,
+        kind: str | None = None,
+    ) -> Reply:
+        """Any answer of this host as a transport carries it: plain answers ``(K, ...)`` of
+        ``kind`` (its v2 or ledger name; None: owners with one noise level for every kind)
+        with each owner's noise sd σ_k·``scale`` (a secure session's reply is already one)."""
+        ledger_name = None if kind is None else query_kind(kind, self.label).ledger_name
+        return reply_of(self._noise.mechanism(session, ledger_name), answers, scale)
 
     # --- sessions and reports ---------------------------------------------------------------
     def describe(self) -> list[OwnerDescription]:
@@ -150,7 +158,7 @@ class OwnerHost:
         """How many numbers the reply to ``answers`` keys of ``width`` carries: every owner's
         answers, or a secure session's one masked sum with its check words — so that a server
         bounds a reply before anything is computed (docs/design.md §3, invariant 9)."""
-        if self._noise.mechanism(session).secure is not None:
+        if session in self._noise.secure:
             return answers * (width + 1)
         return len(self.nodes) * answers * width
 

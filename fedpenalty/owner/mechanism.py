@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InvalidRequest
+from ..kinds import KINDS
 from .aggregation import SecureOpen, SecureSession, agree, scaled_step
 from .ledger_records import PART_SEPARATOR
 from .ledger_rows import AffineMus
@@ -104,29 +105,34 @@ class Mechanism:
 class HostNoise:
     """The noise of one host's owners: float noise from seeded normals (simulated owners) or
     exact lattice noise from their keyed word sources, and each session's ``Mechanism`` —
-    the host's plain one, or a secure session's (``open_secure``)."""
+    the host's plain one of the asked kind (each kind at its own noise level,
+    ``Policy.noise_for``), or a secure session's (``open_secure``)."""
 
-    def __init__(self, nodes: Sequence[OwnerNode], sigma: np.ndarray, label: str):
+    def __init__(self, nodes: Sequence[OwnerNode], label: str):
         self.nodes = list(nodes)
         self.host_label = label
-        self.sigma = sigma
-        self.lattice = self._lattice_noise(sigma)
+        #: each kind's noise level σ_k ``(K,)`` by ledger name (``Policy.noise_for``)
+        self.levels = {
+            kind.ledger_name: np.array([n.policy.noise_for(kind.ledger_name) for n in nodes])
+            for kind in KINDS.values()
+        }
+        self.lattice = self._lattice_noise(np.concatenate(list(self.levels.values())))
         self.fresh = self.lattice and any(n.fresh_attempts for n in nodes)
         if not self.lattice:
             self.seeded = SeededNormals([seed_material(n.rng) for n in nodes])
-        self.plain = Mechanism(
-            sigma,
-            sigma,
-            self.gamma if self.lattice else None,
-            LATTICE_LIMIT,
-            np.array([n.gradient_noise_multiplier for n in nodes]),
-        )
+        multipliers = np.array([n.gradient_noise_multiplier for n in nodes])
+        gamma = self.gamma if self.lattice else None
+        self.plain = {
+            kind: Mechanism(sd, sd, gamma, LATTICE_LIMIT, multipliers)
+            for kind, sd in self.levels.items()
+        }
         self.secure: dict[str, Mechanism] = {}
 
     def _lattice_noise(self, sigma: np.ndarray) -> bool:
         """Set up exact lattice noise when the owners use it (all of them or none): their
         ChaCha20 keys (seeded Philox for simulated owners) and one lattice step γ, a power of
-        two 2²⁰ to 2²¹ times below the smallest σ (docs/design.md §2.7)."""
+        two 2²⁰ to 2²¹ times below the smallest σ of ``sigma`` (every owner's level of every
+        kind; docs/design.md §2.7)."""
         modes = {n.lattice for n in self.nodes}
         if len(modes) != 1:
             raise ValueError("the owners of one host must all use lattice noise, or all not")
@@ -140,9 +146,22 @@ class HostNoise:
             raise ValueError("the owners' σ of one host must lie within a factor 2¹⁸ of each other")
         return True
 
-    def mechanism(self, session: str) -> Mechanism:
-        """How ``session``'s answers are noised and charged (after ``_require_session``)."""
-        return self.secure.get(session, self.plain)
+    def mechanism(self, session: str, kind: str | None) -> Mechanism:
+        """How ``session``'s answers of ``kind`` (a ledger name; ``KeyError`` for an unknown
+        one) are noised and charged (after ``_require_session``): a secure session's, or the
+        kind's plain one. ``kind`` None: the plain one of every kind, when the owners have one
+        level for every kind (``ValueError`` otherwise)."""
+        secure = self.secure.get(session)
+        if secure is not None:
+            return secure
+        if kind is not None:
+            return self.plain[kind]
+        first, *others = self.plain.values()
+        if any(not np.array_equal(m.sd, first.sd) for m in others):
+            raise ValueError(
+                f"{self.host_label}: its owners' noise levels differ by query kind; name the kind"
+            )
+        return first
 
     def label(self, session: str) -> str:
         """The label one request's noise and Poisson samples are drawn under. Simulated owners
@@ -168,14 +187,15 @@ class HostNoise:
         ``SeededNormals``)."""
         chains, iterations = keys.subset(new)
         owners = np.arange(len(self.nodes)) if owner is None else np.array([owner])
-        mechanism = self.mechanism(keys.session)
+        mechanism = self.mechanism(keys.session, kind)
         if mechanism.gamma is not None:
             return self.lattice_answers(
                 mechanism, keys.label, kind, owners, exact, chains, iterations
             )
         asked = None if owner is None else owners
         normals = self.seeded.normals(keys.address, kind, asked, chains, iterations, exact.shape[2])
-        normals *= self.sigma[:, None, None] if owner is None else self.sigma[owner]
+        sigma = self.levels[kind]
+        normals *= sigma[:, None, None] if owner is None else sigma[owner]
         normals += exact
         return normals
 

@@ -30,7 +30,7 @@ from ..common import (
     SpendReport,
 )
 from ..errors import BudgetExhausted, InvalidRequest, UnknownSession
-from ..kinds import KindTerms, QueryKind, query_kind
+from ..kinds import KINDS, KindTerms, QueryKind, query_kind
 from ..kinds.base import Event
 from ..models import ExpFamModel, Model
 from ..privacy import GaussianSpend
@@ -229,10 +229,12 @@ class OwnerNode:
         return self.gradient_multiplier()
 
     def gradient_multiplier(self, secure: SecureTerms | None = None) -> float:
-        """The noise multiplier gradient answers are accounted at: σ (or, in a secure session,
-        s — the honest owners' sum protects each of them), lowered with lattice noise by the
-        most rounding can add (``lattice_gradient_multiplier``)."""
-        sigma = self.policy.sigma if secure is None else secure.total_noise_sd
+        """The noise multiplier gradient answers are accounted at: the gradient kind's level σ
+        (``Policy.noise_for``; or, in a secure session, s — the honest owners' sum protects
+        each of them), lowered with lattice noise by the most rounding can add
+        (``lattice_gradient_multiplier``)."""
+        gradient = KINDS["gradient"].ledger_name
+        sigma = self.policy.noise_for(gradient) if secure is None else secure.total_noise_sd
         return lattice_gradient_multiplier(sigma, self.model.dim) if self.lattice else sigma
 
     def reservation_multiplier(self) -> float:
@@ -270,10 +272,10 @@ class OwnerNode:
         v2 or ledger name; its ``worst_sensitivity``: log-ratios at ``max_step``, default the
         policy's); with lattice noise, plus the most rounding can add (√w·2^−LATTICE_BITS,
         whatever host: γ lies 2²⁰ below the noise sd, which a secure session's s exceeds).
-        ``secure``: divided by s instead of σ."""
+        ``secure``: divided by s instead of the kind's level σ (``Policy.noise_for``)."""
         kind = query_kind(algorithm, self.name)
         policy = self.policy
-        sd = policy.sigma if secure is None else secure.total_noise_sd
+        sd = policy.noise_for(kind.ledger_name) if secure is None else secure.total_noise_sd
         delta = kind.worst_sensitivity(self.model, policy, max_step)
         width = kind.width(self.model)
         rounding = math.sqrt(width) * 2.0**-LATTICE_BITS if self.lattice else 0.0

@@ -2,9 +2,10 @@
 
     [model]    the scenario's [model] table (fedpenalty.models.build_model)
     [data]     path = "records.csv"            one CSV or NPZ file (fedpenalty.data.load_records)
-    [privacy]  the noise level, named for the kind it is meant for: log_ratio_sd (sd of a
-               log-likelihood-ratio answer), stat_sd (sd of each statistic component) or
-               gradient_noise_multiplier (gradient noise sd / clip) — or, as before, sigma;
+    [privacy]  each kind's noise level, named for what it is: log_ratio_sd (sd of a
+               log-likelihood-ratio answer), stat_sd (sd of each statistic component),
+               gradient_noise_multiplier (gradient noise sd / clip) — or, as before, sigma
+               (every kind's level; with kind keys that differ, the kinds not named);
                max_step, budget_epsilon, delta, neighbour, max_answers_per_request,
                max_sampling_rate, max_clip, min_step, min_clip, max_record_evaluations,
                min_charged_step, total_noise_sd, colluders, min_peers, unauthenticated_peers
@@ -20,6 +21,7 @@ keys are errors that name them.
 from __future__ import annotations
 
 import logging
+import math
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -230,31 +232,46 @@ NOISE_KEYS = {kind.noise_key: kind for kind in KINDS.values()}
 
 
 def noise_level(raw: dict[str, Any]) -> str | None:
-    """Read the ``[privacy]`` noise level of ``raw`` into ``sigma`` (in place), whichever name
-    it has: one of ``NOISE_KEYS`` (returned) or ``sigma`` (None, with a log line naming the new
-    keys). An owner has one noise level today, so names that disagree are a ``ConfigError``."""
+    """Read the ``[privacy]`` noise levels of ``raw`` into ``sigma`` and ``noise`` (in place),
+    whichever names they have (``NOISE_KEYS`` or ``sigma``, with a log line naming the new
+    keys). One level under every name given: ``sigma`` (as before; the one kind key named is
+    returned, for error messages). Levels that differ: each named kind's level in ``noise``
+    (by ledger name) and ``sigma``, as given or the default, for the kinds not named."""
     privacy = raw.get("privacy")
     if not isinstance(privacy, dict):
         return None
-    given = {key: privacy.pop(key) for key in list(privacy) if key in NOISE_KEYS}
-    if "sigma" in privacy:
-        given["sigma"] = privacy["sigma"]
-        if len(given) == 1:
-            log.info(
-                "privacy.sigma is this owner's noise level for every query kind; it may be "
-                "named for what it is: %s",
-                "; ".join(f"{k} ({kind.sigma_meaning})" for k, kind in NOISE_KEYS.items()),
-            )
-    if len({repr(v) for v in given.values()}) > 1:
-        shown = ", ".join(f"privacy.{k} = {v!r}" for k, v in given.items())
+    if "noise" in privacy:
         raise ConfigError(
-            f"{shown}: an owner has one noise level for every query kind; give one of "
-            f"{', '.join(NOISE_KEYS)} or sigma"
+            f"unknown key privacy.noise; name each kind's noise level: {', '.join(NOISE_KEYS)}"
         )
+    given = {key: privacy.pop(key) for key in list(privacy) if key in NOISE_KEYS}
+    if "sigma" in privacy and not given:
+        log.info(
+            "privacy.sigma is this owner's noise level for every query kind; it may be "
+            "named for what it is: %s",
+            "; ".join(f"{k} ({kind.sigma_meaning})" for k, kind in NOISE_KEYS.items()),
+        )
+    levels = dict(given, **({"sigma": privacy["sigma"]} if "sigma" in privacy else {}))
+    if len({repr(v) for v in levels.values()}) > 1:
+        privacy["noise"] = {NOISE_KEYS[k].ledger_name: _level(k, v) for k, v in given.items()}
+        log.info(
+            "%s: each kind answers at its own noise level; %s for the kinds not named",
+            ", ".join(f"privacy.{k} = {v!r}" for k, v in given.items()),
+            f"privacy.sigma = {privacy.get('sigma', Policy().sigma)!r}",
+        )
+        return None
     if not given:
         return None
     privacy["sigma"] = next(iter(given.values()))
-    return next((k for k in given if k != "sigma"), None)
+    return next(iter(given))
+
+
+def _level(key: str, value: Any) -> float:
+    """OWNER.toml's ``privacy.<key>`` noise level: a positive finite number (``ConfigError``)."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not (number and math.isfinite(value) and value > 0):
+        raise ConfigError(f"privacy.{key} must be a positive finite number, got {value!r}")
+    return float(value)
 
 
 def check_listen(listen: str, key: str) -> None:

@@ -90,8 +90,8 @@ class Asked:
 
     @property
     def mechanism(self) -> Mechanism:
-        """How the session's answers are noised and charged."""
-        return self.noise.mechanism(self.session)
+        """How the session's answers of the asked kind are noised and charged."""
+        return self.noise.mechanism(self.session, self.opened[0].kind.ledger_name)
 
 
 @dataclass(frozen=True)

@@ -234,7 +234,9 @@ class OwnerServicer(pb_grpc.OwnerServicer):
         owned = self._own(session, client)
         iteration, arrays = decode()
         values = kind.ask(self.host, owned, iteration, chains, arrays, substep)
-        return wire.answers_message(self.host.reply(session, values, kind.reply_scale(arrays)))
+        return wire.answers_message(
+            self.host.reply(session, values, kind.reply_scale(arrays), kind.ledger_name)
+        )
 
     def _v1_query(self, name: str, r, client: str | None) -> pb.Answers:
         """A query in the v1 message of the kind ``name`` (``wire.QUERY_CODECS``)."""

@@ -353,6 +353,7 @@ def owner_info(d: OwnerDescription) -> pb.OwnerInfo:
             colluders=p.colluders,
             min_peers=p.min_peers,
             min_charged_step=p.min_charged_step,
+            noise=p.noise,
         ),
     )
 
@@ -375,6 +376,7 @@ def owner_description(msg: pb.OwnerInfo) -> OwnerDescription:
         colluders=int(p.colluders),
         min_peers=int(p.min_peers),
         min_charged_step=p.min_charged_step if p.HasField("min_charged_step") else None,
+        noise=dict(p.noise),
     )
     params = json.loads(msg.model_params_json)
     return OwnerDescription(msg.name, msg.model, params, msg.dim, _count(msg.n), policy)

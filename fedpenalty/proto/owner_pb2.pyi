@@ -7,7 +7,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Policy(_message.Message):
-    __slots__ = ("sigma", "max_step", "budget_epsilon", "delta", "neighbour", "max_answers_per_request", "max_sampling_rate", "max_clip", "min_step", "min_clip", "max_record_evaluations", "total_noise_sd", "colluders", "min_peers", "min_charged_step")
+    __slots__ = ("sigma", "max_step", "budget_epsilon", "delta", "neighbour", "max_answers_per_request", "max_sampling_rate", "max_clip", "min_step", "min_clip", "max_record_evaluations", "total_noise_sd", "colluders", "min_peers", "min_charged_step", "noise")
+    class NoiseEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     SIGMA_FIELD_NUMBER: _ClassVar[int]
     MAX_STEP_FIELD_NUMBER: _ClassVar[int]
     BUDGET_EPSILON_FIELD_NUMBER: _ClassVar[int]
@@ -23,6 +30,7 @@ class Policy(_message.Message):
     COLLUDERS_FIELD_NUMBER: _ClassVar[int]
     MIN_PEERS_FIELD_NUMBER: _ClassVar[int]
     MIN_CHARGED_STEP_FIELD_NUMBER: _ClassVar[int]
+    NOISE_FIELD_NUMBER: _ClassVar[int]
     sigma: float
     max_step: float
     budget_epsilon: float
@@ -38,7 +46,8 @@ class Policy(_message.Message):
     colluders: int
     min_peers: int
     min_charged_step: float
-    def __init__(self, sigma: _Optional[float] = ..., max_step: _Optional[float] = ..., budget_epsilon: _Optional[float] = ..., delta: _Optional[float] = ..., neighbour: _Optional[str] = ..., max_answers_per_request: _Optional[int] = ..., max_sampling_rate: _Optional[float] = ..., max_clip: _Optional[float] = ..., min_step: _Optional[float] = ..., min_clip: _Optional[float] = ..., max_record_evaluations: _Optional[int] = ..., total_noise_sd: _Optional[float] = ..., colluders: _Optional[int] = ..., min_peers: _Optional[int] = ..., min_charged_step: _Optional[float] = ...) -> None: ...
+    noise: _containers.ScalarMap[str, float]
+    def __init__(self, sigma: _Optional[float] = ..., max_step: _Optional[float] = ..., budget_epsilon: _Optional[float] = ..., delta: _Optional[float] = ..., neighbour: _Optional[str] = ..., max_answers_per_request: _Optional[int] = ..., max_sampling_rate: _Optional[float] = ..., max_clip: _Optional[float] = ..., min_step: _Optional[float] = ..., min_clip: _Optional[float] = ..., max_record_evaluations: _Optional[int] = ..., total_noise_sd: _Optional[float] = ..., colluders: _Optional[int] = ..., min_peers: _Optional[int] = ..., min_charged_step: _Optional[float] = ..., noise: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class OwnerInfo(_message.Message):
     __slots__ = ("name", "model", "model_params_json", "dim", "n", "policy")

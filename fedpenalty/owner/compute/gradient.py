@@ -111,7 +111,7 @@ class GradientAnswers:
         sums = clipped_gradient_sum(model, records[used], theta, mask, clip)
         iterations = np.full(len(chains), iteration)
         normals = seeded.normals(session, kind, np.array([k]), chains, iterations, model.dim)[0]
-        return sums + self._noise.sigma[k] * clip * normals
+        return sums + self._noise.levels[kind][k] * clip * normals
 
     def _lattice(self, k: int, chains: np.ndarray, theta: np.ndarray) -> np.ndarray:
         """Owner k's lattice answers ``(M, d)`` (masked words ``(M, d + 1)`` in a secure
@@ -132,7 +132,7 @@ class GradientAnswers:
         )
         sums = clipped_gradient_sum(self._compute.model, records, theta, mask, clip)
         iterations = np.full(len(chains), iteration)
-        mechanism = noise.mechanism(keys.session)
+        mechanism = noise.mechanism(keys.session, kind)
         answers = noise.lattice_answers(
             mechanism, keys.label, kind, np.array([k]), sums[None], chains, iterations, clip
         )
