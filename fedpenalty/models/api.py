@@ -19,7 +19,15 @@ import numpy as np
 from scipy import integrate, optimize
 
 from ..errors import ConfigError, DataError
-from .base import NEIGHBOURS, ExpFamModel, Model, Neighbour, Reference, check_neighbour
+from .base import (
+    NEIGHBOURS,
+    ExpFamModel,
+    Model,
+    Neighbour,
+    Reference,
+    check_neighbour,
+    require_lipschitz,
+)
 from .capabilities import BoundedLogLikelihood, ConjugateUpdate
 
 __all__ = [
@@ -40,6 +48,7 @@ __all__ = [
     "check_neighbour",
     "log_concave_moments",
     "project_to_ball",
+    "require_lipschitz",
     "resolve_params",
     "truncated_ppf",
     "uniform_ball",
@@ -117,7 +126,7 @@ class Configured:
         self._params = resolve_params(self.name, self.PARAMS, params)
         self._setup()
         lip = self.lipschitz  # type: ignore[attr-defined]
-        if not (math.isfinite(lip) and lip > 0):
+        if lip is not None and not (math.isfinite(lip) and lip > 0):
             raise ConfigError(
                 f"[model] {self.name}: the Lipschitz bound overflows for {self._params}; "
                 "use a smaller theta_bound / data_bound"
