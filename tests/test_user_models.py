@@ -4,17 +4,30 @@ whose model differs from the owner's."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
+import re
 import sys
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 
+from fedpenalty.common import OwnerDescription, Policy
 from fedpenalty.config import load_scenario
-from fedpenalty.errors import ConfigError
-from fedpenalty.models import GaussianMean, build_model, model_digest
+from fedpenalty.coordinator.grpc_oracle import GrpcOracle
+from fedpenalty.coordinator.inprocess import InProcessOracle
+from fedpenalty.errors import ConfigError, InvalidRequest, UnknownSession
+from fedpenalty.kinds import KindTerms
+from fedpenalty.models import GaussianMean, build_model, check_owner_models, model_digest
+from fedpenalty.models.compat import ModelIdentity
 from fedpenalty.models.registry import ENTRY_POINT_GROUP
+from fedpenalty.owner import Ledger, OwnerNode, wire
+from fedpenalty.owner.host import OwnerHost
+from fedpenalty.owner.server import ServerThread
+from fedpenalty.owner.session_request import SessionRequest
+from fedpenalty.proto import owner_pb2_grpc as pb_grpc
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "user_model"
 LAPLACE = "laplace_location:LaplaceLocation"
@@ -156,6 +169,118 @@ def test_digest_changes_with_the_source(user_module, tmp_path):
     assert first == model_digest(type(model)) and len(first) == 64
     path = tmp_path / f"{user_module}.py"
     path.write_text(path.read_text().replace("-0.5 *", "-0.25 *"))
-    assert model_digest(model) != first
+    assert model_digest(model) == first  # the code loaded has not changed
+    del sys.modules[user_module]
+    edited = build_model({"name": f"{user_module}:Shift"})
+    assert type(edited) is not type(model) and model_digest(edited) != first
     assert model_digest(GaussianMean()) == model_digest(GaussianMean(dim=2))
     assert model_digest(GaussianMean()) != first
+
+
+# --- the owner decides which model code touches its data ---------------------------------------
+
+OWNER_MODEL = GaussianMean(dim=1, data_bound=3.0, theta_bound=2.0)
+
+
+def _owner(tmp_path, model=OWNER_MODEL, name="alice"):
+    records = model.simulate_records(np.random.default_rng(0), np.array([0.3]), 200)
+    ledger = Ledger(tmp_path / f"{name}-ledger.sqlite", synchronous="NORMAL")
+    policy = Policy(sigma=1.0, max_step=0.05, budget_epsilon=100.0)
+    return OwnerNode(name, model, records, policy, ledger, np.random.default_rng(1))
+
+
+def _terms():
+    return [KindTerms("log_ratio", 10)]
+
+
+def _other_models(user_module):
+    """The owner's model with another parameter, another name, and other code (same name and
+    parameters, but a digest of different source)."""
+    other_code = ModelIdentity(OWNER_MODEL.name, ModelIdentity.of(OWNER_MODEL).params, "0" * 64)
+    return [
+        ("params", ModelIdentity.of(GaussianMean(dim=1, data_bound=2.0, theta_bound=2.0))),
+        ("name", ModelIdentity.of(build_model({"name": f"{user_module}:Shift"}))),
+        ("digest", other_code),
+    ]
+
+
+def test_describe_carries_the_model_digest(tmp_path):
+    (described,) = OwnerHost([_owner(tmp_path)]).describe()
+    assert described.model_digest == model_digest(OWNER_MODEL)
+    assert wire.owner_description(wire.owner_info(described)) == described
+
+
+def test_the_owner_refuses_a_session_for_another_model_in_process(tmp_path, user_module):
+    node = _owner(tmp_path)
+    host = OwnerHost([node])
+    for what, asked in _other_models(user_module):
+        with pytest.raises(InvalidRequest) as err:
+            host.open(SessionRequest.several(f"s-{what}", _terms(), model=asked))
+        message = str(err.value)
+        own = ModelIdentity.of(OWNER_MODEL)
+        assert f"this owner runs model {own}" in message and f"asks for model {asked}" in message
+        assert err.value.owner == "alice"
+        with pytest.raises(UnknownSession):  # nothing was opened
+            node.require_session(f"s-{what}", "penalty")
+    oracle = InProcessOracle([node], OWNER_MODEL)  # the same model: opens and answers
+    oracle.open_kinds(_terms(), session="same")
+    answers = oracle.query(
+        "log_ratio", 0, np.array([0]), theta=np.zeros((1, 1)), theta_prop=np.full((1, 1), 0.01)
+    )
+    assert answers.values.shape == (1, 1)
+    with pytest.raises(InvalidRequest, match="asks for model"):
+        InProcessOracle([_owner(tmp_path, name="bob")], GaussianMean(dim=2)).open_kinds(_terms())
+
+
+def test_an_older_client_naming_no_model_is_accepted(tmp_path):
+    host = OwnerHost([_owner(tmp_path)])
+    host.open(SessionRequest.several("old", _terms()))  # no model: the owner runs its own
+    assert wire.model_identity(wire.open_message(SessionRequest.several("old", _terms()))) is None
+
+
+def test_the_owner_refuses_another_model_over_grpc(tmp_path, user_module):
+    with ServerThread(OwnerHost([_owner(tmp_path)])) as server:
+        for what, asked in _other_models(user_module):
+            message = wire.open_message(SessionRequest.several(what, _terms(), model=asked))
+            assert wire.model_identity(message) == asked  # the identity survives the wire
+            with grpc.insecure_channel(server.address) as channel:
+                stub = pb_grpc.OwnerStub(channel)
+                with pytest.raises(grpc.RpcError) as err:
+                    stub.OpenSession(message, timeout=10)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert f"asks for model {asked}" in err.value.details()
+            assert f"runs model {ModelIdentity.of(OWNER_MODEL)}" in err.value.details()
+        oracle = GrpcOracle([server.address], OWNER_MODEL)
+        try:
+            assert oracle.describe()[0].model_digest == model_digest(OWNER_MODEL)
+            oracle.open_kinds(_terms(), session="same")  # the scenario's own model: opens
+        finally:
+            oracle.disconnect()
+
+
+def test_the_coordinator_never_imports_a_described_user_model(tmp_path, user_module, monkeypatch):
+    """With a user model in the scenario, a description naming another module path, or the
+    same path with other code, is refused by comparison alone: nothing is imported."""
+    model = build_model({"name": f"{user_module}:Shift"})
+    mark = tmp_path / "imported"
+    (tmp_path / "probe_mod.py").write_text(
+        f"import pathlib\npathlib.Path({str(mark)!r}).write_text('imported')\nclass Shift: pass\n"
+    )
+
+    def no_import(*args, **kwargs):
+        raise AssertionError(f"the check imported {args[0]!r}")
+
+    monkeypatch.setattr(importlib, "import_module", no_import)
+    digest = model_digest(model)
+    described = [
+        ("probe_mod:Shift", digest, "serves model 'probe_mod:Shift'"),
+        (model.name, "f" * 64, "different versions of the model's code"),
+    ]
+    for name, code, words in described:
+        owner = OwnerDescription("mallory", name, model.params(), 1, 10, Policy(), code)
+        with pytest.raises(ConfigError, match=re.escape(words)):
+            check_owner_models([owner], model)
+    check_owner_models(
+        [OwnerDescription("alice", model.name, model.params(), 1, 10, Policy(), digest)], model
+    )
+    assert not mark.exists() and "probe_mod" not in sys.modules

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import hashlib
 import importlib
 import importlib.metadata
@@ -179,7 +180,13 @@ def model_digest(model: Model | type[Model]) -> str:
     module of its package or of fedpenalty that defines a class in its method resolution order
     (for a built-in model: its module, ``api.py`` and ``base.py``). Equal digests: the same
     model code. ``ConfigError`` when a module's source file cannot be read."""
-    cls = model if isinstance(model, type) else type(model)
+    return _class_digest(model if isinstance(model, type) else type(model))
+
+
+@functools.lru_cache(maxsize=256)
+def _class_digest(cls: type[Model]) -> str:
+    """``model_digest`` of a class, taken once: the code as it was when first asked (a module
+    edited later is new code only once it is imported again, as a new class)."""
     packages = {cls.__module__.split(".")[0], "fedpenalty"}
     modules = sorted({c.__module__ for c in cls.__mro__ if c.__module__.split(".")[0] in packages})
     h = hashlib.sha256()
