@@ -25,6 +25,7 @@ from fedpenalty.models.compat import ModelIdentity
 from fedpenalty.models.registry import ENTRY_POINT_GROUP
 from fedpenalty.owner import Ledger, OwnerNode, wire
 from fedpenalty.owner.host import OwnerHost
+from fedpenalty.owner.owner_config import build_node, load_owner_config
 from fedpenalty.owner.server import ServerThread
 from fedpenalty.owner.session_request import SessionRequest
 from fedpenalty.proto import owner_pb2_grpc as pb_grpc
@@ -284,3 +285,40 @@ def test_the_coordinator_never_imports_a_described_user_model(tmp_path, user_mod
         [OwnerDescription("alice", model.name, model.params(), 1, 10, Policy(), digest)], model
     )
     assert not mark.exists() and "probe_mod" not in sys.modules
+
+
+def test_an_owner_toml_names_a_user_model_beside_it(tmp_path, monkeypatch):
+    """OWNER.toml selects a user's model as "module:Class" (its module beside the file, which
+    neither sys.path nor the working directory holds); the owner then describes it and refuses
+    a session for the built-in model the coordinator might assume."""
+    folder = tmp_path / "hospital"
+    folder.mkdir()
+    (folder / "owner_model.py").write_text(_MODEL_SOURCE)
+    (folder / "records.csv").write_text("x\n" + "\n".join(str(v / 10) for v in range(50)) + "\n")
+    (folder / "OWNER.toml").write_text(
+        '[model]\nname = "owner_model:Shift"\ntheta_bound = 2.5\n\n'
+        '[data]\npath = "records.csv"\n\n[privacy]\nsigma = 1.0\nmax_step = 0.05\n'
+    )
+    monkeypatch.chdir(tmp_path)
+    try:
+        config = load_owner_config(folder / "OWNER.toml")
+        node = build_node(config, Ledger(tmp_path / "ledger.sqlite", synchronous="NORMAL"))
+        (described,) = OwnerHost([node]).describe()
+        assert (described.model, described.model_params) == (
+            "owner_model:Shift",
+            {"theta_bound": 2.5},
+        )
+        assert described.model_digest == model_digest(config.model)
+        with pytest.raises(InvalidRequest, match=r"'owner_model:Shift'.*asks for model 'gaussian"):
+            OwnerHost([node]).open(
+                SessionRequest.several("s", _terms(), model=ModelIdentity.of(GaussianMean()))
+            )
+    finally:
+        sys.modules.pop("owner_model", None)
+    bad = folder / "BAD.toml"
+    bad.write_text(
+        (folder / "OWNER.toml").read_text().replace("owner_model:Shift", "owner_model:Nope")
+    )
+    with pytest.raises(ConfigError, match=r"BAD\.toml: \[model\] module 'owner_model' has no"):
+        load_owner_config(bad)
+    sys.modules.pop("owner_model", None)
