@@ -6,6 +6,17 @@ declaration and resolution (``Param``, ``Configured``), array validation and cli
 A new model imports what it needs from here::
 
     from fedpenalty.models.api import Configured, ExpFamModel, Param, as_theta, validate_raw
+
+A user's own model (``examples/user_model/laplace_location.py``) subclasses ``Configured`` and
+``Model`` in the user's own module and writes: ``PARAMS`` (its ``[model]`` keys) and ``_setup``
+(setting ``dim`` and ``theta_bound``), ``column_names``, ``prepare_records`` (records
+``(n, p)``: ``validate_raw``, then clip into the data domain), ``log_lik`` (records ``(n, p)``,
+θ ``(C, d)`` → ``(C, n)`` nats), ``grad_log_lik`` (→ ``(C, n, d)``), ``log_prior`` (``(C, d)``
+→ ``(C,)``) and ``grad_log_prior`` (→ ``(C, d)``). It may leave out ``name`` (the name it is
+selected by), ``lipschitz`` (None: runs on the clipped kinds, ``sampler.ratio_clip``),
+``simulate_records`` (then only on the owners' files), ``log_lik_diff``, ``param_names``,
+``in_theta_space`` and ``reference_posterior``. It is selected as ``[model] name =
+"package.module:Class"`` or by a ``fedpenalty.models`` entry point (``registry.py``).
 """
 
 from __future__ import annotations
