@@ -197,8 +197,7 @@ def load_owner_config(
         )
         raise ConfigError(f"{path}: {message}") from exc
     server, base = owner.server, path.parent
-    name = server.name or path.stem
-    cert, key, ca = server.tls_cert, server.tls_key, server.tls_ca
+    name, cert, key, ca = server.name or path.stem, server.tls_cert, server.tls_key, server.tls_ca
     if (cert is None) != (key is None) or (ca and not cert):
         raise ConfigError(
             f"{path}: TLS needs both server.tls_cert and server.tls_key "
