@@ -362,3 +362,24 @@ def test_the_example_runs_from_its_folder(tmp_path):
     privacy = json.loads((tmp_path / "run" / "privacy.json").read_text())
     assert privacy  # every owner's ε, from its ledger
     assert (tmp_path / "run" / "diagnostics.json").exists()
+
+
+def test_lipschitz_is_checked_only_when_declared(user_module):
+    """A model without L builds, and what needs L refuses it naming the keys; a declared L
+    must still be a finite positive number."""
+    model = build_model({"name": f"{user_module}:Shift"})
+    with pytest.raises(ConfigError, match=r"sampler\.ratio_clip.*lipschitz"):
+        model.log_ratio_sensitivity(0.1, "replace_one")
+    with pytest.raises(InvalidRequest, match=r"sampler\.ratio_clip.*lipschitz"):
+        KINDS["log_ratio"].check_model(model, 10, "alice")
+    KINDS["log_ratio"].check_model(OWNER_MODEL, 10, "alice")  # a built-in model declares L
+
+    class Unbounded(type(model)):  # type: ignore[misc]
+        name = "unbounded"
+
+        @property
+        def lipschitz(self) -> float:
+            return float("inf")
+
+    with pytest.raises(ConfigError, match="Lipschitz bound overflows"):
+        Unbounded()
