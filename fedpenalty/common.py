@@ -244,6 +244,7 @@ class OwnerDescription:
     dim: int
     n: int | None  # None: not disclosed (under add_remove the count itself is private)
     policy: Policy
+    model_digest: str = ""  # sha256 hex of the model's code (models.model_digest); "": not sent
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from .coordinator.algorithms import ALGORITHMS, Algorithm
 from .coordinator.base import ChainAlgorithm
 from .coordinator.transports import TRANSPORTS
 from .errors import ConfigError
-from .models import MODELS, Model, build_model
+from .models import MODEL_NAMES, Model, build_model, search_folders
 from .schema import (
     Bool,
     FiniteFloats,
@@ -52,8 +52,9 @@ class ModelTable(Section):
     """``name`` picks the model; every other key is the model's own (``build_model``)."""
 
     model_config = ConfigDict(extra="allow")
-    name: Annotated[str, entry_of(MODELS)] = Field(
-        default="gaussian_mean", description="the likelihood (models/)"
+    name: Annotated[str, entry_of(MODEL_NAMES)] = Field(
+        default="gaussian_mean",
+        description="the likelihood: a built-in name, an entry point or 'package.module:Class'",
     )
 
 
@@ -358,6 +359,9 @@ def load_scenario(
             raise ConfigError(f"[{section}] must be a table")
         raw[section][key] = value
         origins[f"{section}.{key}"] = FROM_SET
+    if isinstance(path, (str, Path)):  # a model module next to the scenario file imports
+        with search_folders(Path(path).parent):
+            return _resolve_layers(raw, origins)
     return _resolve_layers(raw, origins)
 
 

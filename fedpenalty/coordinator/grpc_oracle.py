@@ -50,6 +50,7 @@ from ..common import OwnerDescription, PrivacyReport
 from ..errors import ConfigError, OwnerError, OwnerUnavailable, UnknownSession
 from ..kinds import KINDS, KindTerms, query_kind
 from ..models import Model, check_owner_models
+from ..models.compat import ModelIdentity
 from ..owner import wire
 from ..owner.owner_config import TlsFiles
 from ..owner.session_request import SessionRequest
@@ -170,6 +171,8 @@ class GrpcOracle(Oracle):
             for kind in KINDS.values()
         }
         self._secure: SecureAggregation | None = None
+        #: the scenario's model, named in every session request (the owners check it)
+        self._model = None if model is None else ModelIdentity.of(model)
 
     @staticmethod
     async def _open_channel(address: str, creds, options) -> grpc.aio.Channel:
@@ -192,7 +195,8 @@ class GrpcOracle(Oracle):
         in its ``kinds`` (``wire.open_message``)."""
         session = session or uuid.uuid4().hex
         peers = None if secure is None else secure_open(self._session_keys(session), secure)
-        request = wire.open_message(SessionRequest.several(session, terms, secure=peers))
+        asked = SessionRequest.several(session, terms, secure=peers, model=self._model)
+        request = wire.open_message(asked)
         self._run(self._each(lambda h: self._unary(h, h.stub.OpenSession, request)))
         self._secure = secure
         self.session, self._opened = session, request

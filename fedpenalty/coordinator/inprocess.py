@@ -13,6 +13,8 @@ import numpy as np
 
 from ..common import OwnerDescription, PrivacyReport
 from ..kinds import KindTerms, query_kind
+from ..models import Model
+from ..models.compat import ModelIdentity
 from ..owner import Ledger, OwnerHost, OwnerNode
 from ..owner.session_request import SessionRequest
 from .oracle import Answers, Oracle, SecureAggregation, Unreported
@@ -21,11 +23,14 @@ from .transport_base import Launched, OwnerSetup, Transport
 
 
 class InProcessOracle(Oracle):
-    """Owners living in this process, served by one ``OwnerHost`` (no serialisation)."""
+    """Owners living in this process, served by one ``OwnerHost`` (no serialisation).
+    ``model``: the scenario's model, named in every session request (each owner refuses a
+    session for a model other than its own); None names none."""
 
-    def __init__(self, nodes: Sequence[OwnerNode]):
+    def __init__(self, nodes: Sequence[OwnerNode], model: Model | None = None):
         self.host = OwnerHost(nodes)
         self.session: str | None = None
+        self._model = None if model is None else ModelIdentity.of(model)
 
     def describe(self) -> list[OwnerDescription]:
         return self.host.describe()
@@ -42,7 +47,7 @@ class InProcessOracle(Oracle):
         request = None
         if secure is not None:
             request = secure_open(self.host.session_keys(session), secure)
-        self.host.open(SessionRequest.several(session, terms, secure=request))
+        self.host.open(SessionRequest.several(session, terms, secure=request, model=self._model))
         self.session = session
         return session
 
@@ -101,7 +106,7 @@ def launch(setup: OwnerSetup) -> Launched:
             setup.names, setup.records, setup.policies, setup.seeds
         )
     ]
-    return Launched(InProcessOracle(nodes), ledger.close)
+    return Launched(InProcessOracle(nodes, setup.model), ledger.close)
 
 
 INPROCESS = Transport("inprocess", "owners in the coordinator's process (fastest)", launch)

@@ -26,6 +26,8 @@ from ..common import OwnerDescription, PrivacyReport
 from ..data import OwnerRecords
 from ..errors import ConfigError, OwnerError, OwnerUnavailable
 from ..kinds import KindTerms
+from ..models import Model
+from ..models.compat import ModelIdentity
 from ..owner.aggregation import PeerKey
 from ..owner.session_request import SessionRequest
 from .oracle import Answers, Oracle, SecureAggregation, Unreported
@@ -41,12 +43,15 @@ SIMULATION_NOTE = (
 
 
 class RayOracle(Oracle):
-    """All owners hosted by ``hosts`` (Ray actors), in actor order, then each actor's order."""
+    """All owners hosted by ``hosts`` (Ray actors), in actor order, then each actor's order.
+    ``model``: the scenario's model, named in every session request (each owner refuses a
+    session for a model other than its own); None names none."""
 
-    def __init__(self, hosts: RayHosts, owners: list[OwnerDescription]):
+    def __init__(self, hosts: RayHosts, owners: list[OwnerDescription], model: Model | None = None):
         self.hosts = hosts
         self._owners = owners
         self.session: str | None = None
+        self._model = None if model is None else ModelIdentity.of(model)
 
     # --- the Oracle interface ---------------------------------------------------------------
     def describe(self) -> list[OwnerDescription]:
@@ -64,7 +69,8 @@ class RayOracle(Oracle):
         request = None
         if secure is not None:
             request = secure_open(self._session_keys(session), secure)
-        self._each("open", SessionRequest.several(session, terms, secure=request))
+        asked = SessionRequest.several(session, terms, secure=request, model=self._model)
+        self._each("open", asked)
         self.session = session
         return session
 
@@ -215,7 +221,7 @@ def launch(setup: OwnerSetup) -> Launched:
             runtime.stop()
 
     owners = [d for block in hosts.described for d in block]
-    return Launched(RayOracle(hosts, owners), stop)
+    return Launched(RayOracle(hosts, owners, setup.model), stop)
 
 
 RAY = Transport(

@@ -68,6 +68,16 @@ class LogRatio(GaussianKind):
 
         return LogRatioPath(self, nodes)
 
+    def check_model(self, model: Model, public_n: int | None, owner: str) -> None:
+        """A model without a declared Lipschitz bound has no sensitivity for this kind."""
+        if model.lipschitz is None:
+            raise InvalidRequest(
+                f"model {model.name!r} declares no Lipschitz bound, which log_ratio answers "
+                "need: set sampler.ratio_clip > 0 (clipped log ratios) or declare the model's "
+                "lipschitz",
+                owner,
+            )
+
     def width(self, model: Model) -> int:
         return 1
 

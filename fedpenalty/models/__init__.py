@@ -2,13 +2,15 @@
 protocols code asks instead of naming model classes (``capabilities.py``); what a model author
 needs is in ``fedpenalty.models.api`` (docs/design.md §6).
 
+``MODELS`` is the table of built-in models; ``build_model`` also loads a user's model named
+``"package.module:Class"`` or by a ``fedpenalty.models`` entry point (``registry.py``).
 ``build_model({"name": "bernoulli", "theta_bound": 5.0})`` validates the ``[model]`` table of a
 scenario and returns the model; ``build_model({"name": m.name, **m.params()}) == m``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
 from ..errors import ConfigError
@@ -19,6 +21,7 @@ from .compat import check_owner_models
 from .gaussian_mean import GaussianMean
 from .logistic import Logistic
 from .poisson import Poisson
+from .registry import entry_point_names, known_names, model_class, model_digest, search_folders
 
 MODELS: dict[str, type[Model]] = {
     cls.name: cls for cls in (GaussianMean, Bernoulli, Poisson, Logistic)
@@ -26,19 +29,18 @@ MODELS: dict[str, type[Model]] = {
 
 
 def build_model(section: Mapping[str, Any]) -> Model:
-    """The model described by a ``[model]`` table: ``name`` required, every other key optional
-    (the model's ``defaults()``). ``ConfigError`` for an unknown name or key, or a bad value."""
-    known = ", ".join(sorted(MODELS))
+    """The model described by a ``[model]`` table: ``name`` required (a built-in name, a
+    ``fedpenalty.models`` entry point or ``"package.module:Class"``: ``registry.model_class``),
+    every other key optional (the model's ``defaults()``). ``ConfigError`` for an unknown name
+    or key, or a bad value."""
     if not isinstance(section, Mapping):
         raise ConfigError(
             f"[model] must be a table with a 'name' key, got {type(section).__name__}"
         )
     if "name" not in section:
-        raise ConfigError(f"[model] needs a 'name' key; known models: {known}")
+        raise ConfigError(f"[model] needs a 'name' key; known models: {known_names(MODELS)}")
     name = section["name"]
-    if not isinstance(name, str) or name not in MODELS:
-        raise ConfigError(f"[model] unknown model name {name!r}; known models: {known}")
-    cls = MODELS[name]
+    cls = model_class(name, MODELS)
     rest = {k: v for k, v in section.items() if k != "name"}
     for key in rest:
         if not isinstance(key, str):
@@ -47,8 +49,29 @@ def build_model(section: Mapping[str, Any]) -> Model:
     return cls(**rest)
 
 
+class ModelNames(Collection[str]):
+    """The names ``[model] name`` accepts, for ``schema.entry_of``: the built-in ones, the
+    installed entry points, and any ``"module:Class"`` (which ``build_model`` then imports and
+    checks, with its own message)."""
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and (
+            name in MODELS or ":" in name or name in entry_point_names()
+        )
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([*MODELS, *entry_point_names(), "package.module:Class"])
+
+    def __len__(self) -> int:
+        return len(MODELS) + len(entry_point_names()) + 1
+
+
+MODEL_NAMES = ModelNames()
+
+
 __all__ = [
     "MODELS",
+    "MODEL_NAMES",
     "NEIGHBOURS",
     "Bernoulli",
     "BoundedLogLikelihood",
@@ -62,4 +85,6 @@ __all__ = [
     "Reference",
     "build_model",
     "check_owner_models",
+    "model_digest",
+    "search_folders",
 ]

@@ -6,6 +6,17 @@ declaration and resolution (``Param``, ``Configured``), array validation and cli
 A new model imports what it needs from here::
 
     from fedpenalty.models.api import Configured, ExpFamModel, Param, as_theta, validate_raw
+
+A user's own model (``examples/user_model/laplace_location.py``) subclasses ``Configured`` and
+``Model`` in the user's own module and writes: ``PARAMS`` (its ``[model]`` keys) and ``_setup``
+(setting ``dim`` and ``theta_bound``), ``column_names``, ``prepare_records`` (records
+``(n, p)``: ``validate_raw``, then clip into the data domain), ``log_lik`` (records ``(n, p)``,
+θ ``(C, d)`` → ``(C, n)`` nats), ``grad_log_lik`` (→ ``(C, n, d)``), ``log_prior`` (``(C, d)``
+→ ``(C,)``) and ``grad_log_prior`` (→ ``(C, d)``). It may leave out ``name`` (the name it is
+selected by), ``lipschitz`` (None: runs on the clipped kinds, ``sampler.ratio_clip``),
+``simulate_records`` (then only on the owners' files), ``log_lik_diff``, ``param_names``,
+``in_theta_space`` and ``reference_posterior``. It is selected as ``[model] name =
+"package.module:Class"`` or by a ``fedpenalty.models`` entry point (``registry.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +30,15 @@ import numpy as np
 from scipy import integrate, optimize
 
 from ..errors import ConfigError, DataError
-from .base import NEIGHBOURS, ExpFamModel, Model, Neighbour, Reference, check_neighbour
+from .base import (
+    NEIGHBOURS,
+    ExpFamModel,
+    Model,
+    Neighbour,
+    Reference,
+    check_neighbour,
+    require_lipschitz,
+)
 from .capabilities import BoundedLogLikelihood, ConjugateUpdate
 
 __all__ = [
@@ -40,6 +59,7 @@ __all__ = [
     "check_neighbour",
     "log_concave_moments",
     "project_to_ball",
+    "require_lipschitz",
     "resolve_params",
     "truncated_ppf",
     "uniform_ball",
@@ -117,7 +137,7 @@ class Configured:
         self._params = resolve_params(self.name, self.PARAMS, params)
         self._setup()
         lip = self.lipschitz  # type: ignore[attr-defined]
-        if not (math.isfinite(lip) and lip > 0):
+        if lip is not None and not (math.isfinite(lip) and lip > 0):
             raise ConfigError(
                 f"[model] {self.name}: the Lipschitz bound overflows for {self._params}; "
                 "use a smaller theta_bound / data_bound"

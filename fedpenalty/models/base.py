@@ -8,7 +8,9 @@ Conventions, used everywhere in fedpenalty:
 * Θ is the box ``[-theta_bound, theta_bound]^d``; the target is the posterior restricted to Θ.
 * ``lipschitz`` is L with ``|ℓ(x, θ') - ℓ(x, θ)| <= L ‖θ' - θ‖₂`` for every record x in the
   bounded data domain and every θ, θ' in Θ. Owners clip each record's log-likelihood
-  difference to ``±L‖θ'-θ‖``; for a correct L that clip never binds.
+  difference to ``±L‖θ'-θ‖``; for a correct L that clip never binds. A model may leave L
+  undeclared (``None``, the default): the kinds needing L (``log_ratio``) then refuse it, and
+  it runs on the clipped kinds, whose sensitivity is the user-set clip (``sampler.ratio_clip``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import numpy as np
+
+from ..errors import ConfigError
 
 Neighbour = Literal["replace_one", "add_remove"]
 NEIGHBOURS: tuple[str, ...] = ("replace_one", "add_remove")
@@ -99,17 +103,21 @@ class Model(ABC):
         Returns a new float64 array; never modifies ``raw``.
         """
 
-    @abstractmethod
     def simulate_records(self, rng: np.random.Generator, theta: np.ndarray, n: int) -> np.ndarray:
         """``n`` synthetic records ``(n, p)`` drawn at parameter ``theta`` ``(d,)``, already
-        inside the data domain."""
+        inside the data domain. Optional: a model whose users bring their own data
+        (``data.source = "files"``) need not simulate; synthetic data then refuse it."""
+        raise ConfigError(
+            f"[model] {self.name} cannot simulate records (it defines no simulate_records); "
+            "set data.source = 'files' and data.paths"
+        )
 
     # --- likelihood ----------------------------------------------------------------------
     @property
-    @abstractmethod
-    def lipschitz(self) -> float:
+    def lipschitz(self) -> float | None:
         """L: bound on ‖∇_θ ℓ(x, θ)‖₂ over the data domain × Θ (units of log-likelihood per
-        unit of θ)."""
+        unit of θ), or ``None``: not declared (the default; see the module docstring)."""
+        return None
 
     @abstractmethod
     def log_lik(self, records: np.ndarray, theta: np.ndarray) -> np.ndarray:
@@ -154,9 +162,23 @@ class Model(ABC):
         self, step_norm: np.ndarray | float, neighbour: Neighbour
     ) -> np.ndarray:
         """L2 sensitivity of one owner's clipped log-likelihood-ratio sum for a move of length
-        ``step_norm``: ``2 L ‖θ'-θ‖`` for replace-one, ``L ‖θ'-θ‖`` for add/remove."""
+        ``step_norm``: ``2 L ‖θ'-θ‖`` for replace-one, ``L ‖θ'-θ‖`` for add/remove.
+        ``ConfigError`` when the model declares no L (``require_lipschitz``)."""
         factor = 2.0 if neighbour == "replace_one" else 1.0
-        return factor * self.lipschitz * np.asarray(step_norm, dtype=float)
+        return factor * require_lipschitz(self) * np.asarray(step_norm, dtype=float)
+
+
+def require_lipschitz(model: Model, needed_by: str = "the log_ratio query kind") -> float:
+    """``model.lipschitz``; ``ConfigError`` naming ``sampler.ratio_clip`` and ``lipschitz``
+    when the model declares none."""
+    lip = model.lipschitz
+    if lip is None:
+        raise ConfigError(
+            f"[model] {model.name} declares no Lipschitz bound, which {needed_by} needs: set "
+            "sampler.ratio_clip > 0 (penalty MH on per-record clipped ratios) or declare the "
+            "model's lipschitz property"
+        )
+    return float(lip)
 
 
 class ExpFamModel(Model):

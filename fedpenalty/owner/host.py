@@ -26,6 +26,7 @@ import numpy as np
 from ..common import OwnerDescription, PrivacyReport
 from ..errors import InvalidRequest, UnknownSession
 from ..kinds import QueryKind, query_kind
+from ..models.compat import check_session_model
 from .aggregation import PeerKey, Reply, SecureOpen
 from .mechanism import HostNoise
 from .node import SESSION_EVENTS, OwnerNode, close_sessions, open_sessions, privacy_reports
@@ -102,6 +103,8 @@ class OwnerHost:
         session, secure = request.session, request.secure
         mechanism = None
         request.kinds(self.label)  # refuses no kind, a kind twice, several kinds with secure
+        for node in self.nodes:  # a session for another model is refused, naming both
+            check_session_model(request.model, node.model, node.name)
         if secure is not None:
             kind = query_kind(request.single(self.label).kind, self.label)
             mechanism = self._noise.secure_mechanism(session, kind.ledger_name, secure)

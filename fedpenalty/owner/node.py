@@ -32,7 +32,7 @@ from ..common import (
 from ..errors import BudgetExhausted, InvalidRequest, UnknownSession
 from ..kinds import KINDS, KindTerms, QueryKind, query_kind
 from ..kinds.base import Event
-from ..models import ExpFamModel, Model
+from ..models import ExpFamModel, Model, model_digest
 from ..privacy import GaussianSpend
 from ..privacy.owner_epsilon import max_gdp_mu_squared, owner_epsilon
 from ..privacy.subsampled import SubsampledGaussian
@@ -256,14 +256,9 @@ class OwnerNode:
         return len(self.records) if self.policy.neighbour == "replace_one" else None
 
     def describe(self) -> OwnerDescription:
-        return OwnerDescription(
-            self.name,
-            self.model.name,
-            self.model.params(),
-            self.model.dim,
-            self.public_n,
-            self.policy,
-        )
+        m = self.model
+        facts = (m.name, m.params(), m.dim, self.public_n, self.policy, model_digest(m))
+        return OwnerDescription(self.name, *facts)
 
     def worst_case_mu(
         self, algorithm: str, max_step: float | None = None, secure: SecureTerms | None = None

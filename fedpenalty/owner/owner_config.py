@@ -1,6 +1,9 @@
 """OWNER.toml: one deployed owner's model, data, privacy policy and server settings.
 
-    [model]    the scenario's [model] table (fedpenalty.models.build_model)
+    [model]    the scenario's [model] table (fedpenalty.models.build_model): the model this
+               owner runs; name = a built-in model, an entry point of fedpenalty.models or
+               "package.module:Class" (a module beside OWNER.toml is found); sessions for any
+               other model (name, parameters, code digest) are refused
     [data]     path = "records.csv"            one CSV or NPZ file (fedpenalty.data.load_records)
     [privacy]  each kind's noise level, named for what it is: log_ratio_sd (sd of a
                log-likelihood-ratio answer), stat_sd (sd of each statistic component),
@@ -33,7 +36,7 @@ from ..common import Policy
 from ..data import read_records
 from ..errors import ConfigError
 from ..kinds import KINDS
-from ..models import Model, build_model
+from ..models import Model, build_model, search_folders
 from ..schema import NonEmptyStr, PositiveInt, Section, one_of, refusal, validate_file
 from .ledger import Ledger
 from .node import OwnerNode
@@ -186,15 +189,15 @@ def load_owner_config(
     try:
         named = noise_level(raw)
         owner = validate_file(OwnerFile, raw)
-        model = build_model(owner.model)
+        with search_folders(path.parent):
+            model = build_model(owner.model)
     except ConfigError as exc:
         message = (
             str(exc) if named is None else str(exc).replace("privacy.sigma", f"privacy.{named}")
         )
         raise ConfigError(f"{path}: {message}") from exc
     server, base = owner.server, path.parent
-    name = server.name or path.stem
-    cert, key, ca = server.tls_cert, server.tls_key, server.tls_ca
+    name, cert, key, ca = server.name or path.stem, server.tls_cert, server.tls_key, server.tls_ca
     if (cert is None) != (key is None) or (ca and not cert):
         raise ConfigError(
             f"{path}: TLS needs both server.tls_cert and server.tls_key "

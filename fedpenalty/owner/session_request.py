@@ -14,19 +14,23 @@ from dataclasses import dataclass
 
 from ..errors import InvalidRequest
 from ..kinds import KindTerms, query_kind
+from ..models.compat import ModelIdentity
 from .aggregation import SecureOpen
 
 
 @dataclass(frozen=True)
 class SessionRequest:
     """``session`` (1..128 characters), ``terms`` (one ``KindTerms`` per kind the session
-    asks), ``client`` (the allowed name that opens it; None without client identities) and
-    ``secure`` (secure aggregation's peer keys and terms; None: plain answers)."""
+    asks), ``client`` (the allowed name that opens it; None without client identities),
+    ``secure`` (secure aggregation's peer keys and terms; None: plain answers) and ``model``
+    (the coordinator's model, which every owner checks is its own:
+    ``models.compat.check_session_model``; None: an older client that names none)."""
 
     session: str
     terms: tuple[KindTerms, ...]
     client: str | None = None
     secure: SecureOpen | None = None
+    model: ModelIdentity | None = None
 
     @classmethod
     def of(
@@ -51,9 +55,10 @@ class SessionRequest:
         terms: Sequence[KindTerms],
         client: str | None = None,
         secure: SecureOpen | None = None,
+        model: ModelIdentity | None = None,
     ) -> SessionRequest:
         """A request for the kinds ``terms`` (one ``KindTerms`` each)."""
-        return cls(session, tuple(terms), client, secure)
+        return cls(session, tuple(terms), client, secure, model)
 
     def kinds(self, owner: str | None = None) -> tuple[KindTerms, ...]:
         """Every kind's terms, each kind once (``InvalidRequest`` for none, for a kind asked

@@ -20,6 +20,7 @@ from .. import errors
 from ..common import OwnerDescription, OwnNoise, Policy, PrivacyReport, SecureTerms, SpendReport
 from ..kinds import KINDS, KindTerms, kind_names, query_kind
 from ..models.base import check_neighbour
+from ..models.compat import ModelIdentity
 from ..proto import owner_pb2 as pb
 from .aggregation import PeerKey, Reply, SecureOpen
 from .session_request import SessionRequest
@@ -250,7 +251,28 @@ def open_message(request: SessionRequest) -> pb.OpenSessionRequest:
         msg.kinds.extend(_terms_message(t) for t in asked)
     if request.secure is not None:
         msg.secure.CopyFrom(secure_message(request.secure))
+    if request.model is not None:
+        m = request.model
+        msg.model.CopyFrom(
+            pb.ModelIdentity(name=m.name, params_json=json.dumps(m.params), digest=m.digest)
+        )
     return msg
+
+
+def model_identity(msg: pb.OpenSessionRequest) -> ModelIdentity | None:
+    """The coordinator's model a session request names; None when it names none (an older
+    client). ``InvalidRequest`` for parameters that are not a JSON object."""
+    if not msg.HasField("model"):
+        return None
+    try:
+        params = json.loads(msg.model.params_json)
+    except ValueError:
+        params = None
+    if not isinstance(params, dict):
+        raise errors.InvalidRequest(
+            f"the session's model parameters are not a JSON object: {msg.model.params_json!r}"
+        )
+    return ModelIdentity(msg.model.name, params, msg.model.digest)
 
 
 def _terms_message(terms: KindTerms) -> pb.KindTerms:
@@ -287,8 +309,9 @@ def session_request(
             f"there are {len(KINDS)}: {kind_names()}"
         )
     kinds = [_kind_terms(t, t.kind) for t in msg.kinds]
+    model = model_identity(msg)
     if not kinds:
-        return SessionRequest(msg.session, (_single_terms(msg),), client, secure)
+        return SessionRequest(msg.session, (_single_terms(msg),), client, secure, model)
     if _names_a_single_kind(msg):
         single = _single_terms(msg)
         if len(kinds) != 1 or not _same_terms(single, kinds[0]):
@@ -296,7 +319,7 @@ def session_request(
                 f"the session's single-kind fields ask {single} but its kinds ask "
                 f"{', '.join(map(str, kinds))}; send the kinds alone"
             )
-    return SessionRequest.several(msg.session, kinds, client, secure)
+    return SessionRequest.several(msg.session, kinds, client, secure, model)
 
 
 def _names_a_single_kind(msg: pb.OpenSessionRequest) -> bool:
@@ -335,6 +358,7 @@ def owner_info(d: OwnerDescription) -> pb.OwnerInfo:
         name=d.name,
         model=d.model,
         model_params_json=json.dumps(d.model_params),
+        model_digest=d.model_digest,
         dim=d.dim,
         n=-1 if d.n is None else d.n,
         policy=pb.Policy(
@@ -379,7 +403,8 @@ def owner_description(msg: pb.OwnerInfo) -> OwnerDescription:
         noise=dict(p.noise),
     )
     params = json.loads(msg.model_params_json)
-    return OwnerDescription(msg.name, msg.model, params, msg.dim, _count(msg.n), policy)
+    count = _count(msg.n)
+    return OwnerDescription(msg.name, msg.model, params, msg.dim, count, policy, msg.model_digest)
 
 
 def _spend(s: SpendReport) -> pb.Spend:

@@ -50,20 +50,32 @@ class Policy(_message.Message):
     def __init__(self, sigma: _Optional[float] = ..., max_step: _Optional[float] = ..., budget_epsilon: _Optional[float] = ..., delta: _Optional[float] = ..., neighbour: _Optional[str] = ..., max_answers_per_request: _Optional[int] = ..., max_sampling_rate: _Optional[float] = ..., max_clip: _Optional[float] = ..., min_step: _Optional[float] = ..., min_clip: _Optional[float] = ..., max_record_evaluations: _Optional[int] = ..., total_noise_sd: _Optional[float] = ..., colluders: _Optional[int] = ..., min_peers: _Optional[int] = ..., min_charged_step: _Optional[float] = ..., noise: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class OwnerInfo(_message.Message):
-    __slots__ = ("name", "model", "model_params_json", "dim", "n", "policy")
+    __slots__ = ("name", "model", "model_params_json", "dim", "n", "policy", "model_digest")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MODEL_PARAMS_JSON_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
     N_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
+    MODEL_DIGEST_FIELD_NUMBER: _ClassVar[int]
     name: str
     model: str
     model_params_json: str
     dim: int
     n: int
     policy: Policy
-    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., model_params_json: _Optional[str] = ..., dim: _Optional[int] = ..., n: _Optional[int] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ...) -> None: ...
+    model_digest: str
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., model_params_json: _Optional[str] = ..., dim: _Optional[int] = ..., n: _Optional[int] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., model_digest: _Optional[str] = ...) -> None: ...
+
+class ModelIdentity(_message.Message):
+    __slots__ = ("name", "params_json", "digest")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_JSON_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    params_json: str
+    digest: str
+    def __init__(self, name: _Optional[str] = ..., params_json: _Optional[str] = ..., digest: _Optional[str] = ...) -> None: ...
 
 class DescribeRequest(_message.Message):
     __slots__ = ()
@@ -76,7 +88,7 @@ class DescribeReply(_message.Message):
     def __init__(self, owners: _Optional[_Iterable[_Union[OwnerInfo, _Mapping]]] = ...) -> None: ...
 
 class OpenSessionRequest(_message.Message):
-    __slots__ = ("session", "algorithm", "planned_answers", "sampling_rate", "max_step", "secure", "kind", "kinds")
+    __slots__ = ("session", "algorithm", "planned_answers", "sampling_rate", "max_step", "secure", "kind", "kinds", "model")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     ALGORITHM_FIELD_NUMBER: _ClassVar[int]
     PLANNED_ANSWERS_FIELD_NUMBER: _ClassVar[int]
@@ -85,6 +97,7 @@ class OpenSessionRequest(_message.Message):
     SECURE_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     KINDS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     session: str
     algorithm: str
     planned_answers: int
@@ -93,7 +106,8 @@ class OpenSessionRequest(_message.Message):
     secure: SecureAggregation
     kind: str
     kinds: _containers.RepeatedCompositeFieldContainer[KindTerms]
-    def __init__(self, session: _Optional[str] = ..., algorithm: _Optional[str] = ..., planned_answers: _Optional[int] = ..., sampling_rate: _Optional[float] = ..., max_step: _Optional[float] = ..., secure: _Optional[_Union[SecureAggregation, _Mapping]] = ..., kind: _Optional[str] = ..., kinds: _Optional[_Iterable[_Union[KindTerms, _Mapping]]] = ...) -> None: ...
+    model: ModelIdentity
+    def __init__(self, session: _Optional[str] = ..., algorithm: _Optional[str] = ..., planned_answers: _Optional[int] = ..., sampling_rate: _Optional[float] = ..., max_step: _Optional[float] = ..., secure: _Optional[_Union[SecureAggregation, _Mapping]] = ..., kind: _Optional[str] = ..., kinds: _Optional[_Iterable[_Union[KindTerms, _Mapping]]] = ..., model: _Optional[_Union[ModelIdentity, _Mapping]] = ...) -> None: ...
 
 class KindTerms(_message.Message):
     __slots__ = ("kind", "planned_answers", "sampling_rate", "max_step")

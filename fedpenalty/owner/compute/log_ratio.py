@@ -15,6 +15,7 @@ import numpy as np
 
 from ...common import LOG_RATIO
 from ...models import ExpFamModel
+from ...models.base import require_lipschitz
 from ..mechanism import HostNoise, Keys
 from ..node import OwnerNode
 from ..pipeline import Asked, Planned, Request
@@ -55,7 +56,7 @@ class ExpFamShortcut:
         model = nodes[0].model
         if not isinstance(model, ExpFamModel) or any(n.per_record for n in nodes):
             return None
-        if clip < model.lipschitz:  # a clip that can bind vetoes the shortcut
+        if model.lipschitz is None or clip < model.lipschitz:  # a clip that can bind vetoes it
             return None
         sums = [n.stat_sum for n in nodes]  # set for every exponential-family owner
         n = np.array([len(node.records) for node in nodes], dtype=float)
@@ -82,7 +83,7 @@ class LogRatioCompute:
     def __init__(self, nodes: Sequence[OwnerNode], clip: float | None = None):
         self.nodes = list(nodes)
         self.model = nodes[0].model
-        self.clip = self.model.lipschitz if clip is None else clip
+        self.clip = require_lipschitz(self.model) if clip is None else clip
         self.shortcut = ExpFamShortcut.offered(self.nodes, self.clip)
 
     @property
