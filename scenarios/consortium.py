@@ -135,7 +135,7 @@ def calibrate(method: str, raw: dict, epsilon: float) -> dict:
         privacy.update(sigma=1.0, noise={"ratio_noise_multiplier": sigma})
     elif method == "dp_hmc":
         sampler.update(
-            ratio_clip=RATIO_CLIP, grad_clip=GRAD_CLIP, leapfrog_steps=LEAPFROG, step=0.005
+            hmc_ratio_clip=RATIO_CLIP, grad_clip=GRAD_CLIP, leapfrog_steps=LEAPFROG, step=0.005
         )
         asks = ALGORITHMS[method].asks(sampler)
         privacy.update(
