@@ -353,9 +353,6 @@ def test_the_example_without_a_clip_is_refused_naming_the_keys(tmp_path):
     assert "sampler.ratio_clip" in done.stderr and "lipschitz" in done.stderr
 
 
-@pytest.mark.skipif(
-    "clipped_log_ratio" not in KINDS, reason="needs the clipped log-ratio kind (sampler.ratio_clip)"
-)
 def test_the_example_runs_from_its_folder(tmp_path):
     done = _simulate_example(tmp_path, "scenario.toml")
     assert done.returncode == 0, done.stderr[-2000:]

@@ -35,6 +35,8 @@ class Gradient(QueryKind):
         "spend across all its sessions, as its ledger reports it"
     )
     report_sigma_key = "noise_multiplier"
+    clip_scaled = True
+    takes_rate = True
     arrays = ("theta", "clip")
     spend_keys = (
         "sampler.chains",
