@@ -1,0 +1,138 @@
+"""DP-HMC (docs/design.md §2.8): exactness against closed-form posteriors, the failure of the
+same check when the penalty correction is mis-set, and what the owners are asked.
+
+The exactness check is the penalty tests' (tests/test_samplers.py): for every dimension the
+draws' mean and sd must lie within Z = 4.5 MCSE (arviz-stats, autocorrelation accounted for) of
+the closed-form posterior; with two statistics × two dimensions per run the false-alarm rate is
+below ~1e-4, and the seeds are fixed. The kernel runs on a single data holder's clipped,
+noised sums (``pooled_gradient``, ``pooled_ratio``) with clips that never bind, so the target
+is the exact posterior, and the gradient noise is large (it must cost mixing, not bias).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from test_samplers import Z, owners_data, z_scores
+
+from fedpenalty.coordinator import dp_hmc
+from fedpenalty.coordinator.adapt import StepAdaptation
+from fedpenalty.coordinator.driver import sample
+from fedpenalty.models import build_model
+
+GAUSS2 = build_model(
+    {"name": "gaussian_mean", "dim": 2, "data_bound": 4.0, "theta_bound": 3.0, "prior_sd": 2.0}
+)
+#: L = sup ‖∇ℓ‖ over the domain × Θ; a ratio over any move inside Θ is at most L × diam(Θ).
+GRAD_CLIP = GAUSS2.lipschitz
+RATIO_CLIP = GAUSS2.lipschitz * 2 * 3.0 * math.sqrt(2)
+
+
+def run_pooled(
+    records,
+    *,
+    grad_sd=6.0,
+    ratio_sd=math.sqrt(3.5),
+    declared=1.0,
+    iterations=3000,
+    step=0.1,
+    seed=0,
+    chains=8,
+    adapt=True,
+):
+    """DP-HMC on pooled ``records`` with gradient noise sd ``grad_sd`` and ratio noise sd
+    ``ratio_sd``; the ratio's declared variance is ``declared`` × the true one (1: correct)."""
+    pooled = np.concatenate(records)
+    ref = GAUSS2.reference_posterior(pooled)
+    rng = np.random.default_rng(seed)
+    noise = np.random.default_rng(seed + 1)
+    grad = dp_hmc.pooled_gradient(GAUSS2, pooled, GRAD_CLIP, grad_sd, noise)
+    true_ratio = dp_hmc.pooled_ratio(GAUSS2, pooled, RATIO_CLIP, ratio_sd, noise)
+
+    def ratio(iteration, chains_, theta, theta_prop):
+        lam, s2 = true_ratio(iteration, chains_, theta, theta_prop)
+        return lam, declared * s2
+
+    algo = dp_hmc.kernel(
+        GAUSS2,
+        grad,
+        ratio,
+        StepAdaptation.start(step, 0.65),
+        leapfrog_steps=2,
+        step_jitter=1.0,
+        adapt=adapt,
+    )
+    theta0 = ref.mean + 0.5 * ref.sd * rng.standard_normal((chains, GAUSS2.dim))
+    result = sample(algo, rng, theta0, iterations=iterations, warmup=500, progress=False)
+    return result, z_scores(result.theta, ref)
+
+
+RECORDS = owners_data(GAUSS2, [0.4, -0.3], [60, 100, 140], seed=1)
+
+
+def test_dp_hmc_is_exact_with_noisy_gradients_and_a_penalised_ratio():
+    result, z = run_pooled(RECORDS)
+    assert z.max() < Z, z
+    assert result.state.tuning.step == 0.1  # the sabotage test below runs at this step
+    assert 0.1 < result.acceptance_rate < 0.9, result.acceptance_rate
+    assert np.all(result.stats["gradient_answers"][result.queried] == 2)
+
+
+def test_dp_hmc_fails_the_check_when_the_penalty_correction_is_mis_set():
+    # at the step the correct run keeps (its acceptance stays above the target, so warmup
+    # leaves it at sampler.step); adapting would shrink the sabotaged runs' energy errors
+    _, z_missing = run_pooled(RECORDS, declared=0.0, adapt=False)  # no −s²/2 term
+    assert z_missing.max() > 2 * Z, z_missing
+    _, z_quarter = run_pooled(RECORDS, declared=0.25, adapt=False)  # variance 4× too small
+    assert z_quarter.max() > Z, z_quarter
+
+
+def test_a_trajectory_that_leaves_the_box_asks_nobody_more_and_is_rejected():
+    asked: list[tuple[int, int, np.ndarray]] = []
+    pooled = np.concatenate(RECORDS)
+    noise = np.random.default_rng(3)
+    inner = dp_hmc.pooled_gradient(GAUSS2, pooled, GRAD_CLIP, 0.0, noise)
+
+    def grad(iteration, substep, chains, theta):
+        assert np.all(GAUSS2.in_theta_space(theta))
+        asked.append((iteration, substep, chains.copy()))
+        return inner(iteration, substep, chains, theta)
+
+    def ratio(iteration, chains, theta, theta_prop):
+        raise AssertionError("no chain stayed inside Θ, so no ratio may be asked")
+
+    edge = np.array([[2.99, 2.99], [-2.99, 2.99]])
+    state = dp_hmc.init(edge, GAUSS2, grad)
+    big = np.full((2, 2), 1e6)  # a huge gradient pushing both chains out of Θ at once
+    state = dp_hmc.HMCState(state.theta, state.log_prior, big * [[1, 1], [-1, 1]], state.grad_var)
+    new, info = dp_hmc.step(np.random.default_rng(0), state, GAUSS2, grad, ratio, 0.1, 4, 0.0)
+    assert not info.queried.any() and not info.accepted.any()
+    assert np.array_equal(new.theta, state.theta) and np.array_equal(new.grad, state.grad)
+    assert [a[:2] for a in asked] == [(0, 0)], asked  # only the start's gradient
+    assert np.all(info.gradients == 0)
+
+
+def test_asks_counts_the_start_and_each_leapfrog_gradient():
+    sampler = {"warmup": 10, "iterations": 40, "leapfrog_steps": 6}
+    assert dp_hmc.asks(sampler) == {"clipped_gradient": 6 * 50 + 1, "clipped_log_ratio": 50}
+
+
+@pytest.mark.parametrize("clip", [0.5, 2.0])
+def test_pooled_sums_clip_each_record(clip):
+    pooled = np.concatenate(RECORDS)
+    theta, prop = np.array([[0.0, 0.0]]), np.array([[1.0, -1.0]])
+    g, _ = dp_hmc.pooled_gradient(GAUSS2, pooled, clip, 0.0, np.random.default_rng(0))(
+        0, 0, np.arange(1), theta
+    )
+    per_record = GAUSS2.grad_log_lik(pooled, theta)[0]
+    norms = np.linalg.norm(per_record, axis=1)
+    expected = (per_record * np.minimum(1, clip / norms)[:, None]).sum(axis=0)
+    np.testing.assert_allclose(g[0], expected)
+    lam, _ = dp_hmc.pooled_ratio(GAUSS2, pooled, clip, 0.0, np.random.default_rng(0))(
+        0, np.arange(1), theta, prop
+    )
+    diff = GAUSS2.log_lik_diff(pooled, theta, prop)[0]
+    np.testing.assert_allclose(lam[0], np.clip(diff, -clip, clip).sum())
+    assert np.abs(diff).max() > clip  # the clip binds here, so the check is not vacuous
