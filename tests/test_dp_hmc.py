@@ -28,13 +28,15 @@ GAUSS2 = build_model(
 #: L = sup ‖∇ℓ‖ over the domain × Θ; a ratio over any move inside Θ is at most L × diam(Θ).
 GRAD_CLIP = GAUSS2.lipschitz
 RATIO_CLIP = GAUSS2.lipschitz * 2 * 3.0 * math.sqrt(2)
+#: s² = 3.5 nats²: a strong penalty, so a mis-set one is visible (as in tests/test_samplers.py)
+RATIO_SD = math.sqrt(3.5)
 
 
 def run_pooled(
     records,
     *,
     grad_sd=6.0,
-    ratio_sd=math.sqrt(3.5),
+    ratio_sd=RATIO_SD,
     declared=1.0,
     iterations=3000,
     step=0.1,
