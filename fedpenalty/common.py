@@ -132,12 +132,14 @@ class Policy:
             raise ConfigError(
                 f"privacy.noise names unknown query kinds {unknown}; known: {sorted(ledger_names)}"
             )
-        sigma = self.noise_for(SGMCMC)
-        if sigma * self.min_clip < _SMALLEST_NOISE_SD:
-            key = "sigma" if SGMCMC not in self.noise else ledger_names[SGMCMC].noise_key
+        for name, kind in ledger_names.items():  # the kinds whose noise sd is σ·clip
+            sigma = self.noise_for(name)
+            if not kind.clip_scaled or sigma * self.min_clip >= _SMALLEST_NOISE_SD:
+                continue
+            key = "sigma" if name not in self.noise else kind.noise_key
             raise ConfigError(
                 f"privacy.{key} × privacy.min_clip = {sigma * self.min_clip:g} is below "
-                f"{_SMALLEST_NOISE_SD:g}: gradient noise that small is no noise; raise min_clip"
+                f"{_SMALLEST_NOISE_SD:g}: {kind.name} noise that small is no noise; raise min_clip"
             )
 
     def noise_for(self, kind: str) -> float:

@@ -32,19 +32,29 @@ def make_node(tmp_path, name: str = "alice") -> OwnerNode:
 
 
 # --- the registry -------------------------------------------------------------------------
-def test_the_registry_lists_exactly_the_three_kinds():
-    assert list(KINDS) == ["log_ratio", "suff_stats", "gradient"]
-    assert [k.ledger_name for k in KINDS.values()] == ["penalty", "penalty_expfam", "sgmcmc"]
+#: the kinds of the first release, each with a v1 wire message, host method and oracle wrapper
+FIRST_RELEASE = ["log_ratio", "suff_stats", "gradient"]
+
+
+def test_the_registry_lists_exactly_the_five_kinds():
+    assert list(KINDS) == [*FIRST_RELEASE, "clipped_log_ratio", "clipped_gradient"]
+    assert [k.ledger_name for k in KINDS.values()] == [
+        "penalty",
+        "penalty_expfam",
+        "sgmcmc",
+        "penalty_clipped",
+        "gradient_clipped",
+    ]
     assert (LOG_RATIO, SUFF_STATS, SGMCMC) == ("penalty", "penalty_expfam", "sgmcmc")
     for name, kind in KINDS.items():
         assert kind.name == name
         assert query_kind(name) is kind and query_kind(kind.ledger_name) is kind
 
 
-def test_every_kind_has_a_host_method_an_oracle_wrapper_and_a_wire_message():
+def test_every_first_release_kind_has_a_host_method_an_oracle_wrapper_and_a_wire_message():
     oneof = pb.QueryRequest.DESCRIPTOR.oneofs_by_name["query"].fields
-    assert {f.name for f in oneof} == set(KINDS) == set(wire.QUERY_CODECS)
-    for name in KINDS:
+    assert {f.name for f in oneof} == set(FIRST_RELEASE) == set(wire.QUERY_CODECS)
+    for name in FIRST_RELEASE:
         assert callable(getattr(OwnerHost, name)) and callable(getattr(Oracle, name))
 
 

@@ -89,7 +89,23 @@ class InProcessOracle(Oracle):
             "answered_from_sufficient_statistics": [not node.per_record for node in nodes],
             "clip_binds": [node.simulation_diagnostics().clip_binds for node in nodes],
             "log_ratio_terms": [node.simulation_diagnostics().log_ratio_terms for node in nodes],
+            "clip_hits": clip_hits([node.simulation_diagnostics().by_kind for node in nodes]),
         }
+
+
+def clip_hits(by_owner: list[dict[str, list[int]]]) -> dict[str, dict[str, Any]]:
+    """Per query kind (ledger name) the owners counted: each owner's records whose clip bound
+    was hit (``hits``) and record evaluations (``evaluations``), and the fraction of all
+    evaluations that hit it (``fraction``; None before any)."""
+    kinds = sorted({kind for counts in by_owner for kind in counts})
+    out: dict[str, dict[str, Any]] = {}
+    for kind in kinds:
+        hits = [counts.get(kind, [0, 0])[0] for counts in by_owner]
+        evaluations = [counts.get(kind, [0, 0])[1] for counts in by_owner]
+        total = sum(evaluations)
+        fraction = sum(hits) / total if total else None
+        out[kind] = {"hits": hits, "evaluations": evaluations, "fraction": fraction}
+    return out
 
 
 def launch(setup: OwnerSetup) -> Launched:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from ..errors import InvalidRequest
 from .base import Event, KindTerms, QueryKind
+from .clipped_gradient import ClippedGradient
+from .clipped_log_ratio import ClippedLogRatio
 from .gradient import Gradient
 from .log_ratio import GaussianKind, LogRatio
 from .suff_stats import SuffStats
@@ -26,6 +28,8 @@ KINDS: dict[str, QueryKind] = {
     "log_ratio": LogRatio(),
     "suff_stats": SuffStats(),
     "gradient": Gradient(),
+    "clipped_log_ratio": ClippedLogRatio(),
+    "clipped_gradient": ClippedGradient(),
 }
 
 

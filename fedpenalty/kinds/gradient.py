@@ -35,6 +35,7 @@ class Gradient(QueryKind):
         "spend across all its sessions, as its ledger reports it"
     )
     report_sigma_key = "noise_multiplier"
+    clip_scaled = True
     arrays = ("theta", "clip")
     spend_keys = (
         "sampler.chains",

@@ -177,24 +177,31 @@ class HostNoise:
         return f"{session}\x00attempt {secrets.token_hex(16)}"
 
     def noisy(
-        self, keys: Keys, kind: str, owner: int | None, exact: np.ndarray, new: np.ndarray | None
+        self,
+        keys: Keys,
+        kind: str,
+        owner: int | None,
+        exact: np.ndarray,
+        new: np.ndarray | None,
+        scale: float = 1.0,
     ) -> np.ndarray:
         """Noisy answers ``(K', M', w)`` to the keys selected by ``new`` ``(M,)`` bool (None: all
         of them) from the
         exact values ``exact`` ``(K', M', w)`` of one ``owner`` (K' = 1) or of every owner
         (None, K' = K): lattice answers (``lattice_answers``, noise drawn under ``keys.label``),
         or seeded float normals × σ_k addressed by the same keys (simulated owners,
-        ``SeededNormals``)."""
+        ``SeededNormals``). ``scale``: the answer unit (a clipped kind's clip): noise sd
+        σ_k·scale."""
         chains, iterations = keys.subset(new)
         owners = np.arange(len(self.nodes)) if owner is None else np.array([owner])
         mechanism = self.mechanism(keys.session, kind)
         if mechanism.gamma is not None:
             return self.lattice_answers(
-                mechanism, keys.label, kind, owners, exact, chains, iterations
+                mechanism, keys.label, kind, owners, exact, chains, iterations, scale
             )
         asked = None if owner is None else owners
         normals = self.seeded.normals(keys.address, kind, asked, chains, iterations, exact.shape[2])
-        sigma = self.levels[kind]
+        sigma = self.levels[kind] if scale == 1.0 else self.levels[kind] * scale
         normals *= sigma[:, None, None] if owner is None else sigma[owner]
         normals += exact
         return normals

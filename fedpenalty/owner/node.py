@@ -13,12 +13,13 @@ import functools
 import math
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from ..common import (
+    LOG_RATIO,
     PEERS_AUTHENTICATED,
     PEERS_OWN_NOISE,
     PEERS_SIMULATED,
@@ -89,6 +90,18 @@ class SimulationDiagnostics:
 
     clip_binds: int = 0
     log_ratio_terms: int = 0
+    #: per query kind (ledger name): [records whose clip bound was hit, record evaluations]
+    by_kind: dict[str, list[int]] = field(default_factory=dict)
+
+    def count(self, kind: str, hits: int, evaluations: int) -> None:
+        """Add one request's clip-bound hits and record evaluations of ``kind``; the log-ratio
+        kind's also to ``clip_binds``/``log_ratio_terms`` (what diagnostics.json reported first)."""
+        counts = self.by_kind.setdefault(kind, [0, 0])
+        counts[0] += hits
+        counts[1] += evaluations
+        if kind == LOG_RATIO:
+            self.clip_binds += hits
+            self.log_ratio_terms += evaluations
 
 
 class OwnerNode:

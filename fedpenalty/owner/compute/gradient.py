@@ -40,10 +40,18 @@ def clipped_gradient_sum(
     used = mask.any(axis=0)
     if not used.any():
         return np.zeros((c, d))
-    grads = model.grad_log_lik(records[used], theta)  # (C, m, d)
-    norms = np.linalg.norm(grads, axis=2)
-    scale = np.minimum(1.0, clip / np.maximum(norms, np.finfo(float).tiny))
+    grads, scale = clipped_gradients(model, records[used], theta, clip)
     return np.einsum("cm,cmd->cd", mask[:, used] * scale, grads)
+
+
+def clipped_gradients(
+    model: Model, records: np.ndarray, theta: np.ndarray, clip: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each record's ∇_θ ℓ(x, θ_c) ``(C, n, d)`` and the factor ``(C, n)`` in (0, 1] that
+    clips it to L2 norm ``clip`` (1: the clip does not bind)."""
+    grads = model.grad_log_lik(records, theta)  # (C, n, d)
+    norms = np.linalg.norm(grads, axis=2)
+    return grads, np.minimum(1.0, clip / np.maximum(norms, np.finfo(float).tiny))
 
 
 @dataclass(frozen=True)

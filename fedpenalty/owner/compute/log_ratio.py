@@ -34,6 +34,19 @@ class LogRatioQuery:
     step: np.ndarray
 
 
+def clipped_ratio_sum(
+    node: OwnerNode, theta: np.ndarray, theta_prop: np.ndarray, bound: np.ndarray, kind: str
+) -> np.ndarray:
+    """Σ_x clip(ℓ(x,θ') − ℓ(x,θ), ±bound_c) over ``node``'s records, per chain ``(C,)``
+    (``bound`` ``(C,)``); no noise, never released. Counts the records whose clip binds under
+    ``kind`` (a ledger name) in simulation diagnostics."""
+    diffs = node.model.log_lik_diff(node.records, theta, theta_prop)
+    clipped = np.clip(diffs, -bound[:, None], bound[:, None])
+    if node.diagnostics is not None:
+        node.diagnostics.count(kind, int((diffs != clipped).sum()), diffs.size)
+    return clipped.sum(axis=1)
+
+
 class ExpFamShortcut:
     """Σ_x ℓ(x,θ') − ℓ(x,θ) = Δηᵀ Σ S(x) − n ΔA for every owner at once, O(1) per answer.
 
@@ -95,21 +108,9 @@ class LogRatioCompute:
         if self.shortcut is not None:
             return self.shortcut.sums(theta, theta_prop, step)
         bound = self.clip * step
-        return np.stack([self._per_record(node, theta, theta_prop, bound) for node in self.nodes])
-
-    @staticmethod
-    def _per_record(
-        node: OwnerNode, theta: np.ndarray, theta_prop: np.ndarray, bound: np.ndarray
-    ) -> np.ndarray:
-        """Σ_x clip(ℓ(x,θ') − ℓ(x,θ), ±bound) over ``node``'s records, per chain ``(C,)``; no
-        noise, never released (counts binding clips in simulation diagnostics)."""
-        diffs = node.model.log_lik_diff(node.records, theta, theta_prop)
-        clipped = np.clip(diffs, -bound[:, None], bound[:, None])
-        if node.diagnostics is not None:
-            binds = diffs != clipped
-            node.diagnostics.clip_binds += int(binds.sum())
-            node.diagnostics.log_ratio_terms += diffs.size
-        return clipped.sum(axis=1)
+        return np.stack(
+            [clipped_ratio_sum(node, theta, theta_prop, bound, self.kind) for node in self.nodes]
+        )
 
     def fresh(self, noise: HostNoise, keys: Keys, query: LogRatioQuery) -> NoisyExact:
         """Noisy answers ``(K, C, 1)`` to ``keys`` (one per chain of ``query``)."""

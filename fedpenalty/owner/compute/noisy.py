@@ -12,12 +12,18 @@ from ..mechanism import HostNoise, Keys
 
 class NoisyExact:
     """Noisy answers to ``keys`` from ``exact()`` ``(K, M, w)`` — every owner's exact values,
-    computed once, and only when the first answer is asked for (after the charge's checks)."""
+    computed once, and only when the first answer is asked for (after the charge's checks), noised
+    at sd σ_k·``scale`` (``scale``: the answer unit, a clipped kind's clip)."""
 
     def __init__(
-        self, noise: HostNoise, keys: Keys, kind: str, exact: Callable[[], np.ndarray]
+        self,
+        noise: HostNoise,
+        keys: Keys,
+        kind: str,
+        exact: Callable[[], np.ndarray],
+        scale: float = 1.0,
     ) -> None:
-        self._noise, self._keys, self._kind = noise, keys, kind
+        self._noise, self._keys, self._kind, self._scale = noise, keys, kind, scale
         self._exact = exact
         self._values: np.ndarray | None = None
 
@@ -30,8 +36,8 @@ class NoisyExact:
     def one(self, k: int, new: np.ndarray) -> np.ndarray:
         """Owner k's noisy answers ``(Σ new, w')`` to the keys selected by ``new``."""
         one = self.values()[k : k + 1, new]
-        return self._noise.noisy(self._keys, self._kind, k, one, new)[0]
+        return self._noise.noisy(self._keys, self._kind, k, one, new, self._scale)[0]
 
     def every(self) -> np.ndarray:
         """Every owner's noisy answers ``(K, M, w')`` to every key."""
-        return self._noise.noisy(self._keys, self._kind, None, self.values(), None)
+        return self._noise.noisy(self._keys, self._kind, None, self.values(), None, self._scale)

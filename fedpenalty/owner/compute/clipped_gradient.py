@@ -1,0 +1,95 @@
+"""Per-record-clipped gradient sums over all of an owner's records (docs/design.md §2.8):
+owner k's exact answer for chain c is Σ_x ∇_θ ℓ(x, θ_c) clipped to L2 norm ``clip``, noised at
+sd σ_k·clip on each coordinate. ``ClippedGradientPath``: the kind's answer path at one host —
+its checks, digests and charge μ = Δ/σ_k per answer (Δ per unit clip: 2 or 1)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..mechanism import HostNoise, Keys
+from ..node import OwnerNode
+from ..pipeline import Asked, Planned, Request
+from .gradient import clipped_gradients
+from .noisy import NoisyExact
+
+if TYPE_CHECKING:
+    from ...kinds import QueryKind
+
+
+@dataclass(frozen=True)
+class ClippedGradientQuery:
+    """A validated request: ``theta`` ``(C, d)`` inside Θ and the ``clip`` (within every
+    owner's min_clip and max_clip)."""
+
+    theta: np.ndarray
+    clip: float
+
+
+def clipped_gradient_total(
+    node: OwnerNode, theta: np.ndarray, clip: float, kind: str
+) -> np.ndarray:
+    """Σ over ``node``'s records of ∇_θ ℓ(x, θ_c) clipped to L2 norm ``clip``: ``(C, d)``; no
+    noise, never released. Counts the records whose clip binds under ``kind`` (a ledger
+    name) in simulation diagnostics."""
+    grads, scale = clipped_gradients(node.model, node.records, theta, clip)
+    if node.diagnostics is not None:
+        node.diagnostics.count(kind, int((scale < 1.0).sum()), scale.size)
+    return np.einsum("cm,cmd->cd", scale, grads)
+
+
+class ClippedGradientCompute:
+    """The clipped gradient answers of one host's owners ``nodes``."""
+
+    def __init__(self, kind: str, nodes: Sequence[OwnerNode]):
+        self.kind = kind
+        self.nodes = list(nodes)
+
+    def fresh(self, noise: HostNoise, keys: Keys, query: ClippedGradientQuery) -> NoisyExact:
+        """Noisy answers ``(K, C, d)`` to ``keys`` (one per chain of ``query``), sd σ_k·clip."""
+
+        def exact() -> np.ndarray:
+            return np.stack(
+                [clipped_gradient_total(n, query.theta, query.clip, self.kind) for n in self.nodes]
+            )
+
+        return NoisyExact(noise, keys, self.kind, exact, query.clip)
+
+
+class ClippedGradientPath:
+    """The answer path of ``kind`` at one host of ``nodes`` (``pipeline.KindPath``): each
+    answer's digest is the kind's tag, the clip and θ_c as little-endian float64; each is
+    charged μ = Δ/σ_k (Δ per unit clip, the noise sd being σ_k·clip)."""
+
+    def __init__(self, kind: QueryKind, nodes: Sequence[OwnerNode]):
+        self.compute = ClippedGradientCompute(kind.ledger_name, nodes)
+        self.tag = kind.digest_tag
+        model = nodes[0].model
+        self.dim = model.dim
+        self.delta = np.array([kind.sensitivity(model, n.policy.neighbour, 1.0) for n in nodes])
+
+    def plan(
+        self, asked: Asked, iteration: int, chains: Any, arrays: Mapping[str, Any]
+    ) -> Planned[ClippedGradientQuery]:
+        """Answers ``(K, C, d)`` to θ ``(C, d)`` clipped at ``clip`` (``arrays``) at
+        ``iteration`` for ``chains`` ``(C,)``, keyed (session, c, iteration)."""
+        checks = asked.checks
+        iteration = checks.index("iteration", iteration)
+        chains = checks.chains(chains)
+        theta = checks.theta("theta", arrays["theta"], len(chains))
+        clip = checks.clip(arrays["clip"])
+        checks.work(len(chains))
+        tag = self.tag + np.float64(clip).astype("<f8").tobytes()
+        digests = [hashlib.sha256(tag + row.astype("<f8").tobytes()).digest() for row in theta]
+
+        keys = asked.keys(chains, np.full(len(chains), iteration))
+        mechanism = asked.mechanism
+        mus = mechanism.mus(self.delta, np.ones(len(chains)), self.dim)
+        request = Request(keys, digests, mechanism, self.dim, mus)
+        query = ClippedGradientQuery(theta, clip)
+        return Planned(request, self.compute, query, (len(chains), self.dim), clip)
