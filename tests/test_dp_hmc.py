@@ -138,3 +138,116 @@ def test_pooled_sums_clip_each_record(clip):
     diff = GAUSS2.log_lik_diff(pooled, theta, prop)[0]
     np.testing.assert_allclose(lam[0], np.clip(diff, -clip, clip).sum())
     assert np.abs(diff).max() > clip  # the clip binds here, so the check is not vacuous
+
+
+# ------------------------------------------------------------------ through the owners
+
+
+def gdp_epsilon(mu: float, delta: float) -> float:
+    """ε(δ) of μ-GDP by hand (Dong, Roth & Su; Balle & Wang): the root in ε of
+    Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2) = δ, with scipy's normal cdf and brentq only."""
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    def excess(eps: float) -> float:
+        return norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * norm.cdf(-eps / mu - mu / 2) - delta
+
+    return brentq(excess, 0.0, 100.0, xtol=1e-12)
+
+
+def owners_oracle(records, sigma_grad, sigma_ratio, neighbour="replace_one"):
+    """Simulated owners of ``records`` (seeded noise, clip counters) at the kinds' levels."""
+    from fedpenalty.common import Policy
+    from fedpenalty.coordinator.inprocess import InProcessOracle
+    from fedpenalty.owner import Ledger, OwnerNode
+
+    ledger = Ledger(":memory:")
+    rngs = np.random.default_rng(11).spawn(len(records))
+    policy = Policy(
+        sigma=1.0,
+        noise={"gradient_clipped": sigma_grad, "penalty_clipped": sigma_ratio},
+        budget_epsilon=1e9,
+        delta=1e-5,
+        neighbour=neighbour,
+        max_clip=100.0,
+    )
+    nodes = [
+        OwnerNode(f"o{k}", GAUSS2, r, policy, ledger, rng, simulation=True)
+        for k, (r, rng) in enumerate(zip(records, rngs))
+    ]
+    return InProcessOracle(nodes)
+
+
+@pytest.mark.parametrize(("neighbour", "factor"), [("replace_one", 2.0), ("add_remove", 1.0)])
+def test_each_owners_epsilon_is_the_composition_of_the_answers_it_released(neighbour, factor):
+    from fedpenalty.coordinator.base import ChainData
+    from fedpenalty.kinds import KindTerms
+
+    sigma_grad, sigma_ratio, chains, warmup, iterations, steps = 40.0, 20.0, 3, 5, 20, 4
+    oracle = owners_oracle(RECORDS, sigma_grad, sigma_ratio, neighbour)
+    plan = dp_hmc.asks({"warmup": warmup, "iterations": iterations, "leapfrog_steps": steps})
+    oracle.open_kinds([KindTerms(kind, chains * n) for kind, n in plan.items()], "hmc")
+    algo = dp_hmc.build(
+        GAUSS2,
+        ChainData(oracle, n_total=300),
+        step=0.05,
+        adapt_step=True,
+        target_accept=0.65,
+        leapfrog_steps=steps,
+        grad_clip=1.0,  # clips bind at times: the answers' cost does not depend on them
+        ratio_clip=0.05,
+        step_jitter=1.0,
+    )
+    rng = np.random.default_rng(5)
+    theta0 = np.array([[0.4, -0.3]]) + 0.05 * rng.standard_normal((chains, 2))
+    result = sample(algo, rng, theta0, iterations=iterations, warmup=warmup, progress=False)
+    # what was released, counted from the kernel's own record of the kept steps; the warmup's
+    # are full (asserted below: no trajectory left Θ, so every step asks L gradients and one
+    # ratio) plus the start's gradient
+    kept_grads = int(result.stats["gradient_answers"].sum())
+    kept_ratios = int(result.queried.sum())
+    assert kept_ratios == chains * iterations and kept_grads == steps * kept_ratios
+    gradients = chains * (1 + steps * warmup) + kept_grads
+    ratios = chains * warmup + kept_ratios
+    mu = math.sqrt(gradients * (factor / sigma_grad) ** 2 + ratios * (factor / sigma_ratio) ** 2)
+    expected = gdp_epsilon(mu, 1e-5)
+    for report in oracle.privacy_reports():
+        assert report.session is not None
+        assert report.session.answers == gradients + ratios
+        assert report.session.mu == pytest.approx(mu, rel=1e-9)
+        assert report.session.epsilon == pytest.approx(expected, rel=1e-6)
+
+
+def test_dp_hmc_through_owners_is_exact():
+    """The exactness check with the three owners answering through their ledgers (clipped kinds,
+    seeded noise): the oracle adapters carry the kernel's mathematics unchanged. The ratio clip
+    (4 nats) is far above any move's per-record term here, and the owners' counters show it
+    never bound, so the target is the exact posterior; s² = 3.5 as above."""
+    from fedpenalty.coordinator.base import ChainData
+    from fedpenalty.kinds import KindTerms
+
+    sigma_grad, chains, iterations, ratio_clip = 1.0, 8, 3000, 4.0
+    sigma_ratio = math.sqrt(3.5 / 3) / ratio_clip
+    oracle = owners_oracle(RECORDS, sigma_grad, sigma_ratio)
+    plan = dp_hmc.asks({"warmup": 500, "iterations": iterations, "leapfrog_steps": 2})
+    oracle.open_kinds([KindTerms(kind, chains * n) for kind, n in plan.items()], "exact")
+    algo = dp_hmc.build(
+        GAUSS2,
+        ChainData(oracle, n_total=300),
+        step=0.1,
+        adapt_step=True,
+        target_accept=0.65,
+        leapfrog_steps=2,
+        grad_clip=GRAD_CLIP,
+        ratio_clip=ratio_clip,
+        step_jitter=1.0,
+    )
+    ref = GAUSS2.reference_posterior(np.concatenate(RECORDS))
+    rng = np.random.default_rng(7)
+    theta0 = ref.mean + 0.5 * ref.sd * rng.standard_normal((chains, 2))
+    result = sample(algo, rng, theta0, iterations=iterations, warmup=500, progress=False)
+    assert np.allclose(result.stats["noise_variance"][result.queried], 3.5)
+    hits = oracle.simulation_diagnostics()["clip_hits"]
+    assert hits["penalty_clipped"]["fraction"] == 0.0 and hits["gradient_clipped"]["fraction"] == 0
+    z = z_scores(result.theta, ref)
+    assert z.max() < Z, z
