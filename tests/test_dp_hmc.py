@@ -251,3 +251,12 @@ def test_dp_hmc_through_owners_is_exact():
     assert hits["penalty_clipped"]["fraction"] == 0.0 and hits["gradient_clipped"]["fraction"] == 0
     z = z_scores(result.theta, ref)
     assert z.max() < Z, z
+
+
+def test_a_step_that_is_not_finite_is_refused_with_advice():
+    pooled = np.concatenate(RECORDS)
+    grad = dp_hmc.pooled_gradient(GAUSS2, pooled, GRAD_CLIP, 0.0, np.random.default_rng(0))
+    ratio = dp_hmc.pooled_ratio(GAUSS2, pooled, 1.0, 0.0, np.random.default_rng(0))
+    state = dp_hmc.init(np.zeros((2, 2)), GAUSS2, grad)
+    with pytest.raises(ValueError, match="ratio_clip"):
+        dp_hmc.step(np.random.default_rng(0), state, GAUSS2, grad, ratio, float("nan"), 2, 1.0)

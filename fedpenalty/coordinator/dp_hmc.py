@@ -211,6 +211,11 @@ def step(
     """One DP-HMC iteration for all chains at leapfrog step ``eps`` (units of θ): momentum,
     ``steps`` leapfrog steps on the owners' noisy gradients, the penalty test on their noisy
     clipped ratio λ̂ with the correction −s²/2 (docs/design.md §2.8)."""
+    if not (np.isfinite(eps) and eps > 0):  # warmup adaptation at a noise ceiling of 0 gives NaN
+        raise ValueError(
+            f"dp_hmc: the leapfrog step is {eps!r}; the owners' ratio noise s² is too large for "
+            "the acceptance test (lower sampler.ratio_clip or the ratio noise multiplier)"
+        )
     c = len(state.theta)
     p0 = rng.standard_normal(state.theta.shape)
     step_sizes = eps * (1.0 - jitter * rng.random(c))
