@@ -38,7 +38,25 @@ _PENALTY_COLUMNS = [
     ("epsilon_paper_bound", "eps paper bound"),
     ("budget_epsilon", "budget"),
 ]
+#: Runs of several kinds: each owner's ε composes them all; its levels are under ``noise``.
+_KINDS_COLUMNS = [
+    ("owner", "owner"),
+    ("n", "n"),
+    ("answers", "answers"),
+    ("mu", "mu"),
+    ("epsilon", "eps"),
+    ("budget_epsilon", "budget"),
+]
 _PRIVACY_COLUMNS = {
+    "penalty_clipped": [
+        ("owner", "owner"),
+        ("n", "n"),
+        ("noise_multiplier", "noise mult."),
+        ("answers", "answers"),
+        ("mu", "mu"),
+        ("epsilon", "eps"),
+        ("budget_epsilon", "budget"),
+    ],
     "sgmcmc": [
         ("owner", "owner"),
         ("n", "n"),
@@ -89,12 +107,13 @@ def privacy_columns(privacy: dict[str, Any]) -> list[tuple[str, str]]:
     from .coordinator.algorithms import ALGORITHMS
 
     algorithm = ALGORITHMS[privacy["algorithm"]]
-    columns = _PRIVACY_COLUMNS.get(algorithm.name) or _PRIVACY_COLUMNS.get(
-        algorithm.query or "", _PENALTY_COLUMNS
-    )
+    kind = privacy.get("kind") or algorithm.query or ""
+    columns = _PRIVACY_COLUMNS.get(algorithm.name) or _PRIVACY_COLUMNS.get(kind, _PENALTY_COLUMNS)
+    if len(privacy.get("kinds", ())) > 1:
+        columns = _KINDS_COLUMNS
     if privacy.get("aggregation") != "secure":
         return columns
-    at = next(i for i, (key, _) in enumerate(columns) if key in _PER_OWNER_NOISE)
+    at = next((i for i, (key, _) in enumerate(columns) if key in _PER_OWNER_NOISE), 2)
     shown = [c for c in columns if c[0] not in _PER_OWNER_NOISE]
     shown[at:at] = _SECURE_NOISE_COLUMNS
     eps = next(i for i, (key, _) in enumerate(shown) if key == "epsilon")
@@ -151,6 +170,21 @@ def privacy_overview(privacy: dict[str, Any]) -> str:
         spare = f", least left {fmt(min(left))}" if left else ""
         lines.append(f"budgets: min {fmt(min(budgets))}, max {fmt(max(budgets))}{spare}")
     return "\n".join([*lines, "(every owner's row is in privacy.json)"])
+
+
+def kinds_lines(privacy: dict[str, Any]) -> list[str]:
+    """The kinds a run of several (or clipped) kinds asked, and what it samples when a kind
+    clips each record's term (privacy.json ``kinds``, ``target``)."""
+    lines = []
+    kinds = privacy.get("kinds") or {}
+    if len(kinds) > 1:
+        each = ", ".join(f"{k} ({v['answers_per_chain']} per chain)" for k, v in kinds.items())
+        lines.append(f"kinds asked: {each}; each owner's eps composes them all")
+    if privacy.get("target"):
+        lines.append(
+            f"target: the {privacy['target']}, not the posterior of the unclipped likelihood"
+        )
+    return lines
 
 
 def unreported_lines(unreported: list[dict[str, Any]]) -> str:
@@ -270,6 +304,8 @@ def print_run(title: str, result) -> None:
         if privacy.get("aggregation") == "secure":
             print(secure_line(privacy))
         print(privacy_overview(privacy))
+        for line in kinds_lines(privacy):
+            print(line)
         if privacy.get("trusted_curator"):
             print("trusted curator: this baseline pools every owner's records centrally")
     if privacy.get("unreported"):

@@ -22,12 +22,13 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import tomli_w
-from pydantic import ConfigDict, Field, create_model
+from pydantic import ConfigDict, Field, create_model, field_validator
 
 from .coordinator.algorithms import ALGORITHMS, Algorithm
 from .coordinator.base import ChainAlgorithm
 from .coordinator.transports import TRANSPORTS
 from .errors import ConfigError
+from .kinds import KINDS
 from .models import MODELS, Model, build_model
 from .schema import (
     Bool,
@@ -122,6 +123,21 @@ class PrivacySection(Section):
         description="secure aggregation: t, owners assumed to collude with the coordinator "
         "(0 ≤ t < owners)",
     )
+    noise: dict[str, PositiveFloat] = Field(
+        default_factory=dict,
+        description="[privacy.noise]: the simulated owners' noise level of a query kind by its "
+        "OWNER.toml key (e.g. ratio_noise_multiplier = 1.5), instead of sigma for that kind",
+    )
+
+    @field_validator("noise")
+    @classmethod
+    def _known_noise_keys(cls, noise: dict[str, float]) -> dict[str, float]:
+        """Every key names a kind's noise level (``QueryKind.noise_key``)."""
+        known = sorted(kind.noise_key for kind in KINDS.values())
+        unknown = sorted(set(noise) - set(known))
+        if unknown:
+            raise ValueError(f"unknown noise keys {unknown}; known: {known}")
+        return noise
 
 
 class GenericSampler(Section):

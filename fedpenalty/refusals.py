@@ -9,13 +9,13 @@ checks it at session open (docs/design.md §2.5).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .common import Policy
 from .config import Scenario
 from .errors import BudgetExhausted, FedPenaltyError
-from .kinds import KINDS, GaussianKind, query_kind
+from .kinds import KINDS, GaussianKind, KindTerms, query_kind
 from .models import Model
 from .owner.noise.lattice import lattice_gradient_multiplier
 from .privacy import GaussianSpend
@@ -64,6 +64,77 @@ def plan_needs(
     if not isinstance(kind, GaussianKind):
         return _gradient_needs(model, policy, answers, session["sampling_rate"], lattice, before)
     return _gaussian_needs(kind, model, policy, answers, session.get("max_step"), lattice, before)
+
+
+def plan_needs_kinds(
+    terms: Sequence[KindTerms], model: Model, policy: Policy, lattice: bool, spent_epsilon: float
+) -> PlanNeeds:
+    """The needs of a plan of several kinds (``terms``, one per kind, as the session opens
+    them), composed as the owner composes them: each kind's answers at its worst-case μ at its
+    own level (``Policy.noise_for``). When every kind is Gaussian, ``max_answers`` is the most
+    answers of the plan, scaled down in proportion, that fit, and ``sigma`` the factor every
+    kind's level must grow by; else both None."""
+    before = _spent(spent_epsilon, policy, lattice)
+    spend, sampled = before, []
+    for term in terms:
+        kind = query_kind(term.kind)
+        level = policy.noise_for(kind.ledger_name)
+        if not isinstance(kind, GaussianKind):
+            multiplier = lattice_gradient_multiplier(level, model.dim) if lattice else level
+            rate = term.sampling_rate if term.sampling_rate is not None else 1.0
+            sampled.append(SubsampledGaussian(rate, multiplier, term.planned_answers))
+            continue
+        mu = kind.worst_sensitivity(model, policy, term.max_step) / level
+        answers = term.planned_answers
+        spend = GaussianSpend(
+            spend.answers + answers, spend.mu_squared + answers * mu * mu, max(spend.max_mu, mu)
+        )
+    total = sum(t.planned_answers for t in terms)
+    need, _ = owner_epsilon(spend, sampled, policy.delta, policy.neighbour, lattice)
+    if sampled:
+        return PlanNeeds(total, need, None, None, None)
+    budget, delta, neighbour = policy.budget_epsilon, policy.delta, policy.neighbour
+    left = max_gdp_mu_squared(budget, delta, neighbour, [], lattice=lattice) - before.mu_squared
+    planned = spend.mu_squared - before.mu_squared
+    if left <= 0:
+        return PlanNeeds(total, need, 0, math.inf, None)
+    fraction = min(1.0, left / planned) if planned > 0 else 1.0
+    return PlanNeeds(total, need, int(total * fraction), 1 / math.sqrt(fraction), None)
+
+
+def kinds_refusal(
+    exc: BudgetExhausted,
+    needs: PlanNeeds,
+    terms: Sequence[KindTerms],
+    policy: Policy,
+    deployed: bool,
+) -> PlanRefused:
+    """The one-line error for an owner's refusal of a plan of several kinds
+    (``plan_needs_kinds``): the ε it needs, the budget, and what would make it fit."""
+    owner = exc.owner or "an owner"
+    plan = ", ".join(f"{t.planned_answers} {query_kind(t.kind).ledger_name}" for t in terms)
+    head = (
+        f"owner {owner!r} refused the run at session open: its plan of {needs.answers} answers "
+        f"({plan}) needs ε = {_up(needs.epsilon)} at δ = {policy.delta:g} in the worst case its "
+        f"policy allows, past its budget ε = {policy.budget_epsilon:g}"
+    )
+    keys = ", ".join(query_kind(t.kind).noise_key for t in terms)
+    where = "its OWNER.toml's [privacy]" if deployed else "privacy.sigma or [privacy.noise]"
+    budget = "the owner's budget_epsilon in OWNER.toml" if deployed else "privacy.budget_epsilon"
+    options = [f"{budget} ≥ {_up(needs.epsilon)}"]
+    if needs.max_answers is None or needs.sigma is None:
+        options.append("fewer sampler.warmup + sampler.iterations or sampler.chains")
+        options.append(f"larger noise levels ({keys} in {where})")
+    elif math.isfinite(needs.sigma):
+        options.append(
+            f"fewer answers: at most {needs.max_answers} per owner in all (sampler.warmup + "
+            "sampler.iterations, or sampler.chains, in proportion)"
+        )
+        options.append(
+            f"every kind's noise level × {_up(needs.sigma)} ({keys} in {where}; noisier answers "
+            "mix slower)"
+        )
+    return PlanRefused(f"{head}. To run, change one of: {'; '.join(options)}")
 
 
 def _gaussian_needs(

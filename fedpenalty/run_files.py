@@ -266,12 +266,14 @@ def privacy_summary(
     received). With secure aggregation: s, t and the assumption ``epsilon`` rests on."""
     reports = [r for r in entries if isinstance(r, PrivacyReport)]
     neighbour = _common([r.neighbour for r in reports])
+    primary = algorithm.primary(scenario["sampler"])
     return {
         "delta": _common([r.delta for r in reports]),
         "neighbour": neighbour,
         "neighbour_meaning": NEIGHBOUR_MEANING.get(neighbour, "owners differ"),
         "algorithm": algorithm.name,
-        "accounting": query_kind(algorithm.query).report_basis,
+        "accounting": query_kind(primary).report_basis,
+        **kinds_fields(algorithm, scenario["sampler"]),
         "trusted_curator": False,
         "release": "each owner's own ledger",
         **aggregation_fields(requested(scenario["privacy"]), reports),
@@ -284,6 +286,33 @@ def privacy_summary(
     }
 
 
+def kinds_fields(algorithm: ChainAlgorithm, sampler: dict[str, Any]) -> dict[str, Any]:
+    """privacy.json's fields of a run whose kinds are not just its ``query`` (several, or
+    another one: docs/design.md §4): ``kind``, the primary kind's ledger name; ``kinds``, each
+    kind's answers per chain and accounting; and ``target`` when a kind clips each record's
+    term (``ChainAlgorithm.target``). None for any other run (its privacy.json as before)."""
+    asks = algorithm.asks(sampler)
+    kinds = {query_kind(name).ledger_name: per_chain for name, per_chain in asks.items()}
+    target = algorithm.target(sampler)
+    if list(kinds) == [query_kind(algorithm.query).ledger_name] and target is None:
+        return {}
+    fields: dict[str, Any] = {
+        "kind": next(iter(kinds)),
+        "kinds": {
+            name: {
+                "answers_per_chain": per_chain,
+                "noise_key": query_kind(name).noise_key,
+                "accounting": query_kind(name).report_basis,
+            }
+            for name, per_chain in kinds.items()
+        },
+        "composition": "each owner's epsilon composes the answers of every kind in its ledger",
+    }
+    if target is not None:
+        fields["target"] = target
+    return fields
+
+
 def owner_privacy(
     report: PrivacyReport, policy: Policy, algorithm: ChainAlgorithm, scenario: Scenario
 ) -> dict[str, Any]:
@@ -293,13 +322,17 @@ def owner_privacy(
     ``noise_multiplier`` with the sampling rate and clip they asked for; ``mu`` is null unless
     the owner's ε is the exact GDP one. With secure aggregation the owner's ε from its own
     noise alone, and no σ (its noise is s/√(K − t), ``owner_fields``)."""
-    kind = query_kind(algorithm.query)
-    gradient = not isinstance(kind, GaussianKind)
+    asked = [query_kind(name) for name in algorithm.asks(scenario["sampler"])]
+    kind = asked[0]
+    gradient = any(not isinstance(k, GaussianKind) for k in asked)
     spend = report.session
     assert spend is not None  # the reports were asked for this run's session
     noise = kind.report_noise(policy.noise_for(kind.ledger_name), scenario["sampler"])
+    if len(asked) > 1:  # every kind's level, by its OWNER.toml key
+        noise["noise"] = {k.noise_key: policy.noise_for(k.ledger_name) for k in asked}
     if requested(scenario["privacy"]) is not None:
         noise.pop(kind.report_sigma_key)
+        noise.pop("noise", None)
     return {
         "owner": report.owner,
         "n": report.n,

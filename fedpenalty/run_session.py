@@ -33,7 +33,14 @@ from .errors import (
 from .inference_data import POSTERIOR_FILE, SpendTrace, read_spend
 from .kinds import GaussianKind, query_kind
 from .models import Model
-from .refusals import budget_refusal, plan_causes, plan_needs, policy_refusal
+from .refusals import (
+    budget_refusal,
+    kinds_refusal,
+    plan_causes,
+    plan_needs,
+    plan_needs_kinds,
+    policy_refusal,
+)
 from .run_files import CHECKPOINT, RUN_INFO, reason, write_info
 
 
@@ -150,23 +157,25 @@ def _open_session(
 ) -> str:
     """Open (or resume) the run's session at every owner; a plan an owner refuses for its
     budget becomes a ``PlanRefused`` that says what would make it fit."""
-    assert algorithm.query is not None  # only algorithms that ask owners come here
     sampler = scenario["sampler"]
-    options = algorithm.session_options(sampler)
-    planned = algorithm.planned_answers(sampler)
+    terms = algorithm.kind_terms(sampler)  # one per kind the run asks (docs/design.md §4)
     try:
-        return owners.oracle.open_session(
-            algorithm.query, planned, session, secure=requested(scenario["privacy"]), **options
-        )
+        return owners.oracle.open_kinds(terms, session, requested(scenario["privacy"]))
     except BudgetExhausted as exc:
         if exc.owner not in owners.names:
             raise
         policy = owners.policies[owners.names.index(exc.owner)]
         spent = max(policy.budget_epsilon - exc.epsilon_left, 0.0)
-        needs = plan_needs(algorithm.query, model, policy, planned, options, owners.deployed, spent)
-        causes = plan_causes(scenario, algorithm.query, policy, owners.deployed)
+        if len(terms) > 1:
+            needs = plan_needs_kinds(terms, model, policy, owners.deployed, spent)
+            raise kinds_refusal(exc, needs, terms, policy, owners.deployed) from exc
+        options = algorithm.session_options(sampler)
+        [only] = terms
+        planned = only.planned_answers
+        needs = plan_needs(only.kind, model, policy, planned, options, owners.deployed, spent)
+        causes = plan_causes(scenario, only.kind, policy, owners.deployed)
         raise budget_refusal(
-            exc, needs, policy, algorithm.query, sampler["chains"], owners.deployed, causes
+            exc, needs, policy, only.kind, sampler["chains"], owners.deployed, causes
         ) from exc
 
 
@@ -266,7 +275,9 @@ class _SpendRecorder:
         earlier = read_spend(out / POSTERIOR_FILE) if resume is not None else None
         trace = SpendTrace.empty(reports) if earlier is None else earlier.before(done)
         total = int(sampler["warmup"]) + int(sampler["iterations"])
-        gradient = not isinstance(query_kind(algorithm.query), GaussianKind)
+        gradient = any(
+            not isinstance(query_kind(kind), GaussianKind) for kind in algorithm.asks(sampler)
+        )
         recorder = cls(oracle, trace, max(1, total // cls.POINTS), gradient)
         recorder.trace = trace.added(done, reports, recorder.gradient)
         return recorder

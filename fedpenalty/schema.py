@@ -78,6 +78,9 @@ _ONE_OR_LIST = Discriminator(lambda value: "list" if isinstance(value, list) els
 PositiveFloat = Annotated[float, _POSITIVE, refusal("a positive finite number")]
 PositiveInt = Annotated[int, _POSITIVE_INT, refusal("a positive integer")]
 NonNegativeInt = Annotated[int, Field(strict=True, ge=0), refusal("a non-negative integer")]
+NonNegativeFloat = Annotated[
+    float, Field(strict=True, allow_inf_nan=False, ge=0), refusal("a non-negative finite number")
+]
 Probability = Annotated[
     float, Field(strict=True, gt=0, lt=1), refusal("a number strictly between 0 and 1")
 ]

@@ -54,7 +54,7 @@ from .coordinator.transport_base import OwnerSetup
 from .coordinator.transports import TRANSPORTS
 from .data import FileRecords, OwnerRecords, synthetic_sources
 from .errors import ConfigError, OutputFailed
-from .kinds import GaussianKind, query_kind
+from .kinds import KINDS, GaussianKind, query_kind
 from .models import ExpFamModel, Model, Reference, build_model
 from .owner.owner_config import TlsFiles
 from .run_files import (
@@ -125,6 +125,12 @@ def owner_policies(scenario: Scenario, owners: int, sigma: float | None = None) 
     sigmas = given if isinstance(given, list) else [given] * owners
     max_step = p["max_step"] if p["max_step"] is not None else sampler["step"]
     secure = requested(p)
+    algorithm = ALGORITHMS[sampler["algorithm"]]  # its per-record clips are admitted too
+    clips = (
+        algorithm.clips(sampler)
+        if isinstance(algorithm, ChainAlgorithm) and algorithm.clips
+        else {}
+    )
     return [
         Policy(
             sigma=s,
@@ -133,13 +139,20 @@ def owner_policies(scenario: Scenario, owners: int, sigma: float | None = None) 
             delta=p["delta"],
             neighbour=p["neighbour"],
             max_sampling_rate=sampler["sampling_rate"],
-            max_clip=sampler["clip"],
+            max_clip=max([sampler["clip"], *clips.values()]),
             max_answers_per_request=max(Policy.max_answers_per_request, int(sampler["chains"])),
             total_noise_sd=None if secure is None else secure.total_noise_sd,
             colluders=0 if secure is None else secure.colluders,
+            noise=noise_levels(p["noise"]),
         )
         for s in sigmas
     ]
+
+
+def noise_levels(noise: Mapping[str, float]) -> dict[str, float]:
+    """``[privacy.noise]`` (kind noise key → level) as ``Policy.noise`` (ledger name → level)."""
+    by_key = {kind.noise_key: kind.ledger_name for kind in KINDS.values()}
+    return {by_key[key]: level for key, level in noise.items()}
 
 
 def simulate(
@@ -263,8 +276,12 @@ def _run_owners(
             extra = chain_diagnostics(chains, algorithm)
             simulated = launched.oracle.simulation_diagnostics()
             # log-ratio counters, kept for runs of Gaussian answers
-            if simulated is not None and isinstance(query_kind(algorithm.query), GaussianKind):
+            asked = [query_kind(kind) for kind in algorithm.asks(scenario["sampler"])]
+            if simulated is not None and any(isinstance(k, GaussianKind) for k in asked):
                 extra["simulation_only"] = simulated
+            target = algorithm.target(scenario["sampler"])
+            if target is not None:
+                extra["target"] = target
             privacy = privacy_summary(reports, policies, algorithm, scenario)
             if privacy["owners"]:
                 secure = requested(scenario["privacy"])

@@ -9,10 +9,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+from owners import kernel
+from test_samplers import Z, z_scores
 
 from fedpenalty.common import Policy
+from fedpenalty.coordinator.driver import sample
 from fedpenalty.coordinator.grpc_oracle import GrpcOracle
 from fedpenalty.coordinator.inprocess import InProcessOracle
+from fedpenalty.coordinator.oracle import Answers
 from fedpenalty.errors import ConfigError, InvalidRequest, ReplayConflict
 from fedpenalty.models import build_model
 from fedpenalty.owner import Ledger, OwnerHost, OwnerNode
@@ -208,3 +212,70 @@ def test_clipped_kinds_are_answered_over_grpc_with_lattice_noise(tmp_path):
         mu_squared = session_mu_squared(host, "r")
         assert 3 * (2 / sigma) ** 2 <= mu_squared == pytest.approx(3 * (2 / sigma) ** 2, rel=1e-5)
         oracle.close()
+
+
+# --- penalty with sampler.ratio_clip ---------------------------------------------------------
+GAUSS1 = build_model(
+    {"name": "gaussian_mean", "dim": 1, "data_bound": 4.0, "theta_bound": 3.0, "prior_sd": 2.0}
+)
+
+
+class MisdeclaredClippedNoise:
+    """An oracle whose owners' clipped ratios come back declaring ``factor`` × their noise sd."""
+
+    def __init__(self, oracle: InProcessOracle, factor: float):
+        self.oracle, self.factor = oracle, factor
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.oracle, name)
+
+    def query(self, *args: Any, **kwargs: Any) -> Answers:
+        answers = self.oracle.query(*args, **kwargs)
+        return Answers(answers.values, answers.noise_sd * self.factor)
+
+
+def clipped_penalty_run(
+    records: list[np.ndarray], sigmas: list[float], sabotage: float | None = None
+) -> tuple[Any, np.ndarray, list[OwnerNode]]:
+    """Penalty MH with ratio_clip 1 (L·step = 7 × 0.12 = 0.84 < 1: the clip never binds) on
+    GAUSS1 through simulated owners of noise multipliers ``sigmas``: the result, its z-scores
+    against the closed-form posterior (test_samplers.z_scores) and the owners."""
+    ledger = Ledger(":memory:")
+    rngs = np.random.default_rng(1).spawn(len(records))
+    nodes = [
+        OwnerNode(
+            f"o{k}",
+            GAUSS1,
+            r,
+            Policy(sigma=s, max_step=0.12, budget_epsilon=1e9),
+            ledger,
+            rng,
+            simulation=True,
+        )
+        for k, (r, s, rng) in enumerate(zip(records, sigmas, rngs))
+    ]
+    oracle = InProcessOracle(nodes)
+    ref = GAUSS1.reference_posterior(np.concatenate(records))
+    rng = np.random.default_rng(0)
+    theta0 = ref.mean + 0.5 * ref.sd * rng.standard_normal((8, 1))
+    oracle.open_session("clipped_log_ratio", 8 * 6600, session="clipped")
+    used = oracle if sabotage is None else MisdeclaredClippedNoise(oracle, sabotage)
+    algo = kernel("penalty", GAUSS1, oracle=used, step=0.12, ratio_clip=1.0)
+    result = sample(algo, rng, theta0, iterations=6000, warmup=500, progress=False)
+    return result, z_scores(result.theta, ref), nodes
+
+
+@pytest.mark.slow  # two runs of 8 chains × 6,500 iterations: about 20 s
+def test_penalty_with_a_ratio_clip_that_never_binds_hits_the_closed_form_posterior():
+    """Z = 4.5 MCSE of mean and sd (the standard of test_samplers.py); noise multipliers
+    0.5, 1, 1.5 at clip 1 give s² = 3.5, so the same check fails by > 2Z without the −s²/2
+    penalty (the coordinator told the noise sd is 0)."""
+    rng = np.random.default_rng(1)
+    records = [GAUSS1.simulate_records(rng, np.array([0.4]), n) for n in (60, 100, 140)]
+    result, z, nodes = clipped_penalty_run(records, [0.5, 1.0, 1.5])
+    assert z.max() < Z, z
+    assert 0.05 < result.acceptance_rate < 0.6
+    counts = [node.simulation_diagnostics().by_kind["penalty_clipped"] for node in nodes]
+    assert all(hits == 0 and evaluations > 0 for hits, evaluations in counts)
+    _, z_missing, _ = clipped_penalty_run(records, [0.5, 1.0, 1.5], sabotage=0.0)
+    assert z_missing.max() > 2 * Z, z_missing

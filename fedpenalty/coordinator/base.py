@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 import numpy as np
 
 from ..errors import ConfigError
+from ..kinds import KindTerms, query_kind
 from ..models import Model
 from ..schema import Section
 
@@ -160,6 +161,11 @@ class ChainAlgorithm:
     the pooled records (a trusted curator, so the algorithm runs in simulation only).
     ``max_step(sampler)``, when set, is the largest ‖θ′ − θ‖ the session will ask about: it is
     declared when the session opens, and owners check the plan and every request against it.
+    ``kinds(sampler)``, when set, names every kind a run asks for with its answers per chain
+    (``asks``; docs/design.md §4, "Algorithms of several kinds"); unset: ``query`` alone.
+    ``clips(sampler)``, when set, gives the per-record clip each clipping kind (``clipped_*``)
+    of the run is asked at: the run then samples the clipped-likelihood posterior
+    (``target``).
     """
 
     name: str
@@ -173,6 +179,8 @@ class ChainAlgorithm:
     start: Callable[[np.random.Generator, Model, np.ndarray, Sections], Start] | None = None
     max_step: Callable[[Mapping[str, Any]], float] | None = None
     generic: tuple[str, ...] = KERNEL_KEYS
+    kinds: Callable[[Mapping[str, Any]], dict[str, int]] | None = None
+    clips: Callable[[Mapping[str, Any]], dict[str, float]] | None = None
 
     @property
     def settings(self) -> tuple[str, ...]:
@@ -192,8 +200,14 @@ class ChainAlgorithm:
     def kernel(
         self, model: Model, data: ChainData, sampler: Mapping[str, Any]
     ) -> SamplingAlgorithm:
-        """The kernel with the settings it declares taken from a ``[sampler]`` section."""
-        return self.build(model, data, **{key: sampler[key] for key in self.settings})
+        """The kernel with the settings it declares taken from a ``[sampler]`` section (a key
+        of its settings model that the section lacks: the model's default)."""
+        own = self.options.model_fields
+        settings = {
+            key: sampler[key] if key in sampler or key not in own else own[key].default
+            for key in self.settings
+        }
+        return self.build(model, data, **settings)
 
     def session_options(self, sampler: Mapping[str, Any]) -> dict[str, float]:
         """What the session declares when it opens: ``sampling_rate`` (when the algorithm takes
@@ -206,8 +220,45 @@ class ChainAlgorithm:
         return options
 
     def planned_answers(self, sampler: Mapping[str, Any]) -> int:
-        """Answers each owner is asked for at most in a run (all chains)."""
-        return int(sampler["chains"]) * self.plan(sampler)
+        """Answers each owner is asked for at most in a run (all chains, every kind)."""
+        return int(sampler["chains"]) * sum(self.asks(sampler).values())
+
+    def asks(self, sampler: Mapping[str, Any]) -> dict[str, int]:
+        """Every query kind (v2 or ledger name) a run with ``sampler`` asks the owners for →
+        the most answers per chain of it; the first is the primary kind (``primary``).
+        Default: ``{query: plan(sampler)}``."""
+        if self.kinds is not None:
+            return self.kinds(sampler)
+        if self.query is None:
+            return {}
+        return {self.query: self.plan(sampler)}
+
+    def primary(self, sampler: Mapping[str, Any]) -> str | None:
+        """The kind whose words head a run's reports: the first that ``asks`` names."""
+        return next(iter(self.asks(sampler)), self.query)
+
+    def target(self, sampler: Mapping[str, Any]) -> str | None:
+        """What a run samples when some kind clips each record's term (docs/design.md §2.8):
+        "clipped-likelihood posterior (per-record clip c ...)"; None: the posterior itself."""
+        clips = {} if self.clips is None else self.clips(sampler)
+        if not clips:
+            return None
+        each = ", ".join(f"{c:g} on {query_kind(kind).name}" for kind, c in clips.items())
+        return f"clipped-likelihood posterior (per-record clip {each})"
+
+    def kind_terms(self, sampler: Mapping[str, Any]) -> list[KindTerms]:
+        """The session's terms, one ``KindTerms`` per kind ``asks`` names: its planned answers
+        (all chains), the sampling rate for the kind that takes one and ``max_step`` for the
+        kinds whose sensitivity grows with the step (``session_options``)."""
+        options = self.session_options(sampler)
+        chains = int(sampler["chains"])
+        terms = []
+        for name, per_chain in self.asks(sampler).items():
+            kind = query_kind(name)
+            rate = options.get("sampling_rate") if kind.takes_rate else None
+            step = options.get("max_step") if kind.step_scaled else None
+            terms.append(KindTerms(name, chains * per_chain, rate, step))
+        return terms
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ radius adapts (``adapt.py``) within the step the owners admitted; kept draws use
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -25,8 +25,9 @@ from pydantic import Field
 from scipy.special import log_ndtr
 
 from ..common import LOG_RATIO
+from ..kinds import KINDS
 from ..models import Model
-from ..schema import Bool, Probability, Section
+from ..schema import Bool, NonNegativeFloat, Probability, Section
 from .adapt import TARGET_ACCEPT, UNSET, StepAdaptation
 from .base import (
     ACCEPTED,
@@ -37,11 +38,15 @@ from .base import (
     Info,
     SamplingAlgorithm,
     Sections,
+    planned_steps,
     require,
 )
 
 if TYPE_CHECKING:
     from .oracle import Oracle
+
+#: The kind a penalty run with ``sampler.ratio_clip`` > 0 asks (docs/design.md §2.8).
+CLIPPED = KINDS["clipped_log_ratio"].name
 
 #: (iteration, chains (m,), theta (m, d), theta_prop (m, d))
 #:     -> (log-ratio (m,), noise variance (m,))
@@ -62,6 +67,19 @@ class MHSettings(Section):
         default=TARGET_ACCEPT,
         description="adapt_step: the acceptance aimed at, as a fraction of the noise ceiling "
         "2Φ(−s/2) (the acceptance as the step → 0 with penalty noise s²; 1 without noise)",
+    )
+
+
+class PenaltySettings(MHSettings):
+    """The ``[sampler]`` keys of ``penalty``: the MH kernels' and the per-record clip of the
+    log-likelihood ratios (docs/design.md §2.8)."""
+
+    ratio_clip: NonNegativeFloat = Field(
+        default=0.0,
+        description="penalty: 0 (default) asks owners for log ratios clipped at the model's "
+        "Lipschitz bound L·step (exact posterior); c > 0 asks for clipped_log_ratio, each "
+        "record's ratio clipped to ±c and noise sd σ·c (σ: the owners' ratio_noise_multiplier), "
+        "any step at one cost: the chain then samples the clipped-likelihood posterior",
     )
 
 
@@ -194,11 +212,19 @@ def tune_radius(
     return state, radius
 
 
-def oracle_ratio(oracle: Oracle) -> RatioFn:
-    """The penalty algorithm's ratio: Σ_k λ̂_k from all owners, with s² = Σ_k σ_k²."""
+def oracle_ratio(oracle: Oracle, clip: float = 0.0) -> RatioFn:
+    """The penalty algorithm's ratio: Σ_k λ̂_k from all owners, with s² = Σ_k σ_k² (the noise
+    variance they return); ``clip`` > 0: their per-record clipped ratios at that clip
+    (``clipped_log_ratio``, s² = Σ_k (σ_k·clip)²)."""
 
     def ratio(iteration: int, chains: np.ndarray, theta: np.ndarray, theta_prop: np.ndarray):
-        lam, s2 = oracle.log_ratio(iteration, chains, theta, theta_prop).total()
+        if clip > 0:
+            answers = oracle.query(
+                CLIPPED, iteration, chains, theta=theta, theta_prop=theta_prop, clip=clip
+            )
+        else:
+            answers = oracle.log_ratio(iteration, chains, theta, theta_prop)
+        lam, s2 = answers.total()
         return lam, np.full(len(chains), s2)
 
     return ratio
@@ -259,13 +285,24 @@ def kernel(
 
 
 def build(
-    model: Model, data: ChainData, *, step: float, adapt_step: bool, target_accept: float
+    model: Model,
+    data: ChainData,
+    *,
+    step: float,
+    adapt_step: bool,
+    target_accept: float,
+    ratio_clip: float = 0.0,
 ) -> SamplingAlgorithm:
     """Penalty MH through the owners behind ``data.oracle``; ``step`` is the ball radius the
     owners admitted (adapted below it during warmup when ``adapt_step``). Steps stay above
     twice the largest ``min_step`` of the owners (they refuse shorter ones; twice, so that
-    rounding in θ′ − θ never takes a step below it), and adaptation above twice that."""
+    rounding in θ′ − θ never takes a step below it), and adaptation above twice that.
+    ``ratio_clip`` > 0: clipped ratios at that clip, whose cost does not depend on the step
+    (no floor, any radius)."""
     oracle = data.require_oracle("penalty")
+    if ratio_clip > 0:
+        tuning = StepAdaptation.start(step, target_accept)
+        return kernel(model, oracle_ratio(oracle, ratio_clip), tuning, 0.0, adapt_step)
     policies = [d.policy for d in oracle.describe()]
     floor = 2.0 * max(p.min_step for p in policies)
     charged = max(p.charged_step for p in policies)
@@ -273,10 +310,23 @@ def build(
     return kernel(model, oracle_ratio(oracle), tuning, floor, adapt_step)
 
 
+def penalty_kinds(sampler: Mapping[str, Any]) -> dict[str, int]:
+    """The one kind a penalty run asks (by ``sampler.ratio_clip``), one answer per iteration."""
+    kind = CLIPPED if sampler.get("ratio_clip", 0.0) > 0 else LOG_RATIO
+    return {kind: planned_steps(sampler)}
+
+
+def penalty_clips(sampler: Mapping[str, Any]) -> dict[str, float]:
+    """The clip of a clipped penalty run (none: the Lipschitz route, the exact posterior)."""
+    clip = sampler.get("ratio_clip", 0.0)
+    return {CLIPPED: float(clip)} if clip > 0 else {}
+
+
 def check_step(sections: Sections, model: Model) -> None:
-    """The proposal radius must not exceed what the owners answer for (privacy.max_step)."""
+    """The proposal radius must not exceed what the owners answer for (privacy.max_step),
+    unless the ratios are clipped per record (their cost does not grow with the step)."""
     step, max_step = sections["sampler"]["step"], sections["privacy"]["max_step"]
-    if max_step is not None:
+    if max_step is not None and not sections["sampler"].get("ratio_clip", 0.0) > 0:
         require(
             step <= max_step,
             f"sampler.step = {step:g} exceeds privacy.max_step = {max_step:g}; owners would refuse "
@@ -288,9 +338,11 @@ PENALTY = ChainAlgorithm(
     "penalty",
     "penalty MH: owners' noisy log-likelihood ratios, exact chain",
     build,
-    MHSettings,
+    PenaltySettings,
     MHState,
     LOG_RATIO,
     check=check_step,
     max_step=lambda sampler: sampler["step"],
+    kinds=penalty_kinds,
+    clips=penalty_clips,
 )

@@ -84,6 +84,8 @@ class QueryKind(ABC):
     arrays: ClassVar[tuple[str, ...]]
     #: one answer's sensitivity grows with the step (a smaller step is a remedy for a refusal)
     step_scaled: ClassVar[bool] = False
+    #: a session of this kind declares a Poisson sampling rate (``KindTerms.sampling_rate``)
+    takes_rate: ClassVar[bool] = False
     #: the noise level is a multiplier of the query's clip (noise sd σ·clip)
     clip_scaled: ClassVar[bool] = False
 

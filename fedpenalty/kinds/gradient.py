@@ -36,6 +36,7 @@ class Gradient(QueryKind):
     )
     report_sigma_key = "noise_multiplier"
     clip_scaled = True
+    takes_rate = True
     arrays = ("theta", "clip")
     spend_keys = (
         "sampler.chains",
