@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 from pydantic import Field
 
+from ..kinds import KINDS
 from ..models import Model
 from ..schema import PositiveFloat, PositiveInt, Rate
 from . import mh
@@ -42,11 +43,14 @@ from .base import (
     ACCEPTED,
     NOISE_VARIANCE,
     QUERIED,
+    ChainAlgorithm,
     ChainData,
     Info,
     InfoField,
     SamplingAlgorithm,
+    Sections,
     planned_steps,
+    require,
 )
 from .mh import RatioFn
 
@@ -67,9 +71,10 @@ class GradFn(Protocol):
 GRADIENT_KIND, RATIO_KIND = "clipped_gradient", "clipped_log_ratio"
 
 
-class DPHMCSettings(mh.MHSettings):
+class DPHMCSettings(mh.PenaltySettings):
     """The ``[sampler]`` keys of ``dp_hmc`` besides ``step`` (the largest leapfrog step, units
-    of θ) and MH's warmup adaptation of it (``adapt_step``, ``target_accept``)."""
+    of θ), MH's warmup adaptation of it (``adapt_step``, ``target_accept``) and penalty's
+    per-record ``ratio_clip`` (nats; > 0 for dp_hmc: noise sd ratio_noise_multiplier × clip)."""
 
     leapfrog_steps: PositiveInt = Field(
         default=10,
@@ -80,11 +85,6 @@ class DPHMCSettings(mh.MHSettings):
         default=5.0,
         description="dp_hmc: per-record gradient clip (L2 norm, nats per unit of θ); the "
         "owners' noise sd is their clipped_gradient_noise_multiplier × grad_clip",
-    )
-    ratio_clip: PositiveFloat = Field(
-        default=1.0,
-        description="dp_hmc: per-record log-likelihood-ratio clip (nats); the owners' noise sd "
-        "is their ratio_noise_multiplier × ratio_clip",
     )
     step_jitter: Rate = Field(
         default=0.2,
@@ -394,3 +394,32 @@ def asks(sampler: Mapping[str, Any]) -> dict[str, int]:
         GRADIENT_KIND: int(sampler["leapfrog_steps"]) * iterations + 1,
         RATIO_KIND: iterations,
     }
+
+
+def clips(sampler: Mapping[str, Any]) -> dict[str, float]:
+    """The per-record clip of each kind a run asks (owners admit them; the ratio clip makes the
+    target the clipped-likelihood posterior, the gradient clip changes only the proposal)."""
+    return {GRADIENT_KIND: float(sampler["grad_clip"]), RATIO_KIND: float(sampler["ratio_clip"])}
+
+
+def check(sections: Sections, model: Model) -> None:
+    """DP-HMC needs a per-record ratio clip: the shared key's default 0 (penalty's Lipschitz
+    route) has no meaning here."""
+    require(
+        sections["sampler"]["ratio_clip"] > 0,
+        "dp_hmc needs sampler.ratio_clip > 0 (the per-record log-likelihood-ratio clip, nats; "
+        "the owners' noise sd is their ratio_noise_multiplier × ratio_clip)",
+    )
+
+
+DP_HMC = ChainAlgorithm(
+    "dp_hmc",
+    "DP-HMC: leapfrog on owners' clipped noisy gradients, penalty test on clipped noisy ratios",
+    build,
+    DPHMCSettings,
+    HMCState,
+    KINDS[GRADIENT_KIND].ledger_name,
+    check=check,
+    kinds=asks,
+    clips=clips,
+)
