@@ -195,7 +195,7 @@ def test_each_owners_epsilon_is_the_composition_of_the_answers_it_released(neigh
         target_accept=0.65,
         leapfrog_steps=steps,
         grad_clip=1.0,  # clips bind at times: the answers' cost does not depend on them
-        ratio_clip=0.05,
+        hmc_ratio_clip=0.05,
         step_jitter=1.0,
     )
     rng = np.random.default_rng(5)
@@ -239,7 +239,7 @@ def test_dp_hmc_through_owners_is_exact():
         target_accept=0.65,
         leapfrog_steps=2,
         grad_clip=GRAD_CLIP,
-        ratio_clip=ratio_clip,
+        hmc_ratio_clip=ratio_clip,
         step_jitter=1.0,
     )
     ref = GAUSS2.reference_posterior(np.concatenate(RECORDS))
@@ -258,5 +258,5 @@ def test_a_step_that_is_not_finite_is_refused_with_advice():
     grad = dp_hmc.pooled_gradient(GAUSS2, pooled, GRAD_CLIP, 0.0, np.random.default_rng(0))
     ratio = dp_hmc.pooled_ratio(GAUSS2, pooled, 1.0, 0.0, np.random.default_rng(0))
     state = dp_hmc.init(np.zeros((2, 2)), GAUSS2, grad)
-    with pytest.raises(ValueError, match="ratio_clip"):
+    with pytest.raises(ValueError, match="hmc_ratio_clip"):
         dp_hmc.step(np.random.default_rng(0), state, GAUSS2, grad, ratio, float("nan"), 2, 1.0)

@@ -48,9 +48,7 @@ from .base import (
     Info,
     InfoField,
     SamplingAlgorithm,
-    Sections,
     planned_steps,
-    require,
 )
 from .mh import RatioFn
 
@@ -71,10 +69,11 @@ class GradFn(Protocol):
 GRADIENT_KIND, RATIO_KIND = "clipped_gradient", "clipped_log_ratio"
 
 
-class DPHMCSettings(mh.PenaltySettings):
+class DPHMCSettings(mh.MHSettings):
     """The ``[sampler]`` keys of ``dp_hmc`` besides ``step`` (the largest leapfrog step, units
-    of θ), MH's warmup adaptation of it (``adapt_step``, ``target_accept``) and penalty's
-    per-record ``ratio_clip`` (nats; > 0 for dp_hmc: noise sd ratio_noise_multiplier × clip)."""
+    of θ) and MH's warmup adaptation of it (``adapt_step``, ``target_accept``). Its ratio clip
+    is its own key: penalty's ``ratio_clip`` defaults to 0 (the Lipschitz route), which has no
+    meaning for DP-HMC."""
 
     leapfrog_steps: PositiveInt = Field(
         default=10,
@@ -85,6 +84,12 @@ class DPHMCSettings(mh.PenaltySettings):
         default=5.0,
         description="dp_hmc: per-record gradient clip (L2 norm, nats per unit of θ); the "
         "owners' noise sd is their clipped_gradient_noise_multiplier × grad_clip",
+    )
+    hmc_ratio_clip: PositiveFloat = Field(
+        default=0.01,
+        description="dp_hmc: per-record log-likelihood-ratio clip (nats); the owners' noise sd "
+        "is their ratio_noise_multiplier × hmc_ratio_clip; the chain samples the "
+        "clipped-likelihood posterior (the posterior itself when no record's term is clipped)",
     )
     step_jitter: Rate = Field(
         default=0.2,
@@ -214,7 +219,7 @@ def step(
     if not (np.isfinite(eps) and eps > 0):  # warmup adaptation at a noise ceiling of 0 gives NaN
         raise ValueError(
             f"dp_hmc: the leapfrog step is {eps!r}; the owners' ratio noise s² is too large for "
-            "the acceptance test (lower sampler.ratio_clip or the ratio noise multiplier)"
+            "the acceptance test (lower sampler.hmc_ratio_clip or the ratio noise multiplier)"
         )
     c = len(state.theta)
     p0 = rng.standard_normal(state.theta.shape)
@@ -303,7 +308,7 @@ def build(
     target_accept: float,
     leapfrog_steps: int,
     grad_clip: float,
-    ratio_clip: float,
+    hmc_ratio_clip: float,
     step_jitter: float,
 ) -> SamplingAlgorithm:
     """DP-HMC through the owners behind ``data.oracle``: ``step`` is the largest leapfrog step
@@ -313,7 +318,7 @@ def build(
     return kernel(
         model,
         oracle_gradient(oracle, grad_clip),
-        oracle_ratio(oracle, ratio_clip),
+        oracle_ratio(oracle, hmc_ratio_clip),
         StepAdaptation.start(step, target_accept),
         leapfrog_steps=leapfrog_steps,
         step_jitter=step_jitter,
@@ -399,17 +404,10 @@ def asks(sampler: Mapping[str, Any]) -> dict[str, int]:
 def clips(sampler: Mapping[str, Any]) -> dict[str, float]:
     """The per-record clip of each kind a run asks (owners admit them; the ratio clip makes the
     target the clipped-likelihood posterior, the gradient clip changes only the proposal)."""
-    return {GRADIENT_KIND: float(sampler["grad_clip"]), RATIO_KIND: float(sampler["ratio_clip"])}
-
-
-def check(sections: Sections, model: Model) -> None:
-    """DP-HMC needs a per-record ratio clip: the shared key's default 0 (penalty's Lipschitz
-    route) has no meaning here."""
-    require(
-        sections["sampler"]["ratio_clip"] > 0,
-        "dp_hmc needs sampler.ratio_clip > 0 (the per-record log-likelihood-ratio clip, nats; "
-        "the owners' noise sd is their ratio_noise_multiplier × ratio_clip)",
-    )
+    return {
+        GRADIENT_KIND: float(sampler["grad_clip"]),
+        RATIO_KIND: float(sampler["hmc_ratio_clip"]),
+    }
 
 
 DP_HMC = ChainAlgorithm(
@@ -419,7 +417,6 @@ DP_HMC = ChainAlgorithm(
     DPHMCSettings,
     HMCState,
     KINDS[GRADIENT_KIND].ledger_name,
-    check=check,
     kinds=asks,
     clips=clips,
 )
