@@ -155,13 +155,14 @@ def gdp_epsilon(mu: float, delta: float) -> float:
     return brentq(excess, 0.0, 100.0, xtol=1e-12)
 
 
-def owners_oracle(records, sigma_grad, sigma_ratio, neighbour="replace_one"):
-    """Simulated owners of ``records`` (seeded noise, clip counters) at the kinds' levels."""
+def owners_oracle(records, sigma_grad, sigma_ratio, neighbour="replace_one", path=":memory:"):
+    """Simulated owners of ``records`` (seeded noise, clip counters) at the kinds' levels, on
+    one ledger at ``path``."""
     from fedpenalty.common import Policy
     from fedpenalty.coordinator.inprocess import InProcessOracle
     from fedpenalty.owner import Ledger, OwnerNode
 
-    ledger = Ledger(":memory:")
+    ledger = Ledger(path, synchronous="NORMAL") if path != ":memory:" else Ledger(path)
     rngs = np.random.default_rng(11).spawn(len(records))
     policy = Policy(
         sigma=1.0,
@@ -260,3 +261,74 @@ def test_a_step_that_is_not_finite_is_refused_with_advice():
     state = dp_hmc.init(np.zeros((2, 2)), GAUSS2, grad)
     with pytest.raises(ValueError, match="hmc_ratio_clip"):
         dp_hmc.step(np.random.default_rng(0), state, GAUSS2, grad, ratio, float("nan"), 2, 1.0)
+
+
+class Crash(Exception):
+    pass
+
+
+class CrashingOracle:
+    """Forwards to ``oracle`` and raises ``Crash`` after ``calls`` queries (a coordinator crash)."""
+
+    def __init__(self, oracle, calls: int):
+        self.oracle, self.left = oracle, calls
+
+    def __getattr__(self, name):
+        return getattr(self.oracle, name)
+
+    def query(self, *args, **kwargs):
+        self.left -= 1
+        if self.left < 0:
+            raise Crash
+        return self.oracle.query(*args, **kwargs)
+
+
+def test_a_resumed_dp_hmc_chain_equals_the_uninterrupted_one(tmp_path):
+    """The state (θ, the kept noisy gradient, the step's adaptation) survives a checkpoint, and
+    the restarted owners replay the re-asked keys: same draws, same answers charged."""
+    from fedpenalty.coordinator import checkpoint
+    from fedpenalty.coordinator.base import ChainData
+    from fedpenalty.kinds import KindTerms
+
+    def run(oracle, **kwargs):
+        algo = dp_hmc.build(
+            GAUSS2,
+            ChainData(oracle, n_total=300),
+            step=0.1,
+            adapt_step=True,
+            target_accept=0.65,
+            leapfrog_steps=2,
+            grad_clip=GRAD_CLIP,
+            hmc_ratio_clip=2.0,
+            step_jitter=1.0,
+        )
+        theta0 = np.array([[0.4, -0.3], [0.3, -0.2]])
+        rng = np.random.default_rng(5)
+        return sample(algo, rng, theta0, iterations=30, warmup=20, progress=False, **kwargs)
+
+    def opened(name):
+        oracle = owners_oracle(RECORDS, 2.0, 0.3, path=tmp_path / f"{name}.sqlite")
+        oracle.open_kinds(
+            [KindTerms("clipped_gradient", 500), KindTerms("clipped_log_ratio", 500)], "run"
+        )
+        return oracle
+
+    reference_oracle = opened("reference")
+    reference = run(reference_oracle)
+    answers = [r.session.answers for r in reference_oracle.privacy_reports()]
+    crashed = opened("crashed")
+    path = tmp_path / "checkpoint.npz"
+    with pytest.raises(Crash):  # checkpoints every 10 iterations, crash between two of them
+        run(
+            CrashingOracle(crashed, calls=100),
+            checkpoint=lambda p: checkpoint.save(path, p),
+            checkpoint_every=10,
+        )
+    saved = checkpoint.load(path)
+    assert 0 < saved.done < 50
+    crashed.host.nodes[0].ledger.close()
+    oracle = opened("crashed")
+    resumed = run(oracle, resume=saved)
+    np.testing.assert_array_equal(resumed.theta, reference.theta)
+    np.testing.assert_array_equal(resumed.accepted, reference.accepted)
+    assert [r.session.answers for r in oracle.privacy_reports()] == answers
