@@ -1,4 +1,4 @@
-"""DP-HMC (docs/design.md §2.8): exactness against closed-form posteriors, the failure of the
+"""DP-HMC (docs/design.md §2.9): exactness against closed-form posteriors, the failure of the
 same check when the penalty correction is mis-set, and what the owners are asked.
 
 The exactness check is the penalty tests' (tests/test_samplers.py): for every dimension the

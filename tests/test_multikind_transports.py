@@ -18,6 +18,7 @@ from fedpenalty.coordinator.grpc_oracle import GrpcOracle
 from fedpenalty.coordinator.inprocess import InProcessOracle
 from fedpenalty.coordinator.oracle import SecureAggregation
 from fedpenalty.errors import BudgetExhausted, InvalidRequest, ReplayConflict
+from fedpenalty.kinds import KINDS as REGISTRY
 from fedpenalty.kinds import KindTerms
 from fedpenalty.models import build_model
 from fedpenalty.owner import Ledger, OwnerNode, wire
@@ -218,10 +219,11 @@ def test_single_kind_fields_and_kinds_must_agree():
 
 
 def test_more_kinds_than_there_are_is_refused_before_decoding_them():
+    more = len(REGISTRY) + 1  # one more than the registry holds
     many = pb.OpenSessionRequest(
-        session="s", kinds=[pb.KindTerms(kind="log_ratio", planned_answers=1)] * 4
+        session="s", kinds=[pb.KindTerms(kind="log_ratio", planned_answers=1)] * more
     )
-    with pytest.raises(InvalidRequest, match="4 query kinds; each kind is asked once"):
+    with pytest.raises(InvalidRequest, match=f"{more} query kinds; each kind is asked once"):
         wire.session_request(many, None, None)
     twice = pb.OpenSessionRequest(
         session="s", kinds=[pb.KindTerms(kind="log_ratio", planned_answers=1)] * 2

@@ -1,7 +1,7 @@
 """DP-HMC (Räisä, Koskela & Honkela, "Differentially private Hamiltonian Monte Carlo"):
 Hamiltonian Monte Carlo whose leapfrog runs on the owners' clipped, noised gradient sums and
 whose accept/reject is the penalty test on their clipped, noised log-likelihood ratios
-(docs/design.md §2.8).
+(docs/design.md §2.9).
 
 Pure functions over frozen state, vectorised over C chains, RNG passed explicitly (the style
 of ``mh`` and ``sgmcmc``). The data enter only through two functions, so the mathematics is
@@ -215,7 +215,7 @@ def step(
 ) -> tuple[HMCState, HMCInfo]:
     """One DP-HMC iteration for all chains at leapfrog step ``eps`` (units of θ): momentum,
     ``steps`` leapfrog steps on the owners' noisy gradients, the penalty test on their noisy
-    clipped ratio λ̂ with the correction −s²/2 (docs/design.md §2.8)."""
+    clipped ratio λ̂ with the correction −s²/2 (docs/design.md §2.9)."""
     if not (np.isfinite(eps) and eps > 0):  # warmup adaptation at a noise ceiling of 0 gives NaN
         raise ValueError(
             f"dp_hmc: the leapfrog step is {eps!r}; the owners' ratio noise s² is too large for "

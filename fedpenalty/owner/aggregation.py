@@ -405,6 +405,25 @@ class SecureSession:
         self._hosted = len(hosted)
         self._masks = MixMasks(secrets) if simulation else ChaChaMasks(secrets, session, algorithm)
         self._every = self._plan(np.arange(self._hosted))
+        self._secrets, self._session, self._algorithm = secrets, session, algorithm
+        self._simulation = simulation
+        self._at_substep: dict[int, ChaChaMasks | MixMasks] = {0: self._masks}
+
+    def _masks_at(self, substep: int) -> ChaChaMasks | MixMasks:
+        """The mask words of answers at ``substep``: sub-step 0's as before; any other's under
+        a label of its own (the session and the sub-step), so that no mask word ever covers
+        two answers of one (chain, iteration) — two answers masked alike would give away the
+        difference of a host's answers (docs/design.md §2.6)."""
+        masks = self._at_substep.get(substep)
+        if masks is None:
+            label = f"{self._session}\x00substep {substep}"
+            if self._simulation:
+                keyed = [hmac.digest(s, label.encode(), "sha256") for s in self._secrets]
+                masks = MixMasks(keyed)
+            else:
+                masks = ChaChaMasks(self._secrets, label, self._algorithm)
+            self._at_substep[substep] = masks
+        return masks
 
     def _plan(self, owners: np.ndarray) -> tuple[np.ndarray, _Sums, _Sums]:
         """The pairs touching hosted ``owners`` ``(K',)`` and how their words add into the rows
@@ -417,11 +436,17 @@ class SecureSession:
         return pairs, _Sums.of(low[pairs]), _Sums.of(high[pairs])
 
     def mask(
-        self, multiples: np.ndarray, owners: np.ndarray, chains: np.ndarray, iterations: np.ndarray
+        self,
+        multiples: np.ndarray,
+        owners: np.ndarray,
+        chains: np.ndarray,
+        iterations: np.ndarray,
+        substep: int = 0,
     ) -> np.ndarray:
         """Masked answers ``(K', M, w + 1)`` uint64 of hosted ``owners`` ``(K',)`` from their
-        noisy lattice multiples ``(K', M, w)`` int64 at keys (chains[j], iterations[j]): each
-        value plus its masks mod 2⁶⁴, and last the check word (0 plus the masks)."""
+        noisy lattice multiples ``(K', M, w)`` int64 at keys (chains[j], iterations[j]) of
+        ``substep``: each value plus its masks mod 2⁶⁴, and last the check word (0 plus the
+        masks)."""
         n_owners, n_keys, width = multiples.shape
         out = np.zeros((n_owners, n_keys, width + 1), dtype=_U64)
         out[:, :, :width] = multiples.astype(np.int64).view(_U64)
@@ -429,10 +454,11 @@ class SecureSession:
         pairs, low, high = self._every if every else self._plan(owners)
         if pairs.size == 0:  # a lone owner: nothing to mask with
             return out
+        masks = self._masks_at(substep)
         step = max(1, MASK_CHUNK // (pairs.size * (width + 1)))
         for first in range(0, n_keys, step):
             keys = slice(first, min(first + step, n_keys))
-            words = self._masks.words(pairs, chains[keys], iterations[keys], width + 1)
+            words = masks.words(pairs, chains[keys], iterations[keys], width + 1)
             block = out[:, keys]  # a view: the sums are written into ``out``
             low.apply(block, words, add=True)
             high.apply(block, words, add=False)

@@ -197,7 +197,7 @@ class HostNoise:
         mechanism = self.mechanism(keys.session, kind)
         if mechanism.gamma is not None:
             return self.lattice_answers(
-                mechanism, keys.label, kind, owners, exact, chains, iterations, scale
+                mechanism, keys.label, kind, owners, exact, chains, iterations, scale, keys.substep
             )
         asked = None if owner is None else owners
         normals = self.seeded.normals(keys.address, kind, asked, chains, iterations, exact.shape[2])
@@ -216,13 +216,15 @@ class HostNoise:
         chains: np.ndarray,
         iterations: np.ndarray,
         scale: float = 1.0,
+        substep: int = 0,
     ) -> np.ndarray:
         """Released answers ``(K', M, w)``: ``exact`` ``(K', M, w)`` of ``owners`` rounded to γℤ
         plus exact discrete-Gaussian noise of scale sd_k·``scale``/γ, keyed (``label``, kind,
         owner, chain, iteration, component) — every entry an exact multiple of γ; in a secure
         session the masked lattice words ``(K', M, w + 1)`` instead. ``scale``: the answer unit
         (gradients: the clip); γ is the session's step times a power of two no larger than
-        ``scale``, so sd_k·scale/γ stays 2²⁰ to 2²¹ times sd_k/sd_min."""
+        ``scale``, so sd_k·scale/γ stays 2²⁰ to 2²¹ times sd_k/sd_min. ``substep``: the keys'
+        sub-step, which keys a secure session's masks (``SecureSession.mask``)."""
         assert mechanism.gamma is not None  # lattice owners only
         gamma = mechanism.gamma * scaled_step(scale)
         # a data-independent bound that keeps every released value (and a secure session's
@@ -234,7 +236,7 @@ class HostNoise:
         if mechanism.secure is None:
             return noisy_lattice_answers(*args, owners=owners, chains=chains)
         multiples = noisy_lattice_multiples(*args, owners=owners, chains=chains)
-        return mechanism.secure.mask(multiples, owners, chains, iterations)
+        return mechanism.secure.mask(multiples, owners, chains, iterations, substep)
 
     def secure_mechanism(self, session: str, algorithm: str, secure: SecureOpen) -> Mechanism:
         """A secure session's noise, charges and masks, once every hosted owner accepts its

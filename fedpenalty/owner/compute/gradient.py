@@ -142,7 +142,15 @@ class GradientAnswers:
         iterations = np.full(len(chains), iteration)
         mechanism = noise.mechanism(keys.session, kind)
         answers = noise.lattice_answers(
-            mechanism, keys.label, kind, np.array([k]), sums[None], chains, iterations, clip
+            mechanism,
+            keys.label,
+            kind,
+            np.array([k]),
+            sums[None],
+            chains,
+            iterations,
+            clip,
+            keys.substep,
         )
         return answers[0]
 
