@@ -126,11 +126,11 @@ def calibrate(method: str, raw: dict, epsilon: float) -> dict:
     """``raw`` calibrated for ``method`` at the per-owner target ``epsilon``."""
     sampler, privacy = raw["sampler"], raw["privacy"]
     privacy["budget_epsilon"] = epsilon * 1.001
-    asks = ALGORITHMS[method].asks(sampler) if method != "sgld" else {}
     mu2 = mu_for_epsilon(epsilon, DELTA) ** 2
     chains = sampler["chains"]
     if method == "penalty":
         sampler.update(ratio_clip=RATIO_CLIP, step=0.01, adapt_step=True)
+        asks = ALGORITHMS[method].asks(sampler)
         sigma = multiplier(mu2, chains * asks["clipped_log_ratio"])
         privacy.update(sigma=1.0, noise={"ratio_noise_multiplier": sigma})
     elif method == "dp_hmc":
