@@ -349,6 +349,6 @@ def policy_refusal(cause: Exception) -> str:
     return (
         f"{cause}. The owner's policy refuses this request, so resuming would only repeat the "
         "refusal: change the scenario to fit its policy (sampler.step ≤ its max_step, "
-        "sampler.sampling_rate ≤ its max_sampling_rate, sampler.clip ≤ its max_clip) and start "
-        "a new run"
+        "sampler.sampling_rate ≤ its max_sampling_rate, sampler.clip and sampler.ratio_clip "
+        "within its min_clip and max_clip) and start a new run"
     )

@@ -20,6 +20,8 @@ from fedpenalty.coordinator.oracle import Answers
 from fedpenalty.errors import ConfigError, InvalidRequest, ReplayConflict
 from fedpenalty.models import build_model
 from fedpenalty.owner import Ledger, OwnerHost, OwnerNode
+from fedpenalty.owner.compute import clipped_gradient as clipped_gradient_module
+from fedpenalty.owner.node import SimulationDiagnostics
 from fedpenalty.owner.server import ServerThread
 
 MODEL = build_model({"name": "gaussian_mean", "dim": 2, "data_bound": 3.0, "theta_bound": 2.0})
@@ -279,3 +281,18 @@ def test_penalty_with_a_ratio_clip_that_never_binds_hits_the_closed_form_posteri
     assert all(hits == 0 and evaluations > 0 for hits, evaluations in counts)
     _, z_missing, _ = clipped_penalty_run(records, [0.5, 1.0, 1.5], sabotage=0.0)
     assert z_missing.max() > 2 * Z, z_missing
+
+
+def test_clipped_gradients_taken_in_chunks_of_records_give_the_same_sums(tmp_path, monkeypatch):
+    """Records taken one at a time (a chunk of 7 components over 3 chains × 2 dims holds
+    one record): the sums and clip-bound counts of the whole data."""
+    monkeypatch.setattr(clipped_gradient_module, "CHUNK_COMPONENTS", 7)
+    node = owner(tmp_path, sigma=1e-12, name="chunked", budget_epsilon=1e40)
+    node.diagnostics = SimulationDiagnostics()
+    oracle = InProcessOracle([node])
+    oracle.open_session("clipped_gradient", 10, session="g")
+    got = oracle.query("clipped_gradient", 0, np.arange(3), theta=THETA, clip=0.8)
+    np.testing.assert_allclose(got.values[0], clipped_gradient_sums(THETA, 0.8), atol=1e-9)
+    x = MODEL.prepare_records(RECORDS)
+    norms = np.linalg.norm(x[None, :, :] - THETA[:, None, :], axis=2)
+    assert node.diagnostics.by_kind["gradient_clipped"] == [int((norms > 0.8).sum()), 3 * 200]

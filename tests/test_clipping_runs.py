@@ -13,14 +13,17 @@ from typing import Any
 import numpy as np
 import pytest
 
+from fedpenalty.common import Policy
 from fedpenalty.config import load_scenario
 from fedpenalty.coordinator import mh
 from fedpenalty.coordinator.adapt import StepAdaptation
 from fedpenalty.coordinator.algorithms import ALGORITHMS
 from fedpenalty.coordinator.base import ChainAlgorithm, ChainData, NoSettings, planned_steps
 from fedpenalty.errors import ConfigError
-from fedpenalty.models import Model
+from fedpenalty.kinds import KindTerms
+from fedpenalty.models import Model, build_model
 from fedpenalty.privacy.gaussian import epsilon_for_delta
+from fedpenalty.refusals import PlanRefused, plan_needs_kinds
 from fedpenalty.simulation import simulate
 
 CLIP = 2.0
@@ -126,3 +129,28 @@ def test_privacy_noise_names_only_known_kind_keys():
         load_scenario(None, {"privacy.noise": {"ratio_noise_sd": 1.0}})
     with pytest.raises(ConfigError, match=r"privacy\.noise"):
         load_scenario(None, {"privacy.noise": {"ratio_noise_multiplier": -1.0}})
+
+
+def test_a_refused_plan_of_two_kinds_says_what_fits_for_both(tmp_path, monkeypatch):
+    """Budget ε = 5 against 120 + 120 answers of μ = 10 and 0.2: refused, with the composed
+    ε it needs; the advice is right — a plan of the answers it names (in proportion) fits,
+    one answer more of each kind does not, and levels × the factor it names fit."""
+    monkeypatch.setitem(ALGORITHMS, "toy_two_kinds", TOY)
+    budget = {**SCENARIO, "privacy.budget_epsilon": 5.0, "run.transport": "inprocess"}
+    with pytest.raises(PlanRefused) as refused:
+        simulate(None, budget, out=tmp_path / "run")
+    message = str(refused.value)
+    assert "120 penalty_clipped, 120 gradient_clipped" in message
+    assert "ratio_noise_multiplier, clipped_gradient_noise_multiplier" in message
+    policy = Policy(sigma=0.2, budget_epsilon=5.0, noise={"gradient_clipped": 10.0})
+    model = build_model({"name": "gaussian_mean", "dim": 2})
+    terms = [KindTerms("clipped_log_ratio", 120), KindTerms("clipped_gradient", 120)]
+    needs = plan_needs_kinds(terms, model, policy, False, 0.0)
+    mu = np.sqrt(120 * (2 / 0.2) ** 2 + 120 * (2 / 10.0) ** 2)
+    assert needs.epsilon == pytest.approx(epsilon_for_delta(mu, 1e-5), rel=1e-9)
+    assert needs.max_answers is not None and needs.sigma is not None
+    each = needs.max_answers // 2
+    fits = np.sqrt(each * (2 / 0.2) ** 2 + each * (2 / 10.0) ** 2)
+    over = np.sqrt((each + 1) * (2 / 0.2) ** 2 + (each + 1) * (2 / 10.0) ** 2)
+    assert epsilon_for_delta(fits, 1e-5) <= 5.0 < epsilon_for_delta(over, 1e-5)
+    assert epsilon_for_delta(mu / needs.sigma, 1e-5) == pytest.approx(5.0, rel=1e-6)

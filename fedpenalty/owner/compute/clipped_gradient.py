@@ -31,16 +31,29 @@ class ClippedGradientQuery:
     clip: float
 
 
+#: The most per-record gradient components held at once (C × records × d): the records are
+#: taken in chunks, so one request's memory stays bounded whatever the owner's n.
+CHUNK_COMPONENTS = 1 << 22
+
+
 def clipped_gradient_total(
     node: OwnerNode, theta: np.ndarray, clip: float, kind: str
 ) -> np.ndarray:
     """Σ over ``node``'s records of ∇_θ ℓ(x, θ_c) clipped to L2 norm ``clip``: ``(C, d)``; no
     noise, never released. Counts the records whose clip binds under ``kind`` (a ledger
     name) in simulation diagnostics."""
-    grads, scale = clipped_gradients(node.model, node.records, theta, clip)
+    c, d = theta.shape
+    records = node.records
+    chunk = max(1, CHUNK_COMPONENTS // (c * d))
+    total = np.zeros((c, d))
+    hits = 0
+    for first in range(0, len(records), chunk):
+        grads, scale = clipped_gradients(node.model, records[first : first + chunk], theta, clip)
+        total += np.einsum("cm,cmd->cd", scale, grads)
+        hits += int((scale < 1.0).sum())
     if node.diagnostics is not None:
-        node.diagnostics.count(kind, int((scale < 1.0).sum()), scale.size)
-    return np.einsum("cm,cmd->cd", scale, grads)
+        node.diagnostics.count(kind, hits, c * len(records))
+    return total
 
 
 class ClippedGradientCompute:
