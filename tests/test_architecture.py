@@ -212,8 +212,7 @@ def test_registries_are_what_the_scenario_offers():
         if isinstance(a, ChainAlgorithm):
             sampler = resolve({**clipped, "sampler": {**clipped["sampler"], "algorithm": name}})
             asked |= {query_kind(kind).ledger_name for kind in a.asks(sampler["sampler"])}
-    # gradient_clipped: asked by dp_hmc, which its own branch adds (issue 23)
-    assert {kind.ledger_name for kind in KINDS.values()} - {"gradient_clipped"} <= asked
+    assert {kind.ledger_name for kind in KINDS.values()} <= asked
 
 
 def _defined(package: ModuleType, cls: type) -> dict[str, list[str]]:

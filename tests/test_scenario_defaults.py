@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import tomllib
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -27,7 +28,8 @@ from fedpenalty.owner import Ledger, OwnerNode
 from fedpenalty.privacy import GaussianSpend
 from fedpenalty.privacy.owner_epsilon import owner_epsilon
 from fedpenalty.privacy.subsampled import SubsampledGaussian, calibrate_noise_multiplier
-from fedpenalty.refusals import budget_refusal, plan_needs
+from fedpenalty.refusals import budget_refusal, plan_needs, plan_needs_kinds
+from fedpenalty.simulation import noise_levels
 
 INPROCESS = ["--set", "run.transport='inprocess'", "--no-progress"]
 #: Samplers that ask the owners, and so have a (model, sampler) table for every model they run.
@@ -76,7 +78,11 @@ def test_every_default_plan_fits_the_default_budget_with_margin(model, algorithm
         neighbour=privacy["neighbour"],
     )
     answers = chain.planned_answers(sampler)
-    if chain.query == SGMCMC:  # every answer is a subsampled Gaussian at (q, σ)
+    if len(chain.asks(sampler)) > 1:  # several kinds, each at its own level ([privacy.noise])
+        policy = replace(policy, noise=noise_levels(privacy["noise"]))
+        terms = chain.kind_terms(sampler)
+        epsilon = plan_needs_kinds(terms, build_model(s["model"]), policy, False, 0.0).epsilon
+    elif chain.query == SGMCMC:  # every answer is a subsampled Gaussian at (q, σ)
         event = SubsampledGaussian(sampler["sampling_rate"], privacy["sigma"], answers)
         epsilon, _ = owner_epsilon(GaussianSpend(), [event], policy.delta, policy.neighbour)
     else:  # every answer at the largest sensitivity the session allows
@@ -158,8 +164,12 @@ def test_a_file_with_only_iterations_and_warmup_runs_at_the_models_step(capsys, 
 #: model, the other models' defaults of the samplers the issue names, the switch to SGLD over
 #: the default transport (local owner processes on gRPC), which ran at the penalty step before,
 #: and the baseline hybrid, which ran at the generic step (88.8 sd off) before.
+#: dp_hmc does not mix from the embedded default's starts (tens of posterior sds from the mode;
+#: docs/design.md §2.9 "Far starts"): a known failure, kept visible (strict: a fix must say so).
+FAR_STARTS = pytest.mark.xfail(strict=True, reason="dp_hmc: far starts (docs/design.md §2.9)")
 SWITCHES = [
-    *[("gaussian_mean", a, "inprocess") for a in runs("gaussian_mean")],
+    *[("gaussian_mean", a, "inprocess") for a in runs("gaussian_mean") if a != "dp_hmc"],
+    pytest.param("gaussian_mean", "dp_hmc", "inprocess", marks=FAR_STARTS),
     *[(m, a, "inprocess") for m in ("bernoulli", "poisson") for a in ("penalty", "sgld")],
     ("gaussian_mean", "sgld", "grpc"),
     ("gaussian_mean", "hybrid", "inprocess"),

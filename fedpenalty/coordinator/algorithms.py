@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from .base import ChainAlgorithm, ReleaseAlgorithm
 from .baseline_algorithms import HYBRID, NOISY_STATS, OPS
+from .dp_hmc import DP_HMC
 from .exact import EXACT_MH
 from .expfam import PENALTY_EXPFAM
 from .mh import PENALTY
@@ -28,5 +29,6 @@ ALGORITHMS: dict[str, Algorithm] = {
         OPS,
         NOISY_STATS,
         HYBRID,
+        DP_HMC,
     )
 }

@@ -1,0 +1,422 @@
+"""DP-HMC (Räisä, Koskela & Honkela, "Differentially private Hamiltonian Monte Carlo"):
+Hamiltonian Monte Carlo whose leapfrog runs on the owners' clipped, noised gradient sums and
+whose accept/reject is the penalty test on their clipped, noised log-likelihood ratios
+(docs/design.md §2.9).
+
+Pure functions over frozen state, vectorised over C chains, RNG passed explicitly (the style
+of ``mh`` and ``sgmcmc``). The data enter only through two functions, so the mathematics is
+the same whether the owners answer (``oracle_gradient``, ``oracle_ratio``) or a test or
+scenario computes the sums on pooled records (``pooled_gradient``, ``pooled_ratio``):
+
+    grad(iteration, substep, chains (m,), theta (m, d)) -> (G (m, d), s_g² (m,))
+    ratio(iteration, chains (m,), theta (m, d), theta_prop (m, d)) -> (λ̂ (m,), s² (m,))
+
+G = Σ_k (Σ_x clip_c(∇ℓ(x, θ)) + N(0, s_{g,k}² I)) and s_g² = Σ_k s_{g,k}² its noise variance
+per coordinate; λ̂ = Σ_k (Σ_x clip_r(ℓ(x, θ') − ℓ(x, θ)) + N(0, s_k²)) and s² = Σ_k s_k².
+
+One iteration, per chain (mass I, step ε = ``step`` × (1 − j·u), u ~ U(0, 1), j = ``jitter``):
+p ~ N(0, I); L leapfrog steps with the noisy gradient g̃ = ∇log p(θ) + G (the gradient at the
+current θ is the one kept in the state: asked once at the start and then taken from the
+accepted end point or kept on a rejection); then
+
+    log α = log p(θ_L) − log p(θ) + λ̂ − s²/2 − ½‖p_L‖² + ½‖p‖²,
+
+accepted when log U < log α. A trajectory that leaves Θ is rejected at once: the owners are
+asked nothing more for that chain in the iteration (neither gradients nor the ratio).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+from pydantic import Field
+
+from ..kinds import KINDS
+from ..models import Model
+from ..schema import PositiveFloat, PositiveInt, Rate
+from . import mh
+from .adapt import UNSET, StepAdaptation
+from .base import (
+    ACCEPTED,
+    NOISE_VARIANCE,
+    QUERIED,
+    ChainAlgorithm,
+    ChainData,
+    Info,
+    InfoField,
+    SamplingAlgorithm,
+    planned_steps,
+)
+from .mh import RatioFn
+
+if TYPE_CHECKING:
+    from .oracle import Oracle
+
+
+class GradFn(Protocol):
+    """(iteration, substep, chains (m,), theta (m, d)) -> (G (m, d), s_g² (m,)): the noisy
+    clipped likelihood-gradient sum (no prior) and its noise variance per coordinate."""
+
+    def __call__(
+        self, iteration: int, substep: int, chains: np.ndarray, theta: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+#: The protocol-v2 names of the kinds DP-HMC asks (docs/design.md §6 "A query kind").
+GRADIENT_KIND, RATIO_KIND = "clipped_gradient", "clipped_log_ratio"
+
+
+class DPHMCSettings(mh.MHSettings):
+    """The ``[sampler]`` keys of ``dp_hmc`` besides ``step`` (the largest leapfrog step, units
+    of θ) and MH's warmup adaptation of it (``adapt_step``, ``target_accept``). Its ratio clip
+    is its own key: penalty's ``ratio_clip`` defaults to 0 (the Lipschitz route), which has no
+    meaning for DP-HMC."""
+
+    leapfrog_steps: PositiveInt = Field(
+        default=10,
+        description="dp_hmc: leapfrog steps L per iteration (L gradient answers per chain and "
+        "iteration, plus one at the start)",
+    )
+    grad_clip: PositiveFloat = Field(
+        default=5.0,
+        description="dp_hmc: per-record gradient clip (L2 norm, nats per unit of θ); the "
+        "owners' noise sd is their clipped_gradient_noise_multiplier × grad_clip",
+    )
+    hmc_ratio_clip: PositiveFloat = Field(
+        default=0.01,
+        description="dp_hmc: per-record log-likelihood-ratio clip (nats); the owners' noise sd "
+        "is their ratio_noise_multiplier × hmc_ratio_clip; the chain samples the "
+        "clipped-likelihood posterior (the posterior itself when no record's term is clipped)",
+    )
+    step_jitter: Rate = Field(
+        default=0.2,
+        description="dp_hmc: each iteration's leapfrog step is step × (1 − jitter·u), "
+        "u ~ U(0, 1) per chain, jitter in (0, 1] (breaks periodic trajectories; the paper's "
+        "code uses 1)",
+    )
+
+
+@dataclass(frozen=True)
+class HMCState:
+    """``theta`` ``(C, d)`` inside Θ, its ``log_prior`` ``(C,)``, the owners' noisy gradient
+    sum ``grad`` ``(C, d)`` at ``theta`` (likelihood only) with its noise variance
+    ``grad_var`` ``(C,)``, the next ``iteration`` (it keys the owners' answers) and the
+    leapfrog step with its warmup adaptation (``tuning``)."""
+
+    theta: np.ndarray
+    log_prior: np.ndarray
+    grad: np.ndarray
+    grad_var: np.ndarray
+    iteration: int = 0
+    tuning: StepAdaptation = UNSET
+
+    @property
+    def position(self) -> np.ndarray:
+        """The chains' θ ``(C, d)``."""
+        return self.theta
+
+    def with_tuning(self, tuning: StepAdaptation) -> HMCState:
+        return replace(self, tuning=tuning)
+
+
+@dataclass(frozen=True)
+class HMCInfo:
+    """What one iteration did, per chain ``(C,)``: ``accepted``; ``queried`` (the trajectory
+    stayed in Θ and the ratio was asked); ``noise_var`` (s² of the ratio; 0 where not asked);
+    ``grad_var`` (s_g² of the last gradient asked); ``accept_prob`` (min{1, e^{log α}}, 0
+    where not asked); ``gradients`` (gradient answers asked in the iteration)."""
+
+    accepted: np.ndarray
+    queried: np.ndarray
+    noise_var: np.ndarray
+    grad_var: np.ndarray
+    accept_prob: np.ndarray
+    gradients: np.ndarray
+
+
+def init(theta: np.ndarray, model: Model, grad: GradFn) -> HMCState:
+    """Start C chains at ``theta`` ``(C, d)`` inside Θ: the owners' gradient there is asked
+    once, at iteration 0, sub-step 0 (the leapfrog steps of iteration t are sub-steps 1 … L)."""
+    theta = np.array(theta, dtype=float, ndmin=2)
+    if theta.shape[1] != model.dim or not np.all(model.in_theta_space(theta)):
+        raise ValueError(f"initial points must have shape (C, {model.dim}) and lie inside Θ")
+    g, s2 = _checked(grad(0, 0, np.arange(len(theta)), theta), theta.shape)
+    return HMCState(theta, model.log_prior(theta), g, s2, 0)
+
+
+def _checked(answer: tuple[np.ndarray, np.ndarray], shape: tuple[int, ...]):
+    """A gradient answer as float arrays ``(m, d)``, ``(m,)``; ``ValueError`` when malformed."""
+    g = np.asarray(answer[0], dtype=float)
+    s2 = np.broadcast_to(np.asarray(answer[1], dtype=float), shape[:1]).copy()
+    if g.shape != shape:
+        raise ValueError(f"gradient must have shape {shape}, got {g.shape}")
+    if not (np.all(np.isfinite(g)) and np.all(np.isfinite(s2)) and np.all(s2 >= 0)):
+        raise ValueError("gradient and its noise variance must be finite (variance >= 0)")
+    return g, s2
+
+
+@dataclass
+class _Trajectory:
+    """The leapfrog in progress (mutable, local to one ``step``): position ``q``, momentum
+    ``p``, the likelihood gradient at ``q`` with its variance, and which chains are still
+    inside Θ (``alive``) and how many gradients each asked."""
+
+    q: np.ndarray
+    p: np.ndarray
+    grad: np.ndarray
+    grad_var: np.ndarray
+    alive: np.ndarray
+    asked: np.ndarray
+
+
+def leapfrog(
+    state: HMCState, model: Model, grad: GradFn, p0: np.ndarray, eps: np.ndarray, steps: int
+) -> _Trajectory:
+    """L leapfrog steps of size ``eps`` ``(C,)`` from (θ, ``p0``) on g̃ = ∇log p + G: half
+    kick, then per step a drift, the owners' gradient at the new position (sub-step j) and a
+    kick (half at the last). A chain whose position leaves Θ stops; nobody is asked for it."""
+    t = _Trajectory(
+        state.theta.copy(),
+        p0.copy(),
+        state.grad.copy(),
+        state.grad_var.copy(),
+        np.ones(len(p0), dtype=bool),
+        np.zeros(len(p0), dtype=int),
+    )
+    e = eps[:, None]
+    with np.errstate(over="ignore", invalid="ignore"):
+        t.p += 0.5 * e * (model.grad_log_prior(t.q) + t.grad)
+        for j in range(1, steps + 1):
+            live = np.flatnonzero(t.alive)
+            t.q[live] += e[live] * t.p[live]
+            t.alive[live] = model.in_theta_space(t.q[live])
+            live = np.flatnonzero(t.alive)
+            if not live.size:
+                break
+            g, s2 = _checked(grad(state.iteration, j, live, t.q[live]), (live.size, model.dim))
+            t.grad[live], t.grad_var[live], t.asked[live] = g, s2, t.asked[live] + 1
+            kick = 0.5 if j == steps else 1.0
+            t.p[live] += kick * e[live] * (model.grad_log_prior(t.q[live]) + g)
+    return t
+
+
+def step(
+    rng: np.random.Generator,
+    state: HMCState,
+    model: Model,
+    grad: GradFn,
+    ratio: RatioFn,
+    eps: float,
+    steps: int,
+    jitter: float,
+) -> tuple[HMCState, HMCInfo]:
+    """One DP-HMC iteration for all chains at leapfrog step ``eps`` (units of θ): momentum,
+    ``steps`` leapfrog steps on the owners' noisy gradients, the penalty test on their noisy
+    clipped ratio λ̂ with the correction −s²/2 (docs/design.md §2.9)."""
+    if not (np.isfinite(eps) and eps > 0):  # warmup adaptation at a noise ceiling of 0 gives NaN
+        raise ValueError(
+            f"dp_hmc: the leapfrog step is {eps!r}; the owners' ratio noise s² is too large for "
+            "the acceptance test (lower sampler.hmc_ratio_clip or the ratio noise multiplier)"
+        )
+    c = len(state.theta)
+    p0 = rng.standard_normal(state.theta.shape)
+    step_sizes = eps * (1.0 - jitter * rng.random(c))
+    log_u = np.log(rng.random(c))
+    t = leapfrog(state, model, grad, p0, step_sizes, steps)
+    idx = np.flatnonzero(t.alive)
+    accepted, noise_var, accept_prob = np.zeros(c, bool), np.zeros(c), np.zeros(c)
+    theta, log_prior = state.theta.copy(), state.log_prior.copy()
+    g_kept, v_kept = state.grad.copy(), state.grad_var.copy()
+    if idx.size:
+        lam, s2 = ratio(state.iteration, idx, state.theta[idx], t.q[idx])
+        lp = model.log_prior(t.q[idx])
+        kinetic = 0.5 * (np.sum(p0[idx] ** 2, axis=1) - np.sum(t.p[idx] ** 2, axis=1))
+        log_alpha = lp - state.log_prior[idx] + lam - 0.5 * s2 + kinetic
+        log_alpha = np.where(np.isfinite(log_alpha), log_alpha, -np.inf)
+        passed = log_u[idx] < log_alpha
+        acc = idx[passed]
+        accepted[acc], noise_var[idx] = True, s2
+        accept_prob[idx] = np.exp(np.minimum(log_alpha, 0.0))
+        theta[acc], log_prior[acc] = t.q[acc], lp[passed]
+        g_kept[acc], v_kept[acc] = t.grad[acc], t.grad_var[acc]
+    new = HMCState(theta, log_prior, g_kept, v_kept, state.iteration + 1, state.tuning)
+    return new, HMCInfo(accepted, t.alive, noise_var, t.grad_var, accept_prob, t.asked)
+
+
+GRADIENT_NOISE = InfoField(
+    "gradient_noise_variance",
+    np.float64,
+    "noise variance of the owners' gradient sum, per coordinate ((nats per unit of θ)²)",
+    fill=np.nan,
+)
+GRADIENTS = InfoField("gradient_answers", np.int64, "gradient answers asked per chain")
+#: The fields a DP-HMC step reports (posterior.nc's sample_stats order).
+INFO = (QUERIED, ACCEPTED, NOISE_VARIANCE, GRADIENT_NOISE, GRADIENTS)
+
+
+def record(info: HMCInfo) -> Info:
+    """The driver's record of a DP-HMC step (``INFO``)."""
+    return {
+        QUERIED.name: info.queried,
+        ACCEPTED.name: info.accepted,
+        NOISE_VARIANCE.name: np.where(info.queried, info.noise_var, np.nan),
+        GRADIENT_NOISE.name: info.grad_var,
+        GRADIENTS.name: info.gradients,
+    }
+
+
+def kernel(
+    model: Model,
+    grad: GradFn,
+    ratio: RatioFn,
+    tuning: StepAdaptation,
+    *,
+    leapfrog_steps: int,
+    step_jitter: float,
+    adapt: bool,
+) -> SamplingAlgorithm:
+    """DP-HMC over ``grad`` and ``ratio`` as a built algorithm: its leapfrog step from
+    ``tuning`` (adapted during warmup when ``adapt``, as ``mh.tuned`` does for MH)."""
+
+    def move(rng: np.random.Generator, state: HMCState, eps: float):
+        return step(rng, state, model, grad, ratio, eps, leapfrog_steps, step_jitter)
+
+    def start(rng: np.random.Generator, theta0: np.ndarray) -> HMCState:
+        return init(theta0, model, grad).with_tuning(tuning)
+
+    def kept(rng: np.random.Generator, state: HMCState) -> tuple[HMCState, Info]:
+        new, info = move(rng, state, state.tuning.step)
+        return new, record(info)
+
+    def warming(rng: np.random.Generator, state: HMCState) -> tuple[HMCState, Info]:
+        new, info = move(rng, state, state.tuning.warmup_step)
+        tuning = new.tuning.update(info.accept_prob, info.noise_var)
+        return new.with_tuning(tuning), record(info)
+
+    return SamplingAlgorithm(start, kept, INFO, warming if adapt else None, mh.step_sizes)
+
+
+def build(
+    model: Model,
+    data: ChainData,
+    *,
+    step: float,
+    adapt_step: bool,
+    target_accept: float,
+    leapfrog_steps: int,
+    grad_clip: float,
+    hmc_ratio_clip: float,
+    step_jitter: float,
+) -> SamplingAlgorithm:
+    """DP-HMC through the owners behind ``data.oracle``: ``step`` is the largest leapfrog step
+    (units of θ; adapted below it during warmup when ``adapt_step``). The clipped kinds' cost
+    does not depend on the step, so the step is free of the privacy budget."""
+    oracle = data.require_oracle("dp_hmc")
+    return kernel(
+        model,
+        oracle_gradient(oracle, grad_clip),
+        oracle_ratio(oracle, hmc_ratio_clip),
+        StepAdaptation.start(step, target_accept),
+        leapfrog_steps=leapfrog_steps,
+        step_jitter=step_jitter,
+        adapt=adapt_step,
+    )
+
+
+# ------------------------------------------------------------------ where the sums come from
+
+
+def oracle_gradient(oracle: Oracle, clip: float) -> GradFn:
+    """The owners' ``clipped_gradient`` answers summed: G = Σ_k answer_k ``(m, d)`` and
+    s_g² = Σ_k (σ_k·clip)² per chain ``(m,)`` (the sd each owner declares)."""
+
+    def grad(iteration: int, substep: int, chains: np.ndarray, theta: np.ndarray):
+        answers = oracle.query(
+            GRADIENT_KIND, iteration, chains, substep=substep, theta=theta, clip=clip
+        )
+        total, variance = answers.total()
+        return total, np.full(len(chains), variance)
+
+    return grad
+
+
+def oracle_ratio(oracle: Oracle, clip: float) -> RatioFn:
+    """The owners' ``clipped_log_ratio`` answers summed: λ̂ ``(m,)`` and s² = Σ_k (σ_k·clip)²."""
+
+    def ratio(iteration: int, chains: np.ndarray, theta: np.ndarray, theta_prop: np.ndarray):
+        answers = oracle.query(
+            RATIO_KIND, iteration, chains, theta=theta, theta_prop=theta_prop, clip=clip
+        )
+        total, variance = answers.total()
+        return total, np.full(len(chains), variance)
+
+    return ratio
+
+
+def clip_rows(g: np.ndarray, clip: float) -> tuple[np.ndarray, np.ndarray]:
+    """Each vector of ``g`` ``(..., d)`` scaled to L2 norm ≤ ``clip``; and where it bound."""
+    norm = np.linalg.norm(g, axis=-1, keepdims=True)
+    scale = np.minimum(1.0, clip / np.maximum(norm, np.finfo(float).tiny))
+    return g * scale, norm[..., 0] > clip
+
+
+def pooled_gradient(
+    model: Model, records: np.ndarray, clip: float, noise_sd: float, rng: np.random.Generator
+) -> GradFn:
+    """A single data holder's answer on ``records`` ``(n, p)`` (the paper's setting; tests and
+    scenarios): Σ_x of ∇ℓ clipped to L2 norm ``clip``, plus N(0, ``noise_sd``² I)."""
+
+    def grad(iteration: int, substep: int, chains: np.ndarray, theta: np.ndarray):
+        clipped, _ = clip_rows(model.grad_log_lik(records, theta), clip)
+        noise = noise_sd * rng.standard_normal(theta.shape)
+        return clipped.sum(axis=1) + noise, np.full(len(chains), noise_sd**2)
+
+    return grad
+
+
+def pooled_ratio(
+    model: Model, records: np.ndarray, clip: float, noise_sd: float, rng: np.random.Generator
+) -> RatioFn:
+    """A single data holder's answer: Σ_x ℓ(x,θ') − ℓ(x,θ) each clipped to [−``clip``,
+    ``clip``], plus N(0, ``noise_sd``²)."""
+
+    def ratio(iteration: int, chains: np.ndarray, theta: np.ndarray, theta_prop: np.ndarray):
+        diff = np.clip(model.log_lik_diff(records, theta, theta_prop), -clip, clip)
+        noise = noise_sd * rng.standard_normal(len(chains))
+        return diff.sum(axis=1) + noise, np.full(len(chains), noise_sd**2)
+
+    return ratio
+
+
+def asks(sampler: Mapping[str, Any]) -> dict[str, int]:
+    """Answers per chain a run asks of each owner, by kind: L gradients per iteration plus the
+    start's, and one ratio per iteration (fewer when a trajectory leaves Θ)."""
+    iterations = planned_steps(sampler)
+    return {
+        GRADIENT_KIND: int(sampler["leapfrog_steps"]) * iterations + 1,
+        RATIO_KIND: iterations,
+    }
+
+
+def clips(sampler: Mapping[str, Any]) -> dict[str, float]:
+    """The per-record clip of each kind a run asks (owners admit them; the ratio clip makes the
+    target the clipped-likelihood posterior, the gradient clip changes only the proposal)."""
+    return {
+        GRADIENT_KIND: float(sampler["grad_clip"]),
+        RATIO_KIND: float(sampler["hmc_ratio_clip"]),
+    }
+
+
+DP_HMC = ChainAlgorithm(
+    "dp_hmc",
+    "DP-HMC: leapfrog on owners' clipped noisy gradients, penalty test on clipped noisy ratios",
+    build,
+    DPHMCSettings,
+    HMCState,
+    KINDS[GRADIENT_KIND].ledger_name,
+    kinds=asks,
+    clips=clips,
+)
