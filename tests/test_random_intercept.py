@@ -9,8 +9,13 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fedpenalty.errors import ConfigError
+from fedpenalty.common import Policy
+from fedpenalty.coordinator import penalty_hier
+from fedpenalty.coordinator.inprocess import InProcessOracle
+from fedpenalty.errors import ConfigError, InvalidRequest
+from fedpenalty.kinds import KindTerms
 from fedpenalty.models.random_intercept import RandomIntercept
+from fedpenalty.owner import Ledger, OwnerNode
 
 COUNTS = (30, 60, 120, 240)
 
@@ -140,3 +145,147 @@ def test_reference_is_deterministic_and_pools_as_the_records_say():
     ref = model.reference_posterior(big)
     ybar = np.array([r.mean() for r in big])
     np.testing.assert_allclose(ref.mean[0] + ref.mean[2:], ybar, atol=1e-3)
+
+
+# --- the per-owner θ axis and the penalty_hier kernel ------------------------------------------
+
+LOCAL = RandomIntercept().local_model()
+
+
+def _oracle(tmp_path, records, sigma: float = 0.5, max_step: float = 0.5, name: str = "o"):
+    """In-process owners serving the local model, one per records array, noise sd ``sigma``
+    (nats) and a budget no test reaches."""
+    ledger = Ledger(tmp_path / f"{name}.sqlite", synchronous="NORMAL")
+    policy = Policy(sigma=sigma, max_step=max_step, budget_epsilon=1e9, delta=1e-5)
+    nodes = [
+        OwnerNode(f"{name}{k}", LOCAL, LOCAL.prepare_records(r), policy, ledger, rng)
+        for k, (r, rng) in enumerate(zip(records, np.random.default_rng(5).spawn(len(records))))
+    ]
+    return InProcessOracle(nodes, LOCAL)
+
+
+def _session_epsilon(oracle: InProcessOracle) -> list[float]:
+    return [r.session.epsilon for r in oracle.privacy_reports()]
+
+
+def test_per_owner_epsilon_is_the_same_with_2_and_8_owners(tmp_path):
+    """Owner 0 answers the same local moves φ_0 → φ_0' whether 1 or 7 other owners answer
+    beside it (their blocks move far more): its ε is the same, and equals the ε of the same
+    moves asked of it alone (an independent composition of its own answers)."""
+    rng = np.random.default_rng(0)
+    theta = rng.uniform(-1, 1, (4, 1))
+    step0 = np.array([[0.1], [-0.2], [0.05], [0.3]])
+    eps = {}
+    for owners in (2, 8):
+        o = _oracle(tmp_path, [np.zeros((50, 1))] * owners, name=f"k{owners}_")
+        o.open_kinds([KindTerms("log_ratio", 40, max_step=0.5)])
+        big = rng.uniform(-0.45, 0.45, (owners, 4, 1))
+        big[0] = step0  # owner 0's local steps are the same in both runs
+        phi = np.broadcast_to(theta, (owners, 4, 1))
+        for it in range(5):
+            o.query("log_ratio", it, np.arange(4), substep=1, theta=phi, theta_prop=phi + big)
+        eps[owners] = _session_epsilon(o)
+    alone = _oracle(tmp_path, [np.zeros((50, 1))], name="alone")
+    alone.open_kinds([KindTerms("log_ratio", 40, max_step=0.5)])
+    for it in range(5):
+        alone.query("log_ratio", it, np.arange(4), theta=theta, theta_prop=theta + step0)
+    assert eps[2][0] == pytest.approx(eps[8][0], rel=1e-12)
+    assert eps[2][0] == pytest.approx(_session_epsilon(alone)[0], rel=1e-12)
+    assert max(eps[8][1:]) > 1.5 * eps[8][0]  # the others' larger moves cost only them
+
+
+def test_each_owner_answers_at_its_own_rows(tmp_path):
+    """A per-owner request gives owner k the answer to its row alone: the same value as a flat
+    request of that row to a host of owner k only, whatever the other rows are."""
+    _, records = _owners(RandomIntercept())
+    phi = np.array([[[0.2]], [[0.4]], [[-0.3]], [[1.0]]])
+    prop = phi + np.array([[[0.1]], [[-0.2]], [[0.05]], [[0.3]]])
+    o = _oracle(tmp_path, records, sigma=0.01)  # noise sd far below the values compared
+    o.open_kinds([KindTerms("log_ratio", 10, max_step=0.5)])
+    values = o.query("log_ratio", 0, np.arange(1), substep=2, theta=phi, theta_prop=prop).values
+    for k, rec in enumerate(records):
+        at = [
+            LOCAL.log_lik_diff(LOCAL.prepare_records(rec), phi[j], prop[j]).sum() for j in range(4)
+        ]
+        assert values[k, 0] == pytest.approx(at[k], abs=0.05)
+        assert min(abs(values[k, 0] - a) for j, a in enumerate(at) if j != k) > 0.2
+
+
+def test_an_owner_refuses_rows_outside_its_box_or_above_its_step(tmp_path):
+    """Owner 1's row outside its local box, or its local step above max_step, is refused naming
+    owner 1, and no owner — owner 0 neither — is charged (every row is checked first)."""
+    o = _oracle(tmp_path, [np.zeros((10, 1))] * 3, max_step=0.3)
+    o.open_kinds([KindTerms("log_ratio", 10, max_step=0.3)])
+    phi = np.zeros((3, 2, 1))
+    outside = phi.copy()
+    outside[1, 0, 0] = LOCAL.theta_bound + 0.5
+    with pytest.raises(InvalidRequest, match=r"o1.*outside Θ|outside Θ.*o1"):
+        o.query("log_ratio", 0, np.arange(2), theta=outside, theta_prop=outside + 0.1)
+    long = phi + 0.1
+    long[1, 1, 0] = 0.45
+    with pytest.raises(InvalidRequest, match=r"exceeds") as err:
+        o.query("log_ratio", 0, np.arange(2), theta=phi, theta_prop=long)
+    assert "o1" in str(err.value)
+    assert all(r.session.answers == 0 for r in o.privacy_reports())
+    with pytest.raises(InvalidRequest, match="owner rows"):
+        o.query("log_ratio", 0, np.arange(2), theta=phi[:2], theta_prop=phi[:2] + 0.1)
+
+
+class CountingOracle:
+    """An oracle that records the sub-step of every query it passes on."""
+
+    def __init__(self, inner):
+        self.inner, self.substeps = inner, []
+
+    def query(self, kind, iteration, chains, substep=0, **arrays):
+        self.substeps.append(substep)
+        return self.inner.query(kind, iteration, chains, substep=substep, **arrays)
+
+
+def test_the_hyper_sub_step_asks_no_owner(tmp_path):
+    """Sub-step 1 (log τ) never reaches an owner: an iteration asks at sub-steps 1 (μ) and 2
+    (blocks) only, and each owner is charged exactly 2 answers per chain per iteration."""
+    model = RandomIntercept()
+    _, records = _owners(model)
+    o = _oracle(tmp_path, records)
+    o.open_kinds([KindTerms("log_ratio", 1000, max_step=0.5)])
+    counting = CountingOracle(o)
+    state = penalty_hier.init(np.tile([0.5, -0.5, 0, 0, 0, 0], (3, 1)), model, 4)
+    radii = penalty_hier.Radii(hyper=0.5, shared=0.2, block=0.3)
+    rng = np.random.default_rng(1)
+    hyper_moves = 0
+    for _ in range(20):
+        state, info = penalty_hier.step(rng, state, model, counting, radii)
+        hyper_moves += int(info.hyper_accepted.sum())
+        assert info.queried.all()  # μ' stays inside |μ| ≤ 3 from 0.5 with radius 0.2
+    assert counting.substeps == [1, 2] * 20
+    assert [r.session.answers for r in o.privacy_reports()] == [2 * 3 * 20] * 4
+    assert hyper_moves > 0  # log τ did move, at no owner's cost
+
+
+def test_penalty_hier_matches_the_closed_form_reference(tmp_path):
+    """The kernel on in-process owners (σ = 0.5 nats each) against the quadrature reference:
+    48 chains started at the reference mean, 150 iterations dropped, 600 kept. Chain means are
+    independent, so MCSE = sd(chain means)/√48 per coordinate; every |z| < 4.5 and every sd
+    within 15% (a wrong penalty, −σ²/2 dropped, or an owner answering at the wrong block moves
+    μ or b_k by several MCSE; a missing prior term of log τ moves log τ)."""
+    model = RandomIntercept()
+    _, records = _owners(model)
+    ref = model.reference_posterior(records)
+    o = _oracle(tmp_path, records)
+    chains, warm, kept = 48, 150, 600
+    o.open_kinds([KindTerms("log_ratio", 2 * (warm + kept), max_step=0.5)])
+    rng = np.random.default_rng(11)
+    start = ref.mean + 0.1 * ref.sd * rng.standard_normal((chains, 6))
+    state = penalty_hier.init(start, model, 4)
+    radii = penalty_hier.Radii(hyper=0.8, shared=0.35, block=0.45)
+    draws = np.empty((chains, kept, 6))
+    for i in range(warm + kept):
+        state, _ = penalty_hier.step(rng, state, model, o, radii)
+        if i >= warm:
+            draws[:, i - warm] = state.z
+    chain_means = draws.mean(axis=1)
+    mcse = chain_means.std(axis=0, ddof=1) / math.sqrt(chains)
+    z = (chain_means.mean(axis=0) - ref.mean) / mcse
+    assert np.all(np.abs(z) < 4.5), (z, chain_means.mean(axis=0), ref.mean)
+    np.testing.assert_allclose(draws.reshape(-1, 6).std(axis=0), ref.sd, rtol=0.15)

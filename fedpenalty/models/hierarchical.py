@@ -32,6 +32,8 @@ class HierarchicalModel(ABC):
     block_dim: int
     #: θ_L: the indices within θ that the likelihood reads
     lik_index: tuple[int, ...]
+    #: every block lies in [−block_bound, block_bound]^p (units of b)
+    block_bound: float
 
     def full_dim(self, owners: int) -> int:
         """d + K·p."""

@@ -64,6 +64,7 @@ class RandomIntercept(HierarchicalModel):
         self._params = p
         self.noise_sd, self.data_bound = p["noise_sd"], p["data_bound"]
         self.mu_bound, self.b_bound = p["mu_bound"], p["b_bound"]
+        self.block_bound = self.b_bound
         self.log_tau_box = (math.log(p["tau_min"]), math.log(p["tau_max"]))
 
     @classmethod
