@@ -7,15 +7,19 @@ import math
 
 import numpy as np
 import pytest
+from ray_support import ray_oracle_of
 from scipy import stats
 
 from fedpenalty.common import Policy
 from fedpenalty.coordinator import penalty_hier
+from fedpenalty.coordinator.grpc_oracle import GrpcOracle
 from fedpenalty.coordinator.inprocess import InProcessOracle
 from fedpenalty.errors import ConfigError, InvalidRequest
 from fedpenalty.kinds import KindTerms
 from fedpenalty.models.random_intercept import RandomIntercept
 from fedpenalty.owner import Ledger, OwnerNode
+from fedpenalty.owner.host import OwnerHost
+from fedpenalty.owner.server import ServerThread
 
 COUNTS = (30, 60, 120, 240)
 
@@ -289,3 +293,60 @@ def test_penalty_hier_matches_the_closed_form_reference(tmp_path):
     z = (chain_means.mean(axis=0) - ref.mean) / mcse
     assert np.all(np.abs(z) < 4.5), (z, chain_means.mean(axis=0), ref.mean)
     np.testing.assert_allclose(draws.reshape(-1, 6).std(axis=0), ref.sd, rtol=0.15)
+
+
+# --- the per-owner axis over the transports -----------------------------------------------------
+
+GROUPS = ((0, 1), (2, 3))  # owners per gRPC host / Ray actor (each group shares a ledger)
+
+
+def _nodes(tmp_path, tag: str, records) -> list[OwnerNode]:
+    """Four owners of the local model with seeded noise, two per ledger file."""
+    policy = Policy(sigma=0.5, max_step=0.5, budget_epsilon=1e9, delta=1e-5)
+    ledgers = [Ledger(tmp_path / f"{tag}-{g}.sqlite", synchronous="NORMAL") for g in range(2)]
+    return [
+        OwnerNode(f"owner-{k}", LOCAL, LOCAL.prepare_records(r), policy, ledgers[k // 2], rng)
+        for k, (r, rng) in enumerate(zip(records, np.random.default_rng(9).spawn(4)))
+    ]
+
+
+def _chain(oracle, iterations: int = 6) -> np.ndarray:
+    """``iterations`` penalty_hier steps of 3 chains on ``oracle``: the states ``(it, 3, 6)``."""
+    model = RandomIntercept()
+    oracle.open_kinds([KindTerms("log_ratio", 2 * iterations, max_step=0.5)], session="s")
+    state = penalty_hier.init(np.tile([0.4, -0.5, 0.1, -0.1, 0.2, 0.0], (3, 1)), model, 4)
+    radii = penalty_hier.Radii(hyper=0.8, shared=0.35, block=0.45)
+    rng, out = np.random.default_rng(4), []
+    for _ in range(iterations):
+        state, _ = penalty_hier.step(rng, state, model, oracle, radii)
+        out.append(state.z)
+    return np.array(out)
+
+
+@pytest.mark.parametrize("transport", ["grpc", pytest.param("ray", marks=pytest.mark.slow)])
+def test_the_per_owner_axis_over_a_transport_equals_in_process_draw_for_draw(
+    tmp_path, request, transport
+):
+    """penalty_hier over two owner hosts (gRPC servers or Ray actors, 2 + 2 owners: each host
+    receives its own owners' rows only) gives the in-process chain draw for draw, and each
+    owner is charged the same."""
+    _, records = _owners(RandomIntercept())
+    local = InProcessOracle(_nodes(tmp_path, "a", records), LOCAL)
+    expected = _chain(local)
+    nodes = _nodes(tmp_path, "b", records)
+    opened: list = []
+    if transport == "grpc":
+        servers = [ServerThread(OwnerHost([nodes[k] for k in g])) for g in GROUPS]
+        opened.extend(servers)
+        oracle = GrpcOracle([s.address for s in servers], model=LOCAL, deadline=10)
+    else:
+        oracle, actors = ray_oracle_of(request.getfixturevalue("ray_actors"), nodes)
+        opened.append(actors)
+    try:
+        np.testing.assert_allclose(_chain(oracle), expected, rtol=1e-12, atol=1e-12)
+        spent = [r.session.epsilon for r in oracle.privacy_reports()]
+        assert spent == pytest.approx([r.session.epsilon for r in local.privacy_reports()])
+    finally:
+        oracle.close()
+        for thing in reversed(opened):
+            thing.close()

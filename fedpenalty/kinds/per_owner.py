@@ -60,3 +60,15 @@ def owner_rows(arrays: Mapping[str, Any], owners: int) -> list[dict[str, Any]]:
         }
         for k in range(owners)
     ]
+
+
+def split_by_host(
+    arrays: Mapping[str, Any], sizes: Sequence[int], label: str | None = None
+) -> list[Mapping[str, Any]]:
+    """The arrays each host receives, hosts holding ``sizes`` owners in ``describe()`` order:
+    ``arrays`` itself for every host when no θ array carries the per-owner axis (a flat
+    request, sent as it is), else each host's own owners' rows (``take_owners``)."""
+    if not has_owner_axis(arrays, sum(sizes), label):
+        return [arrays] * len(sizes)
+    starts = np.cumsum([0, *sizes])
+    return [take_owners(arrays, range(a, b)) for a, b in zip(starts[:-1], starts[1:])]
