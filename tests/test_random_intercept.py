@@ -350,3 +350,11 @@ def test_the_per_owner_axis_over_a_transport_equals_in_process_draw_for_draw(
         oracle.close()
         for thing in reversed(opened):
             thing.close()
+
+
+def test_a_block_radius_beyond_the_block_box_is_refused(tmp_path):
+    model = RandomIntercept()
+    state = penalty_hier.init(np.zeros((1, 6)), model, 4)
+    radii = penalty_hier.Radii(hyper=0.5, shared=0.2, block=model.block_bound)
+    with pytest.raises(ValueError, match="block_bound"):
+        penalty_hier.step(np.random.default_rng(0), state, model, None, radii)  # type: ignore[arg-type]

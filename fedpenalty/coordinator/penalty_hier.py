@@ -187,7 +187,10 @@ def step(
     oracle: Oracle,
     radii: Radii,
 ) -> tuple[HierState, HierInfo]:
-    """One iteration of the three sub-steps for all chains."""
+    """One iteration of the three sub-steps for all chains. ``ValueError`` unless the block
+    radius is below the block box's half-width (the reflected proposal is symmetric then)."""
+    if not radii.block < model.block_bound:
+        raise ValueError(f"block radius {radii.block} must be < block_bound {model.block_bound}")
     z, hyper = hyper_step(rng, state.z, model, state.owners, radii.hyper)
     z, accepted, queried, noise_var = shared_step(rng, state, z, model, oracle, radii.shared)
     z, blocks = block_step(rng, state, z, model, oracle, radii.block)
