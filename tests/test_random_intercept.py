@@ -358,3 +358,27 @@ def test_a_block_radius_beyond_the_block_box_is_refused(tmp_path):
     radii = penalty_hier.Radii(hyper=0.5, shared=0.2, block=model.block_bound)
     with pytest.raises(ValueError, match="block_bound"):
         penalty_hier.step(np.random.default_rng(0), state, model, None, radii)  # type: ignore[arg-type]
+
+
+def test_warmup_adapts_each_radius_to_its_own_acceptance_within_the_owners_step(tmp_path):
+    """From radii 50× too small (and a block radius at the cap), 300 warmup iterations bring
+    each sub-step's acceptance over the next 100 frozen iterations into [0.15, 0.55] around the
+    target 0.3, with the owner-facing radii ≤ max_step = 0.5 (whose refusal would fail the run)."""
+    model = RandomIntercept()
+    _, records = _owners(model)
+    ref = model.reference_posterior(records)
+    o = _oracle(tmp_path, records)
+    o.open_kinds([KindTerms("log_ratio", 2 * 400, max_step=0.5)])
+    rng = np.random.default_rng(2)
+    state = penalty_hier.init(np.tile(ref.mean, (8, 1)), model, 4)
+    radii = penalty_hier.Radii(hyper=0.02, shared=0.007, block=0.5)
+    for i in range(300):
+        state, info = penalty_hier.step(rng, state, model, o, radii)
+        radii = penalty_hier.adapted(radii, info, i, cap=0.5)
+    assert radii.shared <= 0.5 and radii.block <= 0.5 and radii.shared > 0.05
+    rates = np.zeros(3)
+    for _ in range(100):
+        state, info = penalty_hier.step(rng, state, model, o, radii)
+        moved = (info.hyper_accepted, info.accepted, info.block_acceptance)
+        rates += [x.mean() / 100 for x in moved]
+    assert np.all((rates > 0.15) & (rates < 0.55)), (rates, radii)

@@ -12,7 +12,9 @@ within Gibbs, one iteration in three sub-steps (docs/design.md §6, "Hierarchica
    the prior ratio of b_k and −σ_k²/2 — its acceptance does not fall as K grows.
 
 Two answers per owner per chain per iteration (sub-step 2 is not asked for a chain whose θ_L'
-leaves the box). Radii are fixed (no warmup adaptation yet).
+leaves the box). In warmup the caller adapts each radius on its own acceptance (``adapted``;
+the block radius on the mean over owners) and freezes them after, so the kept chain is an
+exact kernel.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from .oracle import Oracle
 ANSWERS_PER_ITERATION = 2
 #: the owners' sub-step keys of sub-steps 2 (θ_L) and 3 (blocks)
 THETA_SUBSTEP, BLOCK_SUBSTEP = 1, 2
+#: the acceptance each radius is adapted towards in warmup
+TARGET_ACCEPT = 0.3
 
 
 @dataclass(frozen=True)
@@ -196,3 +200,20 @@ def step(
     z, blocks = block_step(rng, state, z, model, oracle, radii.block)
     info = HierInfo(hyper, accepted, blocks.mean(axis=0), queried, noise_var)
     return HierState(z, state.owners, state.iteration + 1), info
+
+
+def adapted(radii: Radii, info: HierInfo, iteration: int, cap: float) -> Radii:
+    """The radii after warmup iteration ``iteration`` (0-based): each log radius moves by
+    (its mean acceptance over chains − ``TARGET_ACCEPT``)·(iteration + 1)^−0.6 (Robbins–Monro,
+    a vanishing gain); the θ_L and block radii are capped at ``cap`` (the owners' max_step,
+    which bounds every local step)."""
+    gain = (iteration + 1.0) ** -0.6
+
+    def move(radius: float, accepted: np.ndarray, limit: float) -> float:
+        return min(radius * float(np.exp(gain * (np.mean(accepted) - TARGET_ACCEPT))), limit)
+
+    return Radii(
+        hyper=move(radii.hyper, info.hyper_accepted, np.inf),
+        shared=move(radii.shared, info.accepted, cap),
+        block=move(radii.block, info.block_acceptance, cap),
+    )
