@@ -15,12 +15,13 @@ from fedpenalty.coordinator import penalty_hier
 from fedpenalty.coordinator.grpc_oracle import GrpcOracle
 from fedpenalty.coordinator.inprocess import InProcessOracle
 from fedpenalty.coordinator.mh import expected_acceptance
-from fedpenalty.coordinator.oracle import Answers
+from fedpenalty.coordinator.oracle import Answers, SecureAggregation
 from fedpenalty.errors import ConfigError, InvalidRequest
 from fedpenalty.kinds import KindTerms
 from fedpenalty.models.random_intercept import RandomIntercept
 from fedpenalty.owner import Ledger, OwnerNode
 from fedpenalty.owner.host import OwnerHost
+from fedpenalty.owner.noise.sources import NoiseKey
 from fedpenalty.owner.server import ServerThread
 
 COUNTS = (30, 60, 120, 240)
@@ -439,3 +440,21 @@ def test_the_penalty_accepts_at_the_rate_the_noise_variance_says(sub_step):
     expected = float(expected_acceptance(0.0, noise_var))
     sd = math.sqrt(expected * (1 - expected) / accepted.size)
     assert abs(accepted.mean() - expected) < 4 * sd, (accepted.mean(), expected)
+
+
+def test_a_secure_session_refuses_per_owner_rows(tmp_path):
+    """Secure aggregation releases one masked sum over owners: per-owner rows are refused with
+    the key to change, and nobody is charged."""
+    policy = Policy(total_noise_sd=1.5, colluders=1, budget_epsilon=1e9, max_step=0.5)
+    ledger = Ledger(tmp_path / "l.sqlite", synchronous="NORMAL")
+    nodes = [
+        OwnerNode(f"o{k}", LOCAL, np.zeros((20, 1)), policy, ledger,
+                  noise_key=NoiseKey.derive(b"t", f"o{k}"), simulated_peers=True)
+        for k in range(3)
+    ]  # fmt: skip
+    o = InProcessOracle(nodes, LOCAL)
+    o.open_session("penalty", 10, session="s", secure=SecureAggregation(1.5, 1))
+    phi = np.zeros((3, 2, 1))
+    with pytest.raises(InvalidRequest, match=r"privacy\.aggregation = 'none'"):
+        o.query("log_ratio", 0, np.arange(2), theta=phi, theta_prop=phi + 0.1)
+    assert all(r.session.answers == 0 for r in o.privacy_reports())

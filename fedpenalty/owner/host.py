@@ -232,8 +232,8 @@ class OwnerHost:
         masked sum over owners asked at different φ_k would mean nothing here)."""
         if session in self._noise.secure:
             raise InvalidRequest(
-                "a query with one θ row per owner cannot be securely aggregated: run without "
-                "privacy.secure_aggregation",
+                "a query with one θ row per owner cannot be securely aggregated: set "
+                "privacy.aggregation = 'none'",
                 self.label,
             )
         singles = [self._single(k) for k in range(len(self.nodes))]
