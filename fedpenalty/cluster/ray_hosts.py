@@ -359,6 +359,11 @@ class RayHosts:
         does: each actor's ``Reply`` or ``Failure``."""
         return self.gather([a.answer.remote(query) for a in self.actors])
 
+    def answer_each(self, queries: Sequence[tuple]) -> list[Any]:
+        """``queries[h]`` on actor h, as ``answer``: a request with one θ row per owner, each
+        actor receiving its own owners' rows (``kinds.per_owner``)."""
+        return self.gather([a.answer.remote(q) for a, q in zip(self.actors, queries, strict=True)])
+
     def gather(self, refs: list[Any]) -> list[Any]:
         """The replies to ``refs`` (one per actor, in actor order)."""
         import ray

@@ -26,6 +26,7 @@ from ..common import OwnerDescription, PrivacyReport
 from ..data import OwnerRecords
 from ..errors import ConfigError, OwnerError, OwnerUnavailable
 from ..kinds import KindTerms
+from ..kinds.per_owner import split_by_host
 from ..models import Model
 from ..models.compat import ModelIdentity
 from ..owner.aggregation import PeerKey
@@ -87,8 +88,14 @@ class RayOracle(Oracle):
         """One query on every actor (``OwnerHostActor.answer``), combined
         (``secure_sum.combine``) once all have answered: plain answers stacked in owner order
         ``(K, …)``, a secure session's masked sums decoded into one row."""
-        args = (kind, self._require_session(), iteration, chains, arrays, substep)
-        return combine(self.hosts.raise_failures(self.hosts.answer(args)))
+        session = self._require_session()
+        parts = split_by_host(arrays, [len(names) for names in self.hosts.names])
+        if all(part is arrays for part in parts):  # a flat request: the same query to every actor
+            replies = self.hosts.answer((kind, session, iteration, chains, arrays, substep))
+        else:
+            queries = [(kind, session, iteration, chains, part, substep) for part in parts]
+            replies = self.hosts.answer_each(queries)
+        return combine(self.hosts.raise_failures(replies))
 
     def privacy_reports(self) -> list[PrivacyReport]:
         return [r for block in self._each("privacy_reports", self.session) for r in block]
