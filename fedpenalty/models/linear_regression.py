@@ -55,7 +55,7 @@ class LinearRegression(Configured, ExpFamModel):
     PARAMS: ClassVar[dict[str, Param]] = {
         "dim": Param(2, "dim", "number of covariates d (= dimension of β)"),
         "data_bound": Param(1.0, "positive", "covariates satisfy ‖x‖₂ ≤ data_bound"),
-        "y_bound": Param(4.0, "positive", "responses are clipped to [-y_bound, y_bound]"),
+        "y_bound": Param(3.0, "positive", "responses are clipped to [-y_bound, y_bound]"),
         "theta_bound": Param(1.0, "positive", "Θ = [-theta_bound, theta_bound]^d (or d + 1)"),
         "prior_sd": Param(2.0, "positive", "prior sd of every coefficient of β"),
         "known_variance": Param(1, "real", "1: σ_y = noise_sd is known; 0: σ_y is sampled"),
