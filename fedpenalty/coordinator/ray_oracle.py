@@ -31,6 +31,7 @@ from ..models import Model
 from ..models.compat import ModelIdentity
 from ..owner.aggregation import PeerKey
 from ..owner.session_request import SessionRequest
+from .inprocess import clip_hits
 from .oracle import Answers, Oracle, SecureAggregation, Unreported
 from .secure_sum import combine, secure_open
 from .transport_base import Launched, OwnerSetup, Transport
@@ -147,6 +148,7 @@ class RayOracle(Oracle):
             "answered_from_sufficient_statistics": [c[0] for c in counters],
             "clip_binds": [c[1] for c in counters],
             "log_ratio_terms": [c[2] for c in counters],
+            "clip_hits": clip_hits([c[3] for c in counters]),
         }
 
     # --- machinery --------------------------------------------------------------------------
