@@ -117,8 +117,13 @@ def test_a_trajectory_that_leaves_the_box_asks_nobody_more_and_is_rejected():
 
 
 def test_asks_counts_the_start_and_each_leapfrog_gradient():
-    sampler = {"warmup": 10, "iterations": 40, "leapfrog_steps": 6}
+    sampler = {"warmup": 10, "iterations": 40, "leapfrog_steps": 6, "warmup_descent": 0}
     assert dp_hmc.asks(sampler) == {"clipped_gradient": 6 * 50 + 1, "clipped_log_ratio": 50}
+    # descent iterations ask their L gradients but no ratio; at most the warmup descends
+    sampler["warmup_descent"] = 4
+    assert dp_hmc.asks(sampler) == {"clipped_gradient": 6 * 50 + 1, "clipped_log_ratio": 46}
+    sampler["warmup_descent"] = 25
+    assert dp_hmc.asks(sampler) == {"clipped_gradient": 6 * 50 + 1, "clipped_log_ratio": 40}
 
 
 @pytest.mark.parametrize("clip", [0.5, 2.0])
@@ -185,8 +190,10 @@ def test_each_owners_epsilon_is_the_composition_of_the_answers_it_released(neigh
     from fedpenalty.kinds import KindTerms
 
     sigma_grad, sigma_ratio, chains, warmup, iterations, steps = 40.0, 20.0, 3, 5, 20, 4
+    descent = 2
     oracle = owners_oracle(RECORDS, sigma_grad, sigma_ratio, neighbour)
-    plan = dp_hmc.asks({"warmup": warmup, "iterations": iterations, "leapfrog_steps": steps})
+    sampler = {"warmup": warmup, "iterations": iterations, "leapfrog_steps": steps}
+    plan = dp_hmc.asks({**sampler, "warmup_descent": descent})
     oracle.open_kinds([KindTerms(kind, chains * n) for kind, n in plan.items()], "hmc")
     algo = dp_hmc.build(
         GAUSS2,
@@ -198,18 +205,21 @@ def test_each_owners_epsilon_is_the_composition_of_the_answers_it_released(neigh
         grad_clip=1.0,  # clips bind at times: the answers' cost does not depend on them
         hmc_ratio_clip=0.05,
         step_jitter=1.0,
+        warmup_descent=descent,
+        warmup=warmup,
     )
     rng = np.random.default_rng(5)
     theta0 = np.array([[0.4, -0.3]]) + 0.05 * rng.standard_normal((chains, 2))
     result = sample(algo, rng, theta0, iterations=iterations, warmup=warmup, progress=False)
     # what was released, counted from the kernel's own record of the kept steps; the warmup's
     # are full (asserted below: no trajectory left Θ, so every step asks L gradients and one
-    # ratio) plus the start's gradient
+    # ratio, but the descent's, which ask no ratio) plus the start's gradient
     kept_grads = int(result.stats["gradient_answers"].sum())
     kept_ratios = int(result.queried.sum())
     assert kept_ratios == chains * iterations and kept_grads == steps * kept_ratios
     gradients = chains * (1 + steps * warmup) + kept_grads
-    ratios = chains * warmup + kept_ratios
+    ratios = chains * (warmup - descent) + kept_ratios
+    assert ratios == chains * plan["clipped_log_ratio"]
     mu = math.sqrt(gradients * (factor / sigma_grad) ** 2 + ratios * (factor / sigma_ratio) ** 2)
     expected = gdp_epsilon(mu, 1e-5)
     for report in oracle.privacy_reports():
@@ -230,7 +240,9 @@ def test_dp_hmc_through_owners_is_exact():
     sigma_grad, chains, iterations, ratio_clip = 1.0, 8, 3000, 4.0
     sigma_ratio = math.sqrt(3.5 / 3) / ratio_clip
     oracle = owners_oracle(RECORDS, sigma_grad, sigma_ratio)
-    plan = dp_hmc.asks({"warmup": 500, "iterations": iterations, "leapfrog_steps": 2})
+    plan = dp_hmc.asks(
+        {"warmup": 500, "iterations": iterations, "leapfrog_steps": 2, "warmup_descent": 0}
+    )
     oracle.open_kinds([KindTerms(kind, chains * n) for kind, n in plan.items()], "exact")
     algo = dp_hmc.build(
         GAUSS2,
@@ -242,6 +254,8 @@ def test_dp_hmc_through_owners_is_exact():
         grad_clip=GRAD_CLIP,
         hmc_ratio_clip=ratio_clip,
         step_jitter=1.0,
+        warmup_descent=0,
+        warmup=500,
     )
     ref = GAUSS2.reference_posterior(np.concatenate(RECORDS))
     rng = np.random.default_rng(7)
@@ -301,6 +315,8 @@ def test_a_resumed_dp_hmc_chain_equals_the_uninterrupted_one(tmp_path):
             grad_clip=GRAD_CLIP,
             hmc_ratio_clip=2.0,
             step_jitter=1.0,
+            warmup_descent=5,
+            warmup=20,
         )
         theta0 = np.array([[0.4, -0.3], [0.3, -0.2]])
         rng = np.random.default_rng(5)
@@ -332,3 +348,82 @@ def test_a_resumed_dp_hmc_chain_equals_the_uninterrupted_one(tmp_path):
     np.testing.assert_array_equal(resumed.theta, reference.theta)
     np.testing.assert_array_equal(resumed.accepted, reference.accepted)
     assert [r.session.answers for r in oracle.privacy_reports()] == answers
+
+
+@pytest.mark.slow
+def test_the_paper_scenario_quick_matches_the_papers_run_lengths_and_direction(tmp_path):
+    """``scenarios/dp_hmc_paper.py --quick`` (about 50 s): the run lengths from this project's
+    accountant are the paper's ``adp_iters`` exactly, no run spends more than its ε, and
+    DP-HMC's mean error summed over ε is below penalty's (fixed seeds; measured 9.0e-3 against
+    10.9e-3, scenarios/README.md)."""
+    import importlib.util
+    import json
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / "scenarios" / "dp_hmc_paper.py"
+    spec = importlib.util.spec_from_file_location("dp_hmc_paper", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    assert module.main(["--quick", "--out", str(tmp_path), "--no-progress"]) == 0
+    runs = json.loads((tmp_path / "dp_hmc_paper.json").read_text())["results"]["runs"]
+    assert all(r["iterations_check"] == r["iterations_total"] for r in runs)
+    assert all(r["epsilon_spent"] <= r["epsilon"] for r in runs)
+    error = {a: sum(r["mean_error"] for r in runs if r["algorithm"] == a) for a in module.RUNS}
+    assert error["dp_hmc"] < error["penalty"], error
+
+
+def test_descent_from_a_far_start_falls_to_the_mode_without_asking_a_ratio():
+    """``descend`` (the first ``warmup_descent`` warmup iterations, docs/design.md §2.9 "Far
+    starts"): from rest, each iteration's end point is lower in potential (noiseless gradients
+    here, so exactly up to the leapfrog's O(ε³) energy error, which at ε = 0.3 sd is tiny), and
+    a chain started 40 posterior sds away is within 3 sds of the mode after 40 iterations;
+    nobody is asked a ratio."""
+    pooled = np.concatenate(RECORDS)
+    ref = GAUSS2.reference_posterior(pooled)
+    grad = dp_hmc.pooled_gradient(GAUSS2, pooled, GRAD_CLIP, 0.0, np.random.default_rng(0))
+    theta0 = ref.mean + 40 * ref.sd * np.array([[1.0, 0.0], [-0.7, 0.7]])
+    state = dp_hmc.init(theta0, GAUSS2, grad)
+
+    def potential(theta):
+        return -(GAUSS2.log_prior(theta) + GAUSS2.log_lik(pooled, theta).sum(axis=1))
+
+    eps = 0.3 * float(ref.sd.min())
+    before = potential(state.theta)
+    for _ in range(40):
+        state, info = dp_hmc.descend(state, GAUSS2, grad, eps, 3)
+        after = potential(state.theta)
+        assert np.all(after <= before + 1e-6), (before, after)
+        assert info.accepted.all() and not info.queried.any() and np.all(info.gradients == 3)
+        before = after
+    assert np.all(np.abs(state.theta - ref.mean) / ref.sd < 3), (state.theta - ref.mean) / ref.sd
+    assert state.iteration == 40
+
+
+def test_the_kernel_descends_only_in_its_first_warmup_iterations():
+    pooled = np.concatenate(RECORDS)
+    noise = np.random.default_rng(2)
+    grad = dp_hmc.pooled_gradient(GAUSS2, pooled, GRAD_CLIP, 1.0, noise)
+    asked: list[int] = []
+    inner = dp_hmc.pooled_ratio(GAUSS2, pooled, RATIO_CLIP, 1.0, noise)
+
+    def ratio(iteration, chains, theta, theta_prop):
+        asked.append(iteration)
+        return inner(iteration, chains, theta, theta_prop)
+
+    algo = dp_hmc.kernel(
+        GAUSS2,
+        grad,
+        ratio,
+        StepAdaptation.start(0.1, 0.65),
+        leapfrog_steps=2,
+        step_jitter=1.0,
+        adapt=False,
+        descent=3,
+    )
+    theta0 = np.array([[2.0, -2.0], [-2.0, 2.0]])
+    result = sample(algo, np.random.default_rng(1), theta0, iterations=4, warmup=6, progress=False)
+    assert asked == [3, 4, 5, 6, 7, 8, 9]  # no ratio in the descent's iterations 0, 1, 2
+    assert result.theta.shape == (2, 4, 2)

@@ -714,7 +714,14 @@ def test_column_names() -> None:
 
 
 def test_registry() -> None:
-    assert set(MODELS) == {"gaussian_mean", "bernoulli", "poisson", "logistic"}
+    assert set(MODELS) == {
+        "gaussian_mean",
+        "bernoulli",
+        "poisson",
+        "logistic",
+        "linear_regression",
+        "poisson_regression",
+    }
     for name, cls in MODELS.items():
         assert cls.name == name
         m = build_model({"name": name})

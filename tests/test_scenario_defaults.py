@@ -164,12 +164,10 @@ def test_a_file_with_only_iterations_and_warmup_runs_at_the_models_step(capsys, 
 #: model, the other models' defaults of the samplers the issue names, the switch to SGLD over
 #: the default transport (local owner processes on gRPC), which ran at the penalty step before,
 #: and the baseline hybrid, which ran at the generic step (88.8 sd off) before.
-#: dp_hmc does not mix from the embedded default's starts (tens of posterior sds from the mode;
-#: docs/design.md §2.9 "Far starts"): a known failure, kept visible (strict: a fix must say so).
-FAR_STARTS = pytest.mark.xfail(strict=True, reason="dp_hmc: far starts (docs/design.md §2.9)")
+#: dp_hmc starts tens of posterior sds from the mode there and mixes after its warmup descent
+#: (docs/design.md §2.9 "Far starts"; it did not before).
 SWITCHES = [
-    *[("gaussian_mean", a, "inprocess") for a in runs("gaussian_mean") if a != "dp_hmc"],
-    pytest.param("gaussian_mean", "dp_hmc", "inprocess", marks=FAR_STARTS),
+    *[("gaussian_mean", a, "inprocess") for a in runs("gaussian_mean")],
     *[(m, a, "inprocess") for m in ("bernoulli", "poisson") for a in ("penalty", "sgld")],
     ("gaussian_mean", "sgld", "grpc"),
     ("gaussian_mean", "hybrid", "inprocess"),

@@ -195,9 +195,11 @@ class OwnerHostActor:
             return Failure.of(exc)
         return self.host.reply(session, values, kind.reply_scale(arrays), kind.ledger_name)
 
-    def simulation_counters(self) -> list[tuple[bool, int, int]] | None:
-        """Per owner (answers from sufficient statistics, clip binds, log-ratio terms), or None
-        when some owner keeps no simulation counters."""
+    def simulation_counters(
+        self,
+    ) -> list[tuple[bool, int, int, dict[str, list[int]]]] | None:
+        """Per owner (answers from sufficient statistics, clip binds, log-ratio terms, clip hits
+        and evaluations per kind), or None when some owner keeps no simulation counters."""
         nodes = self.host.nodes if self.host is not None else []
         if not nodes or any(node.diagnostics is None for node in nodes):
             return None
@@ -206,6 +208,7 @@ class OwnerHostActor:
                 not node.per_record,
                 node.simulation_diagnostics().clip_binds,
                 node.simulation_diagnostics().log_ratio_terms,
+                dict(node.simulation_diagnostics().by_kind),
             )
             for node in nodes
         ]
@@ -358,6 +361,11 @@ class RayHosts:
         """A query on every actor (``OwnerHostActor.answer``), issued and awaited as ``call``
         does: each actor's ``Reply`` or ``Failure``."""
         return self.gather([a.answer.remote(query) for a in self.actors])
+
+    def answer_each(self, queries: Sequence[tuple]) -> list[Any]:
+        """``queries[h]`` on actor h, as ``answer``: a request with one θ row per owner, each
+        actor receiving its own owners' rows (``kinds.per_owner``)."""
+        return self.gather([a.answer.remote(q) for a, q in zip(self.actors, queries, strict=True)])
 
     def gather(self, refs: list[Any]) -> list[Any]:
         """The replies to ``refs`` (one per actor, in actor order)."""

@@ -23,6 +23,11 @@ accepted end point or kept on a rejection); then
 
 accepted when log U < log α. A trajectory that leaves Θ is rejected at once: the owners are
 asked nothing more for that chain in the iteration (neither gradients nor the ratio).
+
+The first ``warmup_descent`` warmup iterations *descend* instead (``descend``): the same L
+leapfrog steps from rest (p = 0), kept without a ratio test, so each ends no higher in
+potential than it started (up to the gradient noise) and a far start reaches the mode's basin,
+which the clipped ratio test cannot do (docs/design.md §2.9, "Far starts").
 """
 
 from __future__ import annotations
@@ -36,11 +41,12 @@ from pydantic import Field
 
 from ..kinds import KINDS
 from ..models import Model
-from ..schema import PositiveFloat, PositiveInt, Rate
+from ..schema import NonNegativeInt, PositiveFloat, PositiveInt, Rate
 from . import mh
 from .adapt import UNSET, StepAdaptation
 from .base import (
     ACCEPTED,
+    KERNEL_KEYS,
     NOISE_VARIANCE,
     QUERIED,
     ChainAlgorithm,
@@ -96,6 +102,12 @@ class DPHMCSettings(mh.MHSettings):
         description="dp_hmc: each iteration's leapfrog step is step × (1 − jitter·u), "
         "u ~ U(0, 1) per chain, jitter in (0, 1] (breaks periodic trajectories; the paper's "
         "code uses 1)",
+    )
+    warmup_descent: NonNegativeInt = Field(
+        default=50,
+        description="dp_hmc: the first warmup iterations (at most sampler.warmup) run their L "
+        "leapfrog steps from rest and keep the end point without a ratio test: a descent that "
+        "brings far starts to the mode (L gradient answers each, no ratio); 0: none",
     )
 
 
@@ -246,6 +258,25 @@ def step(
     return new, HMCInfo(accepted, t.alive, noise_var, t.grad_var, accept_prob, t.asked)
 
 
+def descend(
+    state: HMCState, model: Model, grad: GradFn, eps: float, steps: int
+) -> tuple[HMCState, HMCInfo]:
+    """One descent iteration (warmup only): ``steps`` leapfrog steps of size ``eps`` from rest
+    (p = 0), the end point kept for every chain whose trajectory stayed in Θ (the others stay).
+    From rest the potential at the end is the start's minus the kinetic energy gained (up to
+    the gradient noise and the discretisation), so the chains fall towards the mode. No ratio
+    is asked; ``accepted`` says which chains moved."""
+    c = len(state.theta)
+    t = leapfrog(state, model, grad, np.zeros_like(state.theta), np.full(c, eps), steps)
+    moved = t.alive
+    theta = np.where(moved[:, None], t.q, state.theta)
+    g_kept = np.where(moved[:, None], t.grad, state.grad)
+    v_kept = np.where(moved, t.grad_var, state.grad_var)
+    new = HMCState(theta, model.log_prior(theta), g_kept, v_kept, state.iteration + 1, state.tuning)
+    none = np.zeros(c)
+    return new, HMCInfo(moved, np.zeros(c, bool), none, t.grad_var, none, t.asked)
+
+
 GRADIENT_NOISE = InfoField(
     "gradient_noise_variance",
     np.float64,
@@ -277,9 +308,11 @@ def kernel(
     leapfrog_steps: int,
     step_jitter: float,
     adapt: bool,
+    descent: int = 0,
 ) -> SamplingAlgorithm:
     """DP-HMC over ``grad`` and ``ratio`` as a built algorithm: its leapfrog step from
-    ``tuning`` (adapted during warmup when ``adapt``, as ``mh.tuned`` does for MH)."""
+    ``tuning`` (adapted during warmup when ``adapt``, as ``mh.tuned`` does for MH); the first
+    ``descent`` iterations descend from rest (``descend``; the caller keeps them in warmup)."""
 
     def move(rng: np.random.Generator, state: HMCState, eps: float):
         return step(rng, state, model, grad, ratio, eps, leapfrog_steps, step_jitter)
@@ -292,11 +325,17 @@ def kernel(
         return new, record(info)
 
     def warming(rng: np.random.Generator, state: HMCState) -> tuple[HMCState, Info]:
+        if state.iteration < descent:
+            new, info = descend(state, model, grad, state.tuning.warmup_step, leapfrog_steps)
+            return new, record(info)
+        if not adapt:
+            return kept(rng, state)
         new, info = move(rng, state, state.tuning.warmup_step)
         tuning = new.tuning.update(info.accept_prob, info.noise_var)
         return new.with_tuning(tuning), record(info)
 
-    return SamplingAlgorithm(start, kept, INFO, warming if adapt else None, mh.step_sizes)
+    warmup = warming if adapt or descent else None
+    return SamplingAlgorithm(start, kept, INFO, warmup, mh.step_sizes)
 
 
 def build(
@@ -310,10 +349,13 @@ def build(
     grad_clip: float,
     hmc_ratio_clip: float,
     step_jitter: float,
+    warmup_descent: int,
+    warmup: int,
 ) -> SamplingAlgorithm:
     """DP-HMC through the owners behind ``data.oracle``: ``step`` is the largest leapfrog step
-    (units of θ; adapted below it during warmup when ``adapt_step``). The clipped kinds' cost
-    does not depend on the step, so the step is free of the privacy budget."""
+    (units of θ; adapted below it during warmup when ``adapt_step``), the first
+    min(``warmup_descent``, ``warmup``) iterations descend. The clipped kinds' cost does not
+    depend on the step, so the step is free of the privacy budget."""
     oracle = data.require_oracle("dp_hmc")
     return kernel(
         model,
@@ -323,6 +365,7 @@ def build(
         leapfrog_steps=leapfrog_steps,
         step_jitter=step_jitter,
         adapt=adapt_step,
+        descent=min(warmup_descent, warmup),
     )
 
 
@@ -393,11 +436,12 @@ def pooled_ratio(
 
 def asks(sampler: Mapping[str, Any]) -> dict[str, int]:
     """Answers per chain a run asks of each owner, by kind: L gradients per iteration plus the
-    start's, and one ratio per iteration (fewer when a trajectory leaves Θ)."""
+    start's, and one ratio per iteration but the descent's (fewer when a trajectory leaves Θ)."""
     iterations = planned_steps(sampler)
+    descent = min(int(sampler["warmup_descent"]), int(sampler["warmup"]))
     return {
         GRADIENT_KIND: int(sampler["leapfrog_steps"]) * iterations + 1,
-        RATIO_KIND: iterations,
+        RATIO_KIND: iterations - descent,
     }
 
 
@@ -417,6 +461,7 @@ DP_HMC = ChainAlgorithm(
     DPHMCSettings,
     HMCState,
     KINDS[GRADIENT_KIND].ledger_name,
+    generic=(*KERNEL_KEYS, "warmup"),
     kinds=asks,
     clips=clips,
 )

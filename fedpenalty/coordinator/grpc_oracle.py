@@ -49,6 +49,7 @@ from ..cluster.local import LocalCluster, default_owner_hosts
 from ..common import OwnerDescription, PrivacyReport
 from ..errors import ConfigError, OwnerError, OwnerUnavailable, UnknownSession
 from ..kinds import KINDS, KindTerms, query_kind
+from ..kinds.per_owner import split_by_host
 from ..models import Model, check_owner_models
 from ..models.compat import ModelIdentity
 from ..owner import wire
@@ -218,11 +219,16 @@ class GrpcOracle(Oracle):
         ``substep``."""
         asked = query_kind(kind)
         session = self._require_session()
-        message = wire.kind_query(asked.name, session, iteration, chains, arrays, substep)
-        keys = len(message.chains) * asked.keys_per_chain(arrays)
+        parts = split_by_host(arrays, [len(h.owners) for h in self._hosts])
+        messages = {  # one message when the request is flat; each host's rows otherwise
+            id(part): wire.kind_query(asked.name, session, iteration, chains, part, substep)
+            for part in parts
+        }
+        by_host = {id(h): messages[id(part)] for h, part in zip(self._hosts, parts)}
+        keys = len(chains) * asked.keys_per_chain(arrays)
 
-        def fill(request: pb.QueryRequest) -> None:
-            request.kind_query.CopyFrom(message)
+        def fill(request: pb.QueryRequest, host: _Host) -> None:
+            request.kind_query.CopyFrom(by_host[id(host)])
 
         levels = self._levels[asked.ledger_name]
         declared = owner_noise_sd(self._secure, levels, len(levels))
@@ -319,7 +325,7 @@ class GrpcOracle(Oracle):
         return results
 
     def _query(
-        self, fill: Callable[[pb.QueryRequest], None], declared: np.ndarray, keys: int
+        self, fill: Callable[[pb.QueryRequest, _Host], None], declared: np.ndarray, keys: int
     ) -> Answers:
         """One query of ``keys`` answers per owner on every host's stream. Each owner's noise
         sd must be ``declared`` ``(K,)``: what its described policy gives for the asked kind
@@ -348,14 +354,14 @@ class GrpcOracle(Oracle):
         return combine(replies)
 
     async def _stream_query(
-        self, host: _Host, fill: Callable[[pb.QueryRequest], None], keys: int
+        self, host: _Host, fill: Callable[[pb.QueryRequest, _Host], None], keys: int
     ) -> pb.QueryReply:
         async def attempt() -> pb.QueryReply:
             if host.stream is None:
                 host.stream = host.stub.Query()
             host.next_id += 1
             request = pb.QueryRequest(id=host.next_id)
-            fill(request)
+            fill(request, host)
             await host.stream.write(request)
             reply = await host.stream.read()
             if reply is grpc.aio.EOF:

@@ -26,10 +26,12 @@ from ..common import OwnerDescription, PrivacyReport
 from ..data import OwnerRecords
 from ..errors import ConfigError, OwnerError, OwnerUnavailable
 from ..kinds import KindTerms
+from ..kinds.per_owner import split_by_host
 from ..models import Model
 from ..models.compat import ModelIdentity
 from ..owner.aggregation import PeerKey
 from ..owner.session_request import SessionRequest
+from .inprocess import clip_hits
 from .oracle import Answers, Oracle, SecureAggregation, Unreported
 from .secure_sum import combine, secure_open
 from .transport_base import Launched, OwnerSetup, Transport
@@ -87,8 +89,14 @@ class RayOracle(Oracle):
         """One query on every actor (``OwnerHostActor.answer``), combined
         (``secure_sum.combine``) once all have answered: plain answers stacked in owner order
         ``(K, …)``, a secure session's masked sums decoded into one row."""
-        args = (kind, self._require_session(), iteration, chains, arrays, substep)
-        return combine(self.hosts.raise_failures(self.hosts.answer(args)))
+        session = self._require_session()
+        parts = split_by_host(arrays, [len(names) for names in self.hosts.names])
+        if all(part is arrays for part in parts):  # a flat request: the same query to every actor
+            replies = self.hosts.answer((kind, session, iteration, chains, arrays, substep))
+        else:
+            queries = [(kind, session, iteration, chains, part, substep) for part in parts]
+            replies = self.hosts.answer_each(queries)
+        return combine(self.hosts.raise_failures(replies))
 
     def privacy_reports(self) -> list[PrivacyReport]:
         return [r for block in self._each("privacy_reports", self.session) for r in block]
@@ -140,6 +148,7 @@ class RayOracle(Oracle):
             "answered_from_sufficient_statistics": [c[0] for c in counters],
             "clip_binds": [c[1] for c in counters],
             "log_ratio_terms": [c[2] for c in counters],
+            "clip_hits": clip_hits([c[3] for c in counters]),
         }
 
     # --- machinery --------------------------------------------------------------------------

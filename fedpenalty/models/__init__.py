@@ -19,12 +19,15 @@ from .bernoulli import Bernoulli
 from .capabilities import BoundedLogLikelihood, ConjugateUpdate
 from .compat import check_owner_models
 from .gaussian_mean import GaussianMean
+from .linear_regression import LinearRegression
 from .logistic import Logistic
 from .poisson import Poisson
+from .poisson_regression import PoissonRegression
 from .registry import entry_point_names, known_names, model_class, model_digest, search_folders
 
 MODELS: dict[str, type[Model]] = {
-    cls.name: cls for cls in (GaussianMean, Bernoulli, Poisson, Logistic)
+    cls.name: cls
+    for cls in (GaussianMean, Bernoulli, Poisson, Logistic, LinearRegression, PoissonRegression)
 }
 
 
@@ -78,10 +81,12 @@ __all__ = [
     "ConjugateUpdate",
     "ExpFamModel",
     "GaussianMean",
+    "LinearRegression",
     "Logistic",
     "Model",
     "Neighbour",
     "Poisson",
+    "PoissonRegression",
     "Reference",
     "build_model",
     "check_owner_models",

@@ -26,11 +26,12 @@ import numpy as np
 from ..common import OwnerDescription, PrivacyReport
 from ..errors import InvalidRequest, UnknownSession
 from ..kinds import QueryKind, query_kind
+from ..kinds.per_owner import has_owner_axis, owner_rows
 from ..models.compat import check_session_model
 from .aggregation import PeerKey, Reply, SecureOpen
 from .mechanism import HostNoise
 from .node import SESSION_EVENTS, OwnerNode, close_sessions, open_sessions, privacy_reports
-from .pipeline import AnswerPipeline, Asked, KindPath
+from .pipeline import AnswerPipeline, Asked, KindPath, Planned
 from .pipeline import reply as reply_of
 from .session_request import SessionRequest
 from .validation import RequestChecks, StepLimits
@@ -61,6 +62,8 @@ class OwnerHost:
         self._noise = HostNoise(self.nodes, self.label)
         #: each kind's answer path (``QueryKind.answer_path``), built when first asked
         self._paths: dict[str, KindPath] = {}
+        #: a host of each owner alone, for queries with one θ row per owner (``_answer_each``)
+        self._singles: dict[int, OwnerHost] = {}
 
     def reply(
         self,
@@ -112,6 +115,8 @@ class OwnerHost:
         if mechanism is not None:
             self._noise.secure[session] = mechanism
         self._pipeline.refresh_caps()
+        for one in self._singles.values():
+            one._pipeline.refresh_caps()
 
     def session_keys(self, session: str) -> list[PeerKey]:
         """Every hosted owner's public X25519 key for ``session`` (secure aggregation: the
@@ -192,11 +197,61 @@ class OwnerHost:
         """
         asked_kind = query_kind(kind, self.label)
         asked_kind.check_arrays(arrays)
-        opened = self._require_session(session, asked_kind.ledger_name)
-        limits = self._step_limits(session, asked_kind.ledger_name)
-        asked = Asked(session, opened, limits, self._checks, self._noise, self.label, substep)
-        planned = self._path(asked_kind).plan(asked, iteration, chains, arrays)
+        if has_owner_axis(arrays, len(self.nodes), self.label):
+            return self._answer_each(asked_kind, session, iteration, chains, substep, arrays)
+        planned = self._plan(asked_kind, session, iteration, chains, substep, arrays)
         return self._pipeline.run(self._noise, planned)
+
+    def _plan(
+        self,
+        kind: QueryKind,
+        session: str,
+        iteration: int,
+        chains: np.ndarray,
+        substep: int,
+        arrays: dict[str, Any],
+    ) -> Planned:
+        """``kind``'s checked, digested and priced plan of one query (nothing recorded yet)."""
+        opened = self._require_session(session, kind.ledger_name)
+        limits = self._step_limits(session, kind.ledger_name)
+        asked = Asked(session, opened, limits, self._checks, self._noise, self.label, substep)
+        return self._path(kind).plan(asked, iteration, chains, arrays)
+
+    def _answer_each(
+        self,
+        kind: QueryKind,
+        session: str,
+        iteration: int,
+        chains: np.ndarray,
+        substep: int,
+        arrays: dict[str, Any],
+    ) -> np.ndarray:
+        """A query with one θ row per owner (``kinds.per_owner``): each owner checks, digests
+        and answers its own rows alone, through a host of itself; every owner's rows are
+        checked before any owner answers. ``(K, C, ...)``. Refused in a secure session (a
+        masked sum over owners asked at different φ_k would mean nothing here)."""
+        if session in self._noise.secure:
+            raise InvalidRequest(
+                "a query with one θ row per owner cannot be securely aggregated: set "
+                "privacy.aggregation = 'none'",
+                self.label,
+            )
+        singles = [self._single(k) for k in range(len(self.nodes))]
+        rows = owner_rows(arrays, len(self.nodes))
+        plans = [
+            one._plan(kind, session, iteration, chains, substep, own)
+            for one, own in zip(singles, rows)
+        ]
+        return np.concatenate(
+            [one._pipeline.run(one._noise, plan) for one, plan in zip(singles, plans)]
+        )
+
+    def _single(self, k: int) -> OwnerHost:
+        """A host of owner k alone (shares its node: sessions, ledger, noise stream)."""
+        one = self._singles.get(k)
+        if one is None:
+            one = self._singles[k] = OwnerHost([self.nodes[k]])
+        return one
 
     def _path(self, kind: QueryKind) -> KindPath:
         """``kind``'s answer path for this host's owners, built the first time it is asked."""
