@@ -4,17 +4,18 @@ per-owner ε, against the non-private posterior of the pooled records.
     python scenarios/consortium.py [--quick] [--out DIR] [--seed 0] [--no-progress]
 
 Data: statsmodels' copy of the RAND Health Insurance Experiment (``randhie``: 20,190
-person-years). Outcome y = log(1 + doctor visits), standardised; the nine covariates
-(coinsurance, deductible, income, family size, physical limitation, chronic disease count,
-three self-rated health indicators) standardised and divided by 4 (rows with ‖x‖ > 1 are
-rescaled onto the unit sphere by the model). The records are split at random over K = 8
-owners of unequal sizes (shares 1 : 2 : … : 8), one random intercept per owner.
+person-years). Outcome y = log(1 + doctor visits), standardised; seven covariates (income,
+family size, physical limitation, chronic disease count, three self-rated health indicators)
+standardised and divided by 3 (rows with ‖x‖ > 1 are rescaled onto the unit sphere by the
+model). One owner per insurance plan of the experiment (coinsurance rate × individual
+deductible): K = 6 owners of 1,074 to 6,822 records, one random intercept per owner.
 
 Model: the user-written ``consortium_model:GroupEffectsRegression`` (scenarios/consortium_model.py,
-selected by its module path as any user's model is): y = α + xᵀβ + b_k + e, e ~ N(0, 0.95²),
-b_k ~ N(0, τ²), θ = (α, β, log τ, b_1..b_K), d = 19. Its reference posterior — the non-private
-posterior of the pooled data — is deterministic (Gaussian given τ, log τ on a grid), so the
-error is not blurred by a reference chain's Monte Carlo error.
+selected by its module path as any user's model is): y = α + xᵀβ + b_k + e, e ~ N(0, 0.95²)
+(the residual sd of the pooled least-squares fit with plan effects), b_k ~ N(0, τ²),
+θ = (α, β, log τ, b_1..b_K), d = 15. Its reference posterior — the non-private posterior of
+the pooled data — is deterministic (Gaussian given τ, log τ on a grid), so the error is not
+blurred by a reference chain's Monte Carlo error.
 
 Methods, each calibrated so that every owner's planned answers compose to exactly ε at
 δ = 1e-5 (replace-one; the owners' ledgers report the ε each spent):
@@ -23,11 +24,14 @@ Methods, each calibrated so that every owner's planned answers compose to exactl
   (``sampler.ratio_clip``), noise multiplier for its planned answers, the radius adapted in
   warmup;
 * ``dp_hmc`` — DP-HMC: leapfrog on clipped noisy gradient sums, penalty test on clipped noisy
-  ratios; half the μ² budget to each kind;
+  ratios; half the μ² budget to each kind; its first warmup iterations descend;
+
+both penalty methods clip each record's ratio where the owners' summed ratio noise has
+variance 1 nat² (``ratio_clip``);
 * ``sgld`` — DP-SGLD with the accountant's noise multiplier and admissible step.
 
 Per method and ε: the largest |posterior mean − reference mean| in reference posterior sds
-(all 19 coordinates, and the 10 regression coefficients), the smallest bulk ESS per second of
+(all 15 coordinates, and the 8 regression coefficients), the smallest bulk ESS per second of
 run time, the largest R-hat, and the largest ε an owner's ledger reports.
 
 Writes ``consortium.json`` and ``consortium.png``.
@@ -52,17 +56,22 @@ from fedpenalty.privacy.gaussian import mu_for_epsilon
 from fedpenalty.privacy.wang import compare_admissible_steps
 
 NAME = "consortium"
-OWNERS, SPLIT_SEED, SCALE = 8, 0, 4.0
+#: randhie's covariates besides the plan (coinsurance ``lncoins``, deductible ``idp``), which
+#: defines the owners: income, family size, physical limitation, chronic diseases, health
+OWNERS, SCALE = 6, 3.0
+COVARIATES = ["lpi", "fmde", "physlm", "disea", "hlthg", "hlthf", "hlthp"]
 MODEL = {
     "name": "consortium_model:GroupEffectsRegression",
-    "covariates": 9,
+    "covariates": len(COVARIATES),
     "groups": OWNERS,
     "noise_sd": 0.95,
     "theta_bound": 6.0,
 }
 DELTA, NEIGHBOUR = 1e-5, "replace_one"
 METHODS = ("penalty", "dp_hmc", "sgld")
-RATIO_CLIP, GRAD_CLIP, LEAPFROG = 0.02, 2.0, 8
+#: dp_hmc: per-record gradient clip (nats per unit of θ), leapfrog steps, descent iterations and
+#: the largest leapfrog step; penalty's largest step (both adapted down in warmup)
+GRAD_CLIP, LEAPFROG, DESCENT, HMC_STEP, PENALTY_STEP = 1.0, 3, 50, 0.005, 0.01
 SGLD_RATE, SGLD_CLIP, MAX_SGLD_STEP = 0.05, 2.0, 1e-4
 
 
@@ -79,23 +88,24 @@ QUICK = Setup((4.0,), 4, 200, 300)
 
 
 def owners_data(folder: Path) -> list[str]:
-    """The owners' NPZ files (columns x0..x8, group, y): randhie split over ``OWNERS``."""
+    """The owners' NPZ files (columns x0..x6, group, y): randhie's records, one owner per
+    insurance plan (coinsurance rate × individual deductible), largest first."""
     import statsmodels.api as sm  # the [scenarios] extra (checked in main)
 
     data = sm.datasets.randhie.load_pandas().data
+    plans = data.groupby(["lncoins", "idp"]).ngroup().to_numpy()
     y = np.log1p(data["mdvis"].to_numpy(dtype=float))
-    x = data.drop(columns="mdvis").to_numpy(dtype=float)
+    x = data[COVARIATES].to_numpy(dtype=float)
     x = (x - x.mean(axis=0)) / x.std(axis=0) / SCALE
     y = (y - y.mean()) / y.std()
-    shares = np.arange(1, OWNERS + 1) / np.arange(1, OWNERS + 1).sum()
-    order = np.random.default_rng(SPLIT_SEED).permutation(len(y))
-    cuts = np.cumsum(np.round(shares * len(y)).astype(int))[:-1]
+    order = np.argsort(-np.bincount(plans), kind="stable")
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
-    for k, part in enumerate(np.split(order, cuts)):
+    for k, plan in enumerate(order):
+        rows = plans == plan
         path = folder / f"owner-{k}.npz"
-        columns = {f"x{j}": x[part, j] for j in range(x.shape[1])}
-        np.savez(path, **columns, group=np.full(len(part), float(k)), y=y[part])
+        columns = {f"x{j}": x[rows, j] for j in range(x.shape[1])}
+        np.savez(path, **columns, group=np.full(rows.sum(), float(k)), y=y[rows])
         paths.append(str(path))
     return paths
 
@@ -122,32 +132,22 @@ def multiplier(mu_squared: float, answers: int) -> float:
     return 2.0 * math.sqrt(answers / mu_squared)
 
 
+def ratio_clip(sigma: float) -> float:
+    """The per-record ratio clip (nats) at which the owners' summed ratio noise has variance
+    1 nat² when each answers with noise multiplier ``sigma``: K (σ c)² = 1. A larger clip binds
+    less but its noise rejects more; this one keeps the penalty test informative at every ε."""
+    return 1.0 / (sigma * math.sqrt(OWNERS))
+
+
 def calibrate(method: str, raw: dict, epsilon: float) -> dict:
-    """``raw`` calibrated for ``method`` at the per-owner target ``epsilon``."""
+    """``raw`` calibrated for ``method`` at the per-owner target ``epsilon`` (the penalty
+    methods' noise multipliers from their planned answers; dp_hmc gives half of μ² to each
+    kind; SGLD the accountant's multiplier and admissible step)."""
     sampler, privacy = raw["sampler"], raw["privacy"]
     privacy["budget_epsilon"] = epsilon * 1.001
     mu2 = mu_for_epsilon(epsilon, DELTA) ** 2
     chains = sampler["chains"]
-    if method == "penalty":
-        sampler.update(ratio_clip=RATIO_CLIP, step=0.01, adapt_step=True)
-        asks = ALGORITHMS[method].asks(sampler)
-        sigma = multiplier(mu2, chains * asks["clipped_log_ratio"])
-        privacy.update(sigma=1.0, noise={"ratio_noise_multiplier": sigma})
-    elif method == "dp_hmc":
-        sampler.update(
-            hmc_ratio_clip=RATIO_CLIP, grad_clip=GRAD_CLIP, leapfrog_steps=LEAPFROG, step=0.005
-        )
-        asks = ALGORITHMS[method].asks(sampler)
-        privacy.update(
-            sigma=1.0,
-            noise={
-                "ratio_noise_multiplier": multiplier(mu2 / 2, chains * asks["clipped_log_ratio"]),
-                "clipped_gradient_noise_multiplier": multiplier(
-                    mu2 / 2, chains * asks["clipped_gradient"]
-                ),
-            },
-        )
-    else:
+    if method == "sgld":
         planned = ALGORITHMS["sgld"].planned_answers(sampler)
         c = compare_admissible_steps(
             epsilon, DELTA, SGLD_RATE, planned, SGLD_CLIP, owners=OWNERS, neighbour=NEIGHBOUR
@@ -156,6 +156,25 @@ def calibrate(method: str, raw: dict, epsilon: float) -> dict:
         sampler.update(
             step=min(c.accountant_step, MAX_SGLD_STEP), sampling_rate=SGLD_RATE, clip=SGLD_CLIP
         )
+        return raw
+    if method == "penalty":
+        sampler.update(ratio_clip=1.0, step=PENALTY_STEP, adapt_step=True)
+    else:
+        sampler.update(
+            hmc_ratio_clip=1.0,
+            grad_clip=GRAD_CLIP,
+            leapfrog_steps=LEAPFROG,
+            step=HMC_STEP,
+            warmup_descent=DESCENT,
+        )
+    asks = ALGORITHMS[method].asks(sampler)
+    share = mu2 / len(asks)
+    noise = {kind: multiplier(share, chains * n) for kind, n in asks.items()}
+    sigma_ratio = noise["clipped_log_ratio"]
+    sampler["ratio_clip" if method == "penalty" else "hmc_ratio_clip"] = ratio_clip(sigma_ratio)
+    keys = {"clipped_log_ratio": "ratio_noise_multiplier"}
+    keys["clipped_gradient"] = "clipped_gradient_noise_multiplier"
+    privacy.update(sigma=1.0, noise={keys[kind]: v for kind, v in noise.items()})
     return raw
 
 
@@ -211,7 +230,7 @@ def plot(rows: list[dict], setup: Setup) -> Any:
         ax.set(xlabel="ε per owner (δ = 1e-5)", ylabel=label, yscale=scale)
     axes[0, 0].axhline(0.5, color="k", ls="--", lw=1)
     axes[0, 0].legend(fontsize=8)
-    axes[0, 0].set_title(f"RAND HIE, {OWNERS} owners, d = 19")
+    axes[0, 0].set_title(f"RAND HIE, {OWNERS} owners (plans), d = 15")
     return fig
 
 
@@ -234,15 +253,17 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent))  # consortium_model
     setup = QUICK if args.quick else FULL
     total = len(METHODS) * len(setup.epsilons)
-    with tempfile.TemporaryDirectory() as tmp, reporting.progress(
-        total, NAME, not args.no_progress
-    ) as bar:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        reporting.progress(total, NAME, not args.no_progress) as bar,
+    ):
         rows = run(setup, args.seed, Path(tmp), bar)
     notes = [
         "reference: the non-private posterior of the pooled records (closed form given τ, "
         "log τ integrated on a grid), not a Monte Carlo estimate",
         "penalty and dp_hmc clip each record's log ratio (and dp_hmc its gradient): their "
-        "target is the clipped-likelihood posterior; clip_hits says how often the clip bound was hit",
+        "target is the clipped-likelihood posterior; clip_hits says how often the clip bound "
+        "was hit",
     ]
     reporting.write_report(
         args.out,
