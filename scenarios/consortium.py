@@ -68,6 +68,7 @@ MODEL = {
     "theta_bound": 6.0,
 }
 DELTA, NEIGHBOUR = 1e-5, "replace_one"
+DIM = 2 + len(COVARIATES) + OWNERS  # θ = (α, β, log τ, b_1..b_K)
 METHODS = ("penalty", "dp_hmc", "sgld")
 #: dp_hmc: per-record gradient clip (nats per unit of θ), leapfrog steps, descent iterations and
 #: the largest leapfrog step; penalty's largest step (both adapted down in warmup)
@@ -191,27 +192,38 @@ def measure(sim: reporting.Simulated) -> dict[str, Any]:
         "ess_per_second": ess / sim.seconds,
         "rhat_max": max(d["rhat"]) if d.get("rhat") else None,
         "acceptance": d.get("acceptance_rate"),
-        "clip_hits": d.get("clip_hits"),
+        "clip_fraction": {
+            kind: hits["fraction"]
+            for kind, hits in d.get("simulation_only", {}).get("clip_hits", {}).items()
+        },
         "seconds": sim.seconds,
     }
 
 
+def informative_answers(mu_squared: float, records: int) -> float:
+    """About how many ratio answers per owner (all chains) a penalty test stays informative
+    for (scenarios/README.md, consortium): its clip must cover a record's log ratio of a move
+    of one posterior sd in all d coordinates, ≈ √(d/N) nats, while the owners' summed noise
+    K(σc)² stays ≲ 1 with σ = 2√(answers/μ²): answers ≲ μ²N/(4dK)."""
+    return mu_squared * records / (4 * DIM * OWNERS)
+
+
 def run(setup: Setup, seed: int, folder: Path, bar) -> list[dict]:
     paths = owners_data(folder / "data")
+    records = sum(len(np.load(p)["y"]) for p in paths)
     rows = []
     for method in METHODS:
         for eps in setup.epsilons:
             raw = calibrate(method, scenario(paths, setup, method, seed), eps)
             sim = reporting.simulate(raw, folder / f"{method}-{eps:g}")
             bar.update()
-            rows.append(
-                {
-                    "method": method,
-                    "target_epsilon": eps,
-                    **measure(sim),
-                    "scenario": sim.scenario.sections,
-                }
-            )
+            row = {"method": method, "target_epsilon": eps, **measure(sim)}
+            if method != "sgld":
+                asks = ALGORITHMS[method].asks(sim.scenario["sampler"])
+                share = mu_for_epsilon(eps, DELTA) ** 2 / len(asks)
+                row["ratio_answers"] = setup.chains * asks["clipped_log_ratio"]
+                row["informative_ratio_answers"] = informative_answers(share, records)
+            rows.append({**row, "scenario": sim.scenario.sections})
     return rows
 
 
@@ -262,8 +274,10 @@ def main(argv: list[str] | None = None) -> int:
         "reference: the non-private posterior of the pooled records (closed form given τ, "
         "log τ integrated on a grid), not a Monte Carlo estimate",
         "penalty and dp_hmc clip each record's log ratio (and dp_hmc its gradient): their "
-        "target is the clipped-likelihood posterior; clip_hits says how often the clip bound "
+        "target is the clipped-likelihood posterior; clip_fraction says how often the clip bound "
         "was hit",
+        "informative_ratio_answers ≈ μ²N/(4dK): the ratio answers per owner a penalty test "
+        "stays informative for at the ratio's share of μ²; ratio_answers is what the run asked",
     ]
     reporting.write_report(
         args.out,
