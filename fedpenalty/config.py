@@ -117,7 +117,8 @@ class PrivacySection(Section):
     total_noise_sd: PositiveFloat | None = Field(
         default=None,
         description="secure aggregation: s, the noise sd of the honest owners' sum (units of "
-        "sigma); each of K owners adds variance s²/(K − colluders)",
+        "sigma; for a clipped kind, sgld and dp_hmc a multiplier of the kind's clip: sd s·clip); "
+        "each of K owners adds variance s²/(K − colluders)",
     )
     colluders: NonNegativeInt = Field(
         default=0,
