@@ -276,7 +276,7 @@ def privacy_summary(
         **kinds_fields(algorithm, scenario["sampler"]),
         "trusted_curator": False,
         "release": "each owner's own ledger",
-        **aggregation_fields(requested(scenario["privacy"]), reports),
+        **aggregation_fields(requested(scenario["privacy"]), reports, _clips(algorithm, scenario)),
         "owners": [
             owner_privacy(r, p, algorithm, scenario)
             for r, p in zip(entries, policies)
@@ -284,6 +284,11 @@ def privacy_summary(
         ],
         "unreported": [asdict(r) for r in entries if isinstance(r, Unreported)],
     }
+
+
+def _clips(algorithm: ChainAlgorithm, scenario: Scenario) -> dict[str, float]:
+    """The per-record clip of each clipped kind the run asks (none: {})."""
+    return {} if algorithm.clips is None else algorithm.clips(scenario["sampler"])
 
 
 def kinds_fields(algorithm: ChainAlgorithm, sampler: dict[str, Any]) -> dict[str, Any]:

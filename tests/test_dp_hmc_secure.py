@@ -303,7 +303,7 @@ def test_a_secure_dp_hmc_run_equals_the_in_process_run_draw_for_draw(tmp_path, r
     """``simulate`` of the embedded default with dp_hmc and secure aggregation over gRPC (owner
     host processes) and Ray (two actors) against in process: the same draws, the same owners'
     privacy figures and diagnostics (Ray: its simulation-only clip counters too), and
-    privacy.json's secure fields."""
+    privacy.json's secure fields, its assumption saying that s multiplies each kind's clip."""
     if transport == "ray":
         request.getfixturevalue("ray_session")
     local = run_scenario(load_scenario(None, [*SMALL, "run.transport='inprocess'"]),
@@ -323,6 +323,8 @@ def test_a_secure_dp_hmc_run_equals_the_in_process_run_draw_for_draw(tmp_path, r
         assert owner["owners_counted"] == 3 and owner["colluders"] == T
         assert owner["epsilon_own_noise_only"] > owner["epsilon"]
     assert set(other.privacy["kinds"]) == set(KINDS)
+    assumption = other.privacy["assumption"]
+    assert "(clipped_gradient at clip " in assumption and "s is a noise multiplier" in assumption
 
 
 def test_a_policy_with_levels_per_kind_survives_pickling():
