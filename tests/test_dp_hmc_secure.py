@@ -16,6 +16,7 @@ tests/test_secure_aggregation.py.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import pickle
 import re
@@ -27,14 +28,15 @@ from test_dp_hmc import Crash, CrashingOracle
 from test_secure_aggregation import U64, chi_square_uniform, keys_of
 
 from fedpenalty.common import Policy, SecureTerms
-from fedpenalty.config import load_scenario
+from fedpenalty.config import load_scenario, resolve
 from fedpenalty.coordinator import checkpoint, dp_hmc
+from fedpenalty.coordinator.algorithms import ALGORITHMS
 from fedpenalty.coordinator.base import ChainData
 from fedpenalty.coordinator.driver import sample
 from fedpenalty.coordinator.inprocess import InProcessOracle
 from fedpenalty.coordinator.oracle import SecureAggregation
 from fedpenalty.coordinator.secure_sum import combine, secure_open
-from fedpenalty.errors import AggregationFailed
+from fedpenalty.errors import AggregationFailed, ConfigError
 from fedpenalty.kinds import KindTerms
 from fedpenalty.models import build_model
 from fedpenalty.owner import Ledger, OwnerHost, OwnerNode
@@ -336,3 +338,20 @@ def test_a_policy_with_levels_per_kind_survives_pickling():
     assert copy.noise_for("penalty_clipped") == 90.0
     with pytest.raises(TypeError, match="immutable"):
         copy.noise["penalty_clipped"] = 1.0
+
+
+def test_secure_aggregation_refuses_a_kernel_mixing_clipped_and_unclipped_kinds(monkeypatch):
+    """One s cannot be both a clip multiplier and a noise sd in nats: a (hypothetical) kernel
+    asking clipped gradients and Lipschitz log ratios is refused naming the keys; dp_hmc's two
+    clipped kinds are not."""
+    mixed = dataclasses.replace(
+        ALGORITHMS["dp_hmc"], name="mixed", kinds=lambda s: {"clipped_gradient": 3, "log_ratio": 1}
+    )
+    monkeypatch.setitem(ALGORITHMS, "mixed", mixed)
+    secure = {"aggregation": "secure", "total_noise_sd": 50.0}
+    with pytest.raises(ConfigError, match=r"privacy\.total_noise_sd is one noise level") as refused:
+        resolve({"data": {"owners": 4}, "privacy": secure, "sampler": {"algorithm": "mixed"}})
+    assert "clipped_gradient" in str(refused.value) and "privacy.aggregation = 'none'" in str(
+        refused.value
+    )
+    resolve({"data": {"owners": 4}, "privacy": secure, "sampler": {"algorithm": "dp_hmc"}})
