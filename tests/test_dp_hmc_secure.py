@@ -325,6 +325,7 @@ def test_a_secure_dp_hmc_run_equals_the_in_process_run_draw_for_draw(tmp_path, r
         assert owner["owners_counted"] == 3 and owner["colluders"] == T
         assert owner["epsilon_own_noise_only"] > owner["epsilon"]
     assert set(other.privacy["kinds"]) == set(KINDS)
+    assert {k["noise_key"] for k in other.privacy["kinds"].values()} == {"total_noise_sd"}
     assumption = other.privacy["assumption"]
     assert "(clipped_gradient at clip " in assumption and "s is a noise multiplier" in assumption
 
