@@ -271,6 +271,9 @@ SMALL = [
     "sampler.chains=2",
     "sampler.warmup=10",
     "sampler.iterations=15",
+    "sampler.leapfrog_steps=3",
+    "sampler.grad_clip=2.0",
+    "sampler.hmc_ratio_clip=0.006",
     "privacy.aggregation='secure'",
     "privacy.total_noise_sd=20.0",
     f"privacy.colluders={T}",
@@ -283,6 +286,9 @@ def test_a_secure_plan_past_the_budget_is_explained_at_s(tmp_path):
     RDP) passes ε = 10: the refusal states the ε of the plan at s — not at the owners' plain
     levels, which would fit — and names privacy.total_noise_sd as the level to raise."""
     scenario = load_scenario(None, [*SMALL, f"privacy.total_noise_sd={S}"])
+    sampler = scenario["sampler"]
+    plan = {kind: sampler["chains"] * n for kind, n in ALGORITHMS["dp_hmc"].asks(sampler).items()}
+    assert plan == {"clipped_gradient": 152, "clipped_log_ratio": 50}
     with pytest.raises(PlanRefused) as refused:
         run_scenario(scenario, tmp_path / "refused")
     message = str(refused.value)
