@@ -70,18 +70,25 @@ def secure_nodes(folder, tag: str, groups=((0, 1), (2,))) -> list[OwnerNode]:
     return nodes
 
 
+def settings(warmup: int, iterations: int) -> dict:
+    """The ``[sampler]`` settings of the kernel-level runs: every iteration an HMC move (no
+    warmup descent), so each asks L gradients and one ratio."""
+    return {"warmup": warmup, "iterations": iterations, "leapfrog_steps": LEAPFROG, "step": 0.1,
+            "adapt_step": True, "target_accept": 0.65, "grad_clip": GRAD_CLIP,
+            "hmc_ratio_clip": RATIO_CLIP, "step_jitter": 1.0, "warmup_descent": 0}  # fmt: skip
+
+
 def open_hmc(oracle, chains: int, warmup: int, iterations: int, session: str = "hmc") -> str:
     """Open DP-HMC's two kinds, planned for its run, with secure aggregation at (S, T)."""
-    plan = dp_hmc.asks({"warmup": warmup, "iterations": iterations, "leapfrog_steps": LEAPFROG})
+    plan = dp_hmc.asks(settings(warmup, iterations))
     terms = [KindTerms(kind, chains * n) for kind, n in plan.items()]
     return oracle.open_kinds(terms, session, secure=SecureAggregation(S, T))
 
 
 def run_chain(oracle, chains: int = 3, warmup: int = 5, iterations: int = 15, **kwargs):
     """DP-HMC through ``oracle`` from fixed starts near the data's mean."""
-    algo = dp_hmc.build(MODEL, ChainData(oracle, n_total=300), step=0.1, adapt_step=True,
-                        target_accept=0.65, leapfrog_steps=LEAPFROG, grad_clip=GRAD_CLIP,
-                        hmc_ratio_clip=RATIO_CLIP, step_jitter=1.0)  # fmt: skip
+    sampler = settings(warmup, iterations)
+    algo = ALGORITHMS["dp_hmc"].kernel(MODEL, ChainData(oracle, n_total=300), sampler)
     rng = np.random.default_rng(5)
     theta0 = np.array([[0.4, -0.3]]) + 0.05 * rng.standard_normal((chains, 2))
     return sample(algo, rng, theta0, iterations=iterations, warmup=warmup, progress=False, **kwargs)
@@ -282,19 +289,21 @@ SMALL = [
 
 
 def test_a_secure_plan_past_the_budget_is_explained_at_s(tmp_path):
-    """At s = 3 the same plan (202 answers per owner at μ = 2/3, lattice answers accounted by
-    RDP) passes ε = 10: the refusal states the ε of the plan at s — not at the owners' plain
-    levels, which would fit — and names privacy.total_noise_sd as the level to raise."""
+    """At s = 3 the same plan (about 200 answers per owner at μ = 2/3, lattice answers
+    accounted by RDP) passes ε = 10: the refusal states the ε of the plan at s — not at the
+    owners' plain levels, which would fit — and names privacy.total_noise_sd as the level to
+    raise."""
     scenario = load_scenario(None, [*SMALL, f"privacy.total_noise_sd={S}"])
     sampler = scenario["sampler"]
     plan = {kind: sampler["chains"] * n for kind, n in ALGORITHMS["dp_hmc"].asks(sampler).items()}
-    assert plan == {"clipped_gradient": 152, "clipped_log_ratio": 50}
+    gradients, ratios = plan["clipped_gradient"], plan["clipped_log_ratio"]
+    assert gradients == 2 * (3 * 25 + 1) and 0 < ratios <= 2 * 25
     with pytest.raises(PlanRefused) as refused:
         run_scenario(scenario, tmp_path / "refused")
     message = str(refused.value)
-    assert "(152 gradient_clipped, 50 penalty_clipped)" in message
+    assert f"({gradients} gradient_clipped, {ratios} penalty_clipped)" in message
     epsilon = float(re.search(r"needs ε = ([0-9.]+)", message).group(1))
-    mu = 2 * math.sqrt(202) / S
+    mu = 2 * math.sqrt(gradients + ratios) / S
     rdp = dp_accounting.rdp.RdpAccountant()
     rdp.compose(dp_accounting.GaussianDpEvent(1 / mu))
     assert epsilon == pytest.approx(rdp.get_epsilon(1e-5), rel=1e-2)
