@@ -175,6 +175,11 @@ class NoiseLevels(dict[str, float]):
     def _immutable(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("a policy's noise levels are immutable")
 
+    def __reduce__(self) -> tuple[type, tuple[dict[str, float]]]:
+        """Pickled as its items (a Ray actor's policy): unpickling a dict subclass would
+        otherwise set them one by one, which ``_immutable`` refuses."""
+        return (NoiseLevels, (dict(self),))
+
     __setitem__ = __delitem__ = update = pop = popitem = clear = setdefault = _immutable  # type: ignore[assignment]
     __ior__ = _immutable  # type: ignore[assignment]
 

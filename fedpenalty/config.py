@@ -28,7 +28,7 @@ from .coordinator.algorithms import ALGORITHMS, Algorithm
 from .coordinator.base import ChainAlgorithm
 from .coordinator.transports import TRANSPORTS
 from .errors import ConfigError
-from .kinds import KINDS
+from .kinds import KINDS, query_kind
 from .models import MODEL_NAMES, Model, build_model, search_folders
 from .schema import (
     Bool,
@@ -117,7 +117,8 @@ class PrivacySection(Section):
     total_noise_sd: PositiveFloat | None = Field(
         default=None,
         description="secure aggregation: s, the noise sd of the honest owners' sum (units of "
-        "sigma); each of K owners adds variance s²/(K − colluders)",
+        "sigma; for a clipped kind, sgld and dp_hmc a multiplier of the kind's clip: sd s·clip); "
+        "each of K owners adds variance s²/(K − colluders)",
     )
     colluders: NonNegativeInt = Field(
         default=0,
@@ -454,6 +455,8 @@ def _check_consistency(s: dict[str, dict[str, Any]], model: Model) -> None:
     if sampler["init_scale"] > 1:
         raise ConfigError("sampler.init_scale must be at most 1 (chains start inside Θ)")
     _check_aggregation(privacy, owners, ALGORITHMS[sampler["algorithm"]])
+    if privacy["aggregation"] == "secure":
+        _check_secure_units(ALGORITHMS[sampler["algorithm"]], sampler)
 
 
 def _check_aggregation(privacy: dict[str, Any], owners: int, algorithm: Algorithm) -> None:
@@ -477,6 +480,23 @@ def _check_aggregation(privacy: dict[str, Any], owners: int, algorithm: Algorith
         )
     if not isinstance(algorithm, ChainAlgorithm) or not algorithm.deployable:
         raise ConfigError(
-            f"privacy.aggregation = 'secure' applies to penalty, penalty_expfam, sgld, sghmc and "
-            f"sgnht, not {algorithm.name!r}"
+            f"privacy.aggregation = 'secure' applies to penalty, penalty_expfam, sgld, sghmc, "
+            f"sgnht and dp_hmc, not {algorithm.name!r}"
+        )
+
+
+def _check_secure_units(algorithm: Algorithm, sampler: Mapping[str, Any]) -> None:
+    """One s serves every kind of a secure session (docs/design.md §2.6, "The noise level of
+    a clipped kind"): a noise multiplier of the clip for the kinds clipped per record, a noise
+    sd for the others. A run asking kinds of both has no one s that means either: refused."""
+    assert isinstance(algorithm, ChainAlgorithm)  # _check_aggregation: a deployable kernel
+    kinds = [query_kind(kind) for kind in algorithm.asks(sampler)]
+    if len({kind.clip_scaled for kind in kinds}) > 1:
+        clipped = [k.name for k in kinds if k.clip_scaled]
+        other = [k.name for k in kinds if not k.clip_scaled]
+        raise ConfigError(
+            f"privacy.total_noise_sd is one noise level for every kind of a secure session — a "
+            f"multiplier of the clip for {', '.join(clipped)}, a noise sd for "
+            f"{', '.join(other)} — and {algorithm.name!r} asks both: set privacy.aggregation = "
+            "'none' (each kind then has its own level in [privacy.noise])"
         )

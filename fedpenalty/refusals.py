@@ -67,18 +67,25 @@ def plan_needs(
 
 
 def plan_needs_kinds(
-    terms: Sequence[KindTerms], model: Model, policy: Policy, lattice: bool, spent_epsilon: float
+    terms: Sequence[KindTerms],
+    model: Model,
+    policy: Policy,
+    lattice: bool,
+    spent_epsilon: float,
+    total_noise_sd: float | None = None,
 ) -> PlanNeeds:
     """The needs of a plan of several kinds (``terms``, one per kind, as the session opens
     them), composed as the owner composes them: each kind's answers at its worst-case μ at its
-    own level (``Policy.noise_for``). When every kind is Gaussian, ``max_answers`` is the most
-    answers of the plan, scaled down in proportion, that fit, and ``sigma`` the factor every
-    kind's level must grow by; else both None."""
+    own level (``Policy.noise_for``), or with secure aggregation at ``total_noise_sd`` s for
+    every kind (lattice answers, docs/design.md §2.6). When every kind is Gaussian,
+    ``max_answers`` is the most answers of the plan, scaled down in proportion, that fit, and
+    ``sigma`` the factor every kind's level (s) must grow by; else both None."""
+    lattice = lattice or total_noise_sd is not None
     before = _spent(spent_epsilon, policy, lattice)
     spend, sampled = before, []
     for term in terms:
         kind = query_kind(term.kind)
-        level = policy.noise_for(kind.ledger_name)
+        level = policy.noise_for(kind.ledger_name) if total_noise_sd is None else total_noise_sd
         if not isinstance(kind, GaussianKind):
             multiplier = lattice_gradient_multiplier(level, model.dim) if lattice else level
             rate = term.sampling_rate if term.sampling_rate is not None else 1.0
@@ -108,9 +115,11 @@ def kinds_refusal(
     terms: Sequence[KindTerms],
     policy: Policy,
     deployed: bool,
+    secure: bool = False,
 ) -> PlanRefused:
     """The one-line error for an owner's refusal of a plan of several kinds
-    (``plan_needs_kinds``): the ε it needs, the budget, and what would make it fit."""
+    (``plan_needs_kinds``): the ε it needs, the budget, and what would make it fit
+    (``secure``: the noise level is privacy.total_noise_sd, every kind's)."""
     owner = exc.owner or "an owner"
     plan = ", ".join(f"{t.planned_answers} {query_kind(t.kind).ledger_name}" for t in terms)
     head = (
@@ -120,6 +129,8 @@ def kinds_refusal(
     )
     keys = ", ".join(query_kind(t.kind).noise_key for t in terms)
     where = "its OWNER.toml's [privacy]" if deployed else "privacy.sigma or [privacy.noise]"
+    if secure:  # one s for every kind, in the scenario and every owner's policy
+        keys, where = "privacy.total_noise_sd", "the scenario and every owner's policy"
     budget = "the owner's budget_epsilon in OWNER.toml" if deployed else "privacy.budget_epsilon"
     options = [f"{budget} ≥ {_up(needs.epsilon)}"]
     if needs.max_answers is None or needs.sigma is None:

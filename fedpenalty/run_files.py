@@ -273,10 +273,10 @@ def privacy_summary(
         "neighbour_meaning": NEIGHBOUR_MEANING.get(neighbour, "owners differ"),
         "algorithm": algorithm.name,
         "accounting": query_kind(primary).report_basis,
-        **kinds_fields(algorithm, scenario["sampler"]),
+        **kinds_fields(algorithm, scenario["sampler"], requested(scenario["privacy"]) is not None),
         "trusted_curator": False,
         "release": "each owner's own ledger",
-        **aggregation_fields(requested(scenario["privacy"]), reports),
+        **aggregation_fields(requested(scenario["privacy"]), reports, _clips(algorithm, scenario)),
         "owners": [
             owner_privacy(r, p, algorithm, scenario)
             for r, p in zip(entries, policies)
@@ -286,11 +286,20 @@ def privacy_summary(
     }
 
 
-def kinds_fields(algorithm: ChainAlgorithm, sampler: dict[str, Any]) -> dict[str, Any]:
+def _clips(algorithm: ChainAlgorithm, scenario: Scenario) -> dict[str, float]:
+    """The per-record clip of each clipped kind the run asks (none: {})."""
+    return {} if algorithm.clips is None else algorithm.clips(scenario["sampler"])
+
+
+def kinds_fields(
+    algorithm: ChainAlgorithm, sampler: dict[str, Any], secure: bool = False
+) -> dict[str, Any]:
     """privacy.json's fields of a run whose kinds are not just its ``query`` (several, or
     another one: docs/design.md §4): ``kind``, the primary kind's ledger name; ``kinds``, each
-    kind's answers per chain and accounting; and ``target`` when a kind clips each record's
-    term (``ChainAlgorithm.target``). None for any other run (its privacy.json as before)."""
+    kind's answers per chain, the OWNER.toml key of its noise level (``secure``: every kind's
+    is ``total_noise_sd``, docs/design.md §2.6) and accounting; and ``target`` when a kind
+    clips each record's term (``ChainAlgorithm.target``). None for any other run (its
+    privacy.json as before)."""
     asks = algorithm.asks(sampler)
     kinds = {query_kind(name).ledger_name: per_chain for name, per_chain in asks.items()}
     target = algorithm.target(sampler)
@@ -301,7 +310,7 @@ def kinds_fields(algorithm: ChainAlgorithm, sampler: dict[str, Any]) -> dict[str
         "kinds": {
             name: {
                 "answers_per_chain": per_chain,
-                "noise_key": query_kind(name).noise_key,
+                "noise_key": "total_noise_sd" if secure else query_kind(name).noise_key,
                 "accounting": query_kind(name).report_basis,
             }
             for name, per_chain in kinds.items()

@@ -159,16 +159,18 @@ def _open_session(
     budget becomes a ``PlanRefused`` that says what would make it fit."""
     sampler = scenario["sampler"]
     terms = algorithm.kind_terms(sampler)  # one per kind the run asks (docs/design.md §4)
+    secure = requested(scenario["privacy"])
     try:
-        return owners.oracle.open_kinds(terms, session, requested(scenario["privacy"]))
+        return owners.oracle.open_kinds(terms, session, secure)
     except BudgetExhausted as exc:
         if exc.owner not in owners.names:
             raise
         policy = owners.policies[owners.names.index(exc.owner)]
         spent = max(policy.budget_epsilon - exc.epsilon_left, 0.0)
         if len(terms) > 1:
-            needs = plan_needs_kinds(terms, model, policy, owners.deployed, spent)
-            raise kinds_refusal(exc, needs, terms, policy, owners.deployed) from exc
+            s = None if secure is None else secure.total_noise_sd
+            needs = plan_needs_kinds(terms, model, policy, owners.deployed, spent, s)
+            raise kinds_refusal(exc, needs, terms, policy, owners.deployed, s is not None) from exc
         options = algorithm.session_options(sampler)
         [only] = terms
         planned = only.planned_answers

@@ -149,10 +149,15 @@ def test_a_joint_plan_past_the_budget_is_refused_naming_both_kinds(tmp_path, con
     oracle.open_session("log_ratio", plans["log_ratio"], session="alone")
 
 
-def test_secure_aggregation_with_several_kinds_is_refused(tmp_path, connect):
-    oracle = connect(make_nodes(tmp_path, "s"))
-    with pytest.raises(InvalidRequest, match="secure aggregation asks one query kind"):
+def test_secure_aggregation_with_several_kinds_is_decided_by_the_owners_policy(tmp_path, connect):
+    """Several kinds with secure aggregation reach the owners (each kind masked under its own
+    transcript: tests/test_dp_hmc_secure.py); these owners' policies allow no secure session,
+    so they refuse it for that reason and record nothing."""
+    nodes = make_nodes(tmp_path, "s")
+    oracle = connect(nodes)
+    with pytest.raises(InvalidRequest, match=r"sets no privacy\.total_noise_sd"):
         oracle.open_kinds(KINDS, session="s", secure=SecureAggregation(1.0))
+    assert spend(nodes, "s") == [{}, {}, {}]
 
 
 # --- the protocol's v2 fields ---------------------------------------------------------------

@@ -13,6 +13,7 @@ import numpy as np
 
 from ..common import PEERS_AUTHENTICATED, PEERS_OWN_NOISE, PEERS_SIMULATED, PrivacyReport
 from ..errors import AggregationFailed, OwnerError
+from ..kinds import query_kind
 from ..owner.aggregation import PeerKey, Reply, SecureOpen
 from ..owner.noise.lattice import FLOAT_EXACT_LIMIT, from_lattice
 from .oracle import Answers, SecureAggregation
@@ -123,9 +124,15 @@ _BASIS = {
 }
 
 
-def assumption(secure: SecureAggregation, reports: Sequence[PrivacyReport] = ()) -> str:
+def assumption(
+    secure: SecureAggregation,
+    reports: Sequence[PrivacyReport] = (),
+    clips: Mapping[str, float] | None = None,
+) -> str:
     """privacy.json's ``assumption``: what ``epsilon`` of a secure run rests on, in words, from
-    what the owners' reports say their ε rests on (``OwnNoise.peers``)."""
+    what the owners' reports say their ε rests on (``OwnNoise.peers``); ``clips``: the
+    per-record clip of each clipped kind the run asks (by kind name), whose s is a noise
+    multiplier (docs/design.md §2.6, "The noise level of a clipped kind")."""
     s, t = secure.total_noise_sd, secure.colluders
     counts: dict[str, list[str]] = {}
     for r in reports:
@@ -142,7 +149,8 @@ def assumption(secure: SecureAggregation, reports: Sequence[PrivacyReport] = ())
         f"secure aggregation (docs/design.md §2.6): the coordinator sees only the sum of the "
         f"owners' masked answers. Each of the K owners (K counted by each owner from the peer "
         f"keys it received) adds noise of variance s²/(K − t) with s = {s:g}, t = {t}; the sum "
-        f"carries variance K·s²/(K − t), which the sampler accounts for. 'epsilon' rests on, "
+        f"carries variance K·s²/(K − t), which the sampler accounts for.{_clipped(clips)} "
+        f"'epsilon' rests on, "
         f"by the owners' own reports: {bases}. 'epsilon_own_noise_only' is what an owner's own "
         f"noise alone gives (every other owner colluding or invented). An owner that drops out "
         f"stops the run (the sum cannot be decoded); recovery by secret sharing is not "
@@ -150,18 +158,33 @@ def assumption(secure: SecureAggregation, reports: Sequence[PrivacyReport] = ())
     )
 
 
+def _clipped(clips: Mapping[str, float] | None) -> str:
+    """The assumption's words on the clipped kinds ``clips`` (kind → clip; none: nothing)."""
+    if not clips:
+        return ""
+    each = ", ".join(f"{query_kind(kind).name} at clip {c:g}" for kind, c in clips.items())
+    return (
+        f" For the kinds clipped per record ({each}) s is a noise multiplier: an answer's noise "
+        f"sd is s·clip/√(K − t), the sum's s·clip·√(K/(K − t)); each answer is charged "
+        f"mu = (Delta + gamma*sqrt(w))/s per unit clip, whatever the kind."
+    )
+
+
 def aggregation_fields(
-    secure: SecureAggregation | None, reports: Sequence[PrivacyReport] = ()
+    secure: SecureAggregation | None,
+    reports: Sequence[PrivacyReport] = (),
+    clips: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """privacy.json's run-level fields: the aggregation and, when secure, s, t and the
-    assumption ``epsilon`` rests on (from the owners' ``reports``)."""
+    assumption ``epsilon`` rests on (from the owners' ``reports``; ``clips``: the run's
+    clipped kinds, ``assumption``)."""
     if secure is None:
         return {"aggregation": "none"}
     return {
         "aggregation": "secure",
         "total_noise_sd": secure.total_noise_sd,
         "colluders": secure.colluders,
-        "assumption": assumption(secure, reports),
+        "assumption": assumption(secure, reports, clips),
     }
 
 

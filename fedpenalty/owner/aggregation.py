@@ -236,12 +236,18 @@ def lattice_step(terms: SecureTerms) -> float:
 
 
 def pair_secrets(
-    hosted: dict[int, X25519PrivateKey], peers: Sequence[PeerKey], digest: bytes
+    hosted: dict[int, X25519PrivateKey],
+    peers: Sequence[PeerKey],
+    digest: bytes,
+    exchanged: dict[tuple[int, int], bytes] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, list[bytes]]:
     """The pairs (low, high) ``(P,)`` of positions in ``peers`` (name order) with at least one
     end hosted (``hosted``: position → its private key), and each pair's 32-byte secret
     HKDF-SHA256(X25519, salt = ``digest``, info = both names). One exchange per pair, also
-    when both ends are hosted. ``InvalidRequest`` for a peer key X25519 refuses."""
+    when both ends are hosted; ``exchanged`` (pair → X25519 output) keeps them for the other
+    kinds of a session of several kinds, whose transcripts (``digest``) differ.
+    ``InvalidRequest`` for a peer key X25519 refuses."""
+    exchanged = {} if exchanged is None else exchanged
     count = len(peers)
     low_parts, high_parts = [], []
     for p in sorted(hosted):
@@ -250,23 +256,37 @@ def pair_secrets(
         high_parts.append(np.maximum(others, p))
     code = np.unique(np.concatenate(low_parts) * count + np.concatenate(high_parts))
     low, high = code // count, code % count
-    publics = {}
+    publics: dict[int, X25519PublicKey] = {}
     secrets: list[bytes] = []
     for a, b in zip(low.tolist(), high.tolist()):
-        mine, other = (a, b) if a in hosted else (b, a)
-        try:
-            if other not in publics:
-                publics[other] = X25519PublicKey.from_public_bytes(peers[other].public_key)
-            shared = hosted[mine].exchange(publics[other])
-        except ValueError as exc:
-            raise InvalidRequest(
-                f"the public key of peer {peers[other].owner!r} is unusable ({exc})",
-                peers[mine].owner,
-            ) from None
+        shared = exchanged.get((a, b))
+        if shared is None:
+            shared = exchanged[(a, b)] = _exchange(hosted, peers, a, b, publics)
         info = fields(peers[a].owner.encode(), peers[b].owner.encode())
         hkdf = HKDF(algorithm=hashes.SHA256(), length=32, salt=digest, info=info)
         secrets.append(hkdf.derive(shared))
     return low, high, secrets
+
+
+def _exchange(
+    hosted: dict[int, X25519PrivateKey],
+    peers: Sequence[PeerKey],
+    a: int,
+    b: int,
+    publics: dict[int, X25519PublicKey],
+) -> bytes:
+    """X25519 of pair (a, b)'s hosted end's private key and the other end's public key
+    (``publics``: the peers' keys decoded so far); ``InvalidRequest`` for an unusable key."""
+    mine, other = (a, b) if a in hosted else (b, a)
+    try:
+        if other not in publics:
+            publics[other] = X25519PublicKey.from_public_bytes(peers[other].public_key)
+        return hosted[mine].exchange(publics[other])
+    except ValueError as exc:
+        raise InvalidRequest(
+            f"the public key of peer {peers[other].owner!r} is unusable ({exc})",
+            peers[mine].owner,
+        ) from None
 
 
 # --------------------------------------------------------------------------- mask words
@@ -381,6 +401,9 @@ class SecureSession:
 
     ``hosted``: (name, private key) of each hosted owner, in host order; ``peers``: every
     participant's key; ``simulation``: SplitMix64 masks instead of ChaCha20 (``MixMasks``).
+    ``algorithm``: the query kind, bound into the transcript that salts every pair secret, so
+    the kinds of a session of several kinds mask with unrelated words; ``exchanged``: their
+    shared X25519 outputs (``pair_secrets``).
     """
 
     def __init__(
@@ -391,6 +414,7 @@ class SecureSession:
         peers: Sequence[PeerKey],
         hosted: Sequence[tuple[str, X25519PrivateKey]],
         simulation: bool = False,
+        exchanged: dict[tuple[int, int], bytes] | None = None,
     ):
         self.terms = terms
         self.gamma = lattice_step(terms)
@@ -398,7 +422,7 @@ class SecureSession:
         ordered = sorted(peers, key=lambda p: p.owner)
         position = {p.owner: i for i, p in enumerate(ordered)}
         keys = {position[name]: key for name, key in hosted}
-        low, high, secrets = pair_secrets(keys, ordered, self.digest)
+        low, high, secrets = pair_secrets(keys, ordered, self.digest, exchanged)
         row = np.full(len(ordered), -1, dtype=np.int64)
         row[[position[name] for name, _ in hosted]] = np.arange(len(hosted))
         self._low, self._high = row[low], row[high]  # host index of each end (−1: elsewhere)

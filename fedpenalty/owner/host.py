@@ -75,6 +75,8 @@ class OwnerHost:
         """Any answer of this host as a transport carries it: plain answers ``(K, ...)`` of
         ``kind`` (its v2 or ledger name; None: owners with one noise level for every kind)
         with each owner's noise sd σ_k·``scale`` (a secure session's reply is already one)."""
+        if isinstance(answers, Reply):  # a secure session's: its sd and lattice step are set
+            return answers
         ledger_name = None if kind is None else query_kind(kind, self.label).ledger_name
         return reply_of(self._noise.mechanism(session, ledger_name), answers, scale)
 
@@ -104,16 +106,16 @@ class OwnerHost:
     def open(self, request: SessionRequest) -> None:
         """Open (or resume) ``request.session`` at every hosted owner (``node.open_sessions``)."""
         session, secure = request.session, request.secure
-        mechanism = None
-        request.kinds(self.label)  # refuses no kind, a kind twice, several kinds with secure
+        mechanisms = None
+        terms = request.kinds(self.label)  # refuses no kind and a kind twice
         for node in self.nodes:  # a session for another model is refused, naming both
             check_session_model(request.model, node.model, node.name)
         if secure is not None:
-            kind = query_kind(request.single(self.label).kind, self.label)
-            mechanism = self._noise.secure_mechanism(session, kind.ledger_name, secure)
+            kinds = [query_kind(t.kind, self.label).ledger_name for t in terms]
+            mechanisms = self._noise.secure_mechanisms(session, kinds, secure)
         open_sessions(self.nodes, request)
-        if mechanism is not None:
-            self._noise.secure[session] = mechanism
+        if mechanisms is not None:
+            self._noise.keep_secure(session, mechanisms)
         self._pipeline.refresh_caps()
         for one in self._singles.values():
             one._pipeline.refresh_caps()
@@ -125,7 +127,7 @@ class OwnerHost:
 
     def close_session(self, session: str) -> None:
         close_sessions(self.nodes, session)
-        self._noise.secure.pop(session, None)
+        self._noise.forget_secure(session)
 
     def _require_session(self, session: str, algorithm: str) -> list:
         """Every owner's open ``session``'s kind ``algorithm``: validated in full, then kept
@@ -135,7 +137,7 @@ class OwnerHost:
         if checked is not None and checked[0] == SESSION_EVENTS[0]:
             return checked[1]
         opened = [node.require_session(session, algorithm) for node in self.nodes]
-        if any(o.secure is not None for o in opened) != (session in self._noise.secure):
+        if any(o.secure is not None for o in opened) != self._noise.is_secure(session):
             raise UnknownSession(
                 f"session {session!r} uses secure aggregation, but this host holds no keys for "
                 "it: re-open it",
@@ -166,7 +168,7 @@ class OwnerHost:
         """How many numbers the reply to ``answers`` keys of ``width`` carries: every owner's
         answers, or a secure session's one masked sum with its check words — so that a server
         bounds a reply before anything is computed (docs/design.md §3, invariant 9)."""
-        if session in self._noise.secure:
+        if self._noise.is_secure(session):
             return answers * (width + 1)
         return len(self.nodes) * answers * width
 
@@ -230,7 +232,7 @@ class OwnerHost:
         and answers its own rows alone, through a host of itself; every owner's rows are
         checked before any owner answers. ``(K, C, ...)``. Refused in a secure session (a
         masked sum over owners asked at different φ_k would mean nothing here)."""
-        if session in self._noise.secure:
+        if self._noise.is_secure(session):
             raise InvalidRequest(
                 "a query with one θ row per owner cannot be securely aggregated: set "
                 "privacy.aggregation = 'none'",

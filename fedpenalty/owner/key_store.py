@@ -12,7 +12,7 @@ from collections import defaultdict
 
 from ..common import SecureTerms
 from ..errors import InvalidRequest
-from .ledger_records import Opening
+from .ledger_records import PART_SEPARATOR, Opening
 from .ledger_store import LedgerStore
 
 
@@ -37,9 +37,10 @@ class KeyStore:
         self.store = store
 
     def check_reopen(self, owners: list[Opening], session: str, recorded: dict[str, tuple]) -> None:
-        """Refuse re-opening a recorded session with other secure-aggregation peers or terms
-        than it was opened with (or a plain one as secure, or the reverse): the masks of its
-        answered keys would no longer cancel with the new ones (call inside the transaction)."""
+        """Refuse re-opening a recorded session (a ledger session: a session of several kinds
+        asks once per part) with other secure-aggregation peers or terms than it was opened
+        with (or a plain one as secure, or the reverse): the masks of its answered keys would
+        no longer cancel with the new ones (call inside the transaction)."""
         rows = {
             owner_id: (SecureTerms(*terms), transcript)
             for owner_id, *terms, transcript in self.store.db.execute(
@@ -55,7 +56,7 @@ class KeyStore:
             asked = None if o.secure is None else (o.secure.terms, o.secure.transcript)
             if kept != asked:
                 raise InvalidRequest(
-                    f"session {session!r} was opened with "
+                    f"session {session.partition(PART_SEPARATOR)[0]!r} was opened with "
                     f"{_secure_words(kept)}, not {_secure_words(asked)}; a resumed session "
                     "keeps its peers and terms",
                     o.owner,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -143,10 +143,17 @@ class Opening:
     admit: Admit | None = None
     secure: SecureRecord | None = None
     session_multiplier: float | None = None
-    #: a session of several kinds: the joint plan check (``admit`` is then not called) and
-    #: each part's multiplier (in the parts' order)
+    #: a session of several kinds: the joint plan check (``admit`` is then not called),
+    #: each part's multiplier and each part's secure record (in the parts' order; ``secure``
+    #: is then not read)
     admit_parts: AdmitParts | None = None
     part_multipliers: tuple[float | None, ...] = ()
+    part_secure: tuple[SecureRecord | None, ...] = ()
+
+    def part(self, j: int) -> Opening:
+        """This opening as the ``j``-th part of its session sees it: with that part's secure
+        record (a session of one kind: itself)."""
+        return replace(self, secure=self.part_secure[j]) if self.part_secure else self
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import InvalidRequest
 from ..kinds import KINDS
 from .aggregation import SecureOpen, SecureSession, agree, scaled_step
-from .ledger_records import PART_SEPARATOR
+from .ledger_records import PART_SEPARATOR, part_name
 from .ledger_rows import AffineMus
 from .node import OwnerNode
 from .noise.exact import SCALE_MAX
@@ -126,7 +126,11 @@ class HostNoise:
             kind: Mechanism(sd, sd, gamma, LATTICE_LIMIT, multipliers)
             for kind, sd in self.levels.items()
         }
+        #: each secure session's mechanism by ledger session: the session, or each part of a
+        #: session of several kinds (``part_name``)
         self.secure: dict[str, Mechanism] = {}
+        #: the ledger sessions of each secure session (``secure``'s keys)
+        self.secure_parts: dict[str, list[str]] = {}
 
     def _lattice_noise(self, sigma: np.ndarray) -> bool:
         """Set up exact lattice noise when the owners use it (all of them or none): their
@@ -148,10 +152,13 @@ class HostNoise:
 
     def mechanism(self, session: str, kind: str | None) -> Mechanism:
         """How ``session``'s answers of ``kind`` (a ledger name; ``KeyError`` for an unknown
-        one) are noised and charged (after ``_require_session``): a secure session's, or the
-        kind's plain one. ``kind`` None: the plain one of every kind, when the owners have one
-        level for every kind (``ValueError`` otherwise)."""
+        one) are noised and charged (after ``_require_session``): a secure session's (of
+        ``session``, a ledger session, or of ``kind``'s part of it), or the kind's plain one.
+        ``kind`` None: the plain one of every kind, when the owners have one level for every
+        kind (``ValueError`` otherwise)."""
         secure = self.secure.get(session)
+        if secure is None and kind is not None and session in self.secure_parts:
+            secure = self.secure[part_name(session, kind)]
         if secure is not None:
             return secure
         if kind is not None:
@@ -238,9 +245,29 @@ class HostNoise:
         multiples = noisy_lattice_multiples(*args, owners=owners, chains=chains)
         return mechanism.secure.mask(multiples, owners, chains, iterations, substep)
 
-    def secure_mechanism(self, session: str, algorithm: str, secure: SecureOpen) -> Mechanism:
-        """A secure session's noise, charges and masks, once every hosted owner accepts its
-        terms (``aggregation.agree``; all must share them) and every peer key is usable."""
+    def is_secure(self, session: str) -> bool:
+        """``session`` is open here with secure aggregation."""
+        return session in self.secure_parts
+
+    def keep_secure(self, session: str, mechanisms: dict[str, Mechanism]) -> None:
+        """Keep ``session``'s mechanisms (``secure_mechanisms``), once it opened."""
+        self.secure.update(mechanisms)
+        self.secure_parts[session] = list(mechanisms)
+
+    def forget_secure(self, session: str) -> None:
+        """Drop ``session``'s mechanisms (it closed); nothing for a plain session."""
+        for name in self.secure_parts.pop(session, []):
+            del self.secure[name]
+
+    def secure_mechanisms(
+        self, session: str, kinds: Sequence[str], secure: SecureOpen
+    ) -> dict[str, Mechanism]:
+        """A secure session's noise, charges and masks by ledger session — the session itself
+        for one kind, else each of its ``kinds``' (ledger names) part (``part_name``) —, once
+        every hosted owner accepts its terms (``aggregation.agree``; all must share them) and
+        every peer key is usable. The kinds share the terms, the lattice step and the X25519
+        exchanges; each kind's transcript binds its name, so its masks are its own
+        (docs/design.md §2.6, "Sessions of several kinds")."""
         agreements = {
             agree(n.name, n.policy, n.session_key(session).public_key, secure, n.simulated_peers)
             for n in self.nodes
@@ -261,13 +288,20 @@ class HostNoise:
                 self.host_label,
             )
         hosted = [(n.name, n.session_private_key(session)) for n in self.nodes]
-        masks = SecureSession(session, algorithm, terms, secure.peers, hosted, self.simulated)
         count = len(self.nodes)
-        return Mechanism(
-            np.full(count, terms.owner_noise_sd),
-            np.full(count, charged.total_noise_sd),
-            masks.gamma,
-            LATTICE_LIMIT / terms.owners,
-            np.array([n.gradient_multiplier(charged) for n in self.nodes]),
-            masks,
-        )
+        exchanged: dict[tuple[int, int], bytes] = {}
+        multipliers = np.array([n.gradient_multiplier(charged) for n in self.nodes])
+        out = {}
+        for kind in kinds:
+            masks = SecureSession(
+                session, kind, terms, secure.peers, hosted, self.simulated, exchanged
+            )
+            out[part_name(session, kind) if len(kinds) > 1 else session] = Mechanism(
+                np.full(count, terms.owner_noise_sd),
+                np.full(count, charged.total_noise_sd),
+                masks.gamma,
+                LATTICE_LIMIT / terms.owners,
+                multipliers,
+                masks,
+            )
+        return out

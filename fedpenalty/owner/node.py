@@ -330,32 +330,15 @@ class OwnerNode:
 
     def _check_session_request(self, request: SessionRequest) -> tuple[_OpenSession, ...]:
         """``InvalidRequest`` for a malformed session request; else its kinds to record."""
-        session, secure = request.session, request.secure
+        session = request.session
         self._check_session_id(session)
         kinds = tuple(self._check_session_terms(t) for t in request.kinds(self.name))
-        if len(kinds) > 1:
-            return tuple(replace(o, ledger_session=part_name(session, o.algorithm)) for o in kinds)
-        opened = replace(kinds[0], ledger_session=session)
-        if secure is None:
-            return (opened,)
-        if not self.lattice:
-            raise InvalidRequest(
-                "secure aggregation needs lattice answers; this owner gives float answers",
-                self.name,
-            )
-        agreed = agree(
-            self.name,
-            self.policy,
-            self.session_key(session).public_key,
-            secure,
-            self.simulated_peers,
+        several = len(kinds) > 1
+        opened = tuple(
+            replace(o, ledger_session=part_name(session, o.algorithm) if several else session)
+            for o in kinds
         )
-        # the ledger keeps the terms charged (with unauthenticated peers: t = K − 1 at its own
-        # noise sd), so its plans, budget and own-noise report use them; the transcript binds
-        # the terms every owner counted
-        digest = transcript(session, opened.algorithm, agreed.terms, secure.peers)
-        record = SecureRecord(agreed.charged, digest)
-        return (replace(opened, secure=agreed.charged, record=record),)
+        return opened if request.secure is None else _secure_kinds(self, request, opened)
 
     def _check_session_id(self, session: str) -> None:
         if not isinstance(session, str) or not session or len(session) > 128:
@@ -473,11 +456,12 @@ class OwnerNode:
         delta, neighbour = self.policy.delta, self.policy.neighbour
         dim = self.model.dim
         total, sampled = own_noise_spend(record.total, record.sampled, record.secure, dim)
-        mine = [row for row in record.secure if row.session == session]
+        # the session's secure records: itself, or one per part of a session of several kinds
+        mine = [r for r in record.secure if r.session.partition(PART_SEPARATOR)[0] == session]
         session_report = terms = None
         peers = ""
-        if mine:
-            spend, events = own_noise_spend(mine[0].spend, mine[0].sampled, mine, dim)
+        if mine and record.session is not None:
+            spend, events = own_noise_spend(*record.session, mine, dim)
             session_report = SpendReport.of(spend, events, delta, neighbour, True)
             terms = mine[0].terms
             peers = self.peers_basis(terms)
@@ -498,6 +482,36 @@ class OwnerNode:
         if self.diagnostics is None:
             raise InvalidRequest("simulation diagnostics are off for this owner", self.name)
         return self.diagnostics
+
+
+def _secure_kinds(
+    node: OwnerNode, request: SessionRequest, opened: tuple[_OpenSession, ...]
+) -> tuple[_OpenSession, ...]:
+    """``opened`` (the session's checked kinds) with the secure terms ``node`` agrees to
+    (``aggregation.agree``, once for the session) and each kind's record: the terms charged
+    and the transcript of the peers and terms under that kind's name — a session of several
+    kinds keeps one secure record per part (docs/design.md §4, "Sessions of several kinds")."""
+    secure = request.secure
+    assert secure is not None  # a secure request
+    if not node.lattice:
+        raise InvalidRequest(
+            "secure aggregation needs lattice answers; this owner gives float answers", node.name
+        )
+    public = node.session_key(request.session).public_key
+    agreed = agree(node.name, node.policy, public, secure, node.simulated_peers)
+    # the ledger keeps the terms charged (with unauthenticated peers: t = K − 1 at its own
+    # noise sd), so its plans, budget and own-noise report use them; the transcript binds
+    # the terms every owner counted
+    return tuple(
+        replace(
+            o,
+            secure=agreed.charged,
+            record=SecureRecord(
+                agreed.charged, transcript(request.session, o.algorithm, agreed.terms, secure.peers)
+            ),
+        )
+        for o in opened
+    )
 
 
 # --- many owners at once: one ledger transaction (or query set) per ledger ----------------------
@@ -608,6 +622,7 @@ def _open_in_ledger(
             n.lattice,
             admit_parts=functools.partial(n._admit_parts, opened=o),
             part_multipliers=tuple(k.kind.session_multiplier(n, k.secure) for k in o),
+            part_secure=tuple(k.record for k in o),
         )
         for n, o in zip(group, opened)
     ]

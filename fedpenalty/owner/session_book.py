@@ -119,13 +119,14 @@ class SessionBook:
         names = [o.owner for o in owners]
         with self.store.writing():
             recorded = self._check_parts(names, session, parts, client)
-            self.keys.check_reopen(owners, session, recorded[0])
+            for j, part in enumerate(parts):  # each part keeps its own secure record
+                self.keys.check_reopen([o.part(j) for o in owners], part.name, recorded[j])
             views = [self._plan_views(owners, p, parts) for p in parts]
             caps = [self._admit(o, [v[k] for v in views]) for k, o in enumerate(owners)]
             for j, part in enumerate(parts):
                 self._record_sessions(owners, part, client, set(recorded[j]), j)
             ids = [self.store.id(name) for name in names]
-            self._record_owners(ids, owners, caps, session)
+            self._record_owners(ids, owners, caps, parts)
         for part in parts:
             self.book.plans_changed(part.name)
         self.book.caps_recorded(ids, caps)  # committed: the caches follow
@@ -206,10 +207,14 @@ class SessionBook:
         )
 
     def _record_owners(
-        self, ids: list[int], owners: list[Opening], caps: list[float | None], session: str
+        self,
+        ids: list[int],
+        owners: list[Opening],
+        caps: list[float | None],
+        parts: list[SessionPart],
     ) -> None:
-        """Write each opening owner's cap, lattice mechanism and secure-session record (call
-        inside the transaction)."""
+        """Write each opening owner's cap, lattice mechanism and secure-session record of each
+        part (call inside the transaction)."""
         self.store.db.executemany(
             "INSERT OR REPLACE INTO limits(owner_id, max_mu_squared) VALUES (?,?)",
             [(i, cap) for i, cap in zip(ids, caps) if cap is not None],
@@ -218,7 +223,8 @@ class SessionBook:
             "INSERT OR REPLACE INTO mechanisms(owner_id, lattice) VALUES (?, 1)",
             [(i,) for i, o in zip(ids, owners) if o.lattice],
         )
-        self.keys.record(ids, owners, session)
+        for j, part in enumerate(parts):
+            self.keys.record(ids, [o.part(j) for o in owners], part.name)
 
     def _plan_views(
         self, owners: list[Opening], part: SessionPart, parts: list[SessionPart]

@@ -61,20 +61,15 @@ class SessionRequest:
         return cls(session, tuple(terms), client, secure, model)
 
     def kinds(self, owner: str | None = None) -> tuple[KindTerms, ...]:
-        """Every kind's terms, each kind once (``InvalidRequest`` for none, for a kind asked
-        twice, and for several kinds with secure aggregation, whose masks are keyed by one
-        kind). A session of several kinds keys and charges each kind's answers apart
-        (docs/design.md §4, "Sessions of several kinds")."""
+        """Every kind's terms, each kind once (``InvalidRequest`` for none and for a kind
+        asked twice). A session of several kinds keys and charges each kind's answers apart,
+        and with secure aggregation masks each kind under its own transcript (docs/design.md
+        §4, "Sessions of several kinds")."""
         if not self.terms:
             raise InvalidRequest("a session asks at least one query kind", owner)
         names = [query_kind(t.kind, owner).name for t in self.terms]
         if len(set(names)) != len(names):
             raise InvalidRequest(f"a session asks each query kind once, not {names}", owner)
-        if len(names) > 1 and self.secure is not None:
-            raise InvalidRequest(
-                "a session with secure aggregation asks one query kind, not " + " and ".join(names),
-                owner,
-            )
         return self.terms
 
     def single(self, owner: str | None = None) -> KindTerms:
