@@ -13,7 +13,11 @@ from types import ModuleType
 from .errors import ConfigError
 
 #: Each optional top-level module: the package that provides it and the extra that installs it.
-EXTRAS = {"ray": ("Ray", "ray"), "sklearn": ("scikit-learn", "scenarios")}
+EXTRAS = {
+    "ray": ("Ray", "ray"),
+    "sklearn": ("scikit-learn", "scenarios"),
+    "statsmodels": ("statsmodels", "scenarios"),
+}
 
 
 def require(module: str, purpose: str, otherwise: str = "") -> ModuleType:
