@@ -332,24 +332,13 @@ def _run_owners(
         ) from exc
     try:
         owners = Owners(launched.oracle, names, policies, deployed=False)
-        info = {
-            "mode": "simulate",
-            "transport": scenario["run"]["transport"],
-            "session": SIMULATION_SESSION,
-        }
+        info = {"mode": "simulate", "transport": scenario["run"]["transport"]}
+        info["session"] = SIMULATION_SESSION
         theta0 = world.start if start is None else start.theta
         chains, reports, stopped, spend = sample_owners(
-            scenario,
-            algorithm,
-            model,
-            owners,
-            out,
-            world.n_total,
-            info,
-            resume,
-            theta0,
+            scenario, algorithm, model, owners, out, world.n_total, info, resume, theta0,
             world.sampled,
-        )
+        )  # fmt: skip
         with settling(launched.oracle, out, info, stopped):
             extra = chain_diagnostics(chains, algorithm)
             simulated = launched.oracle.simulation_diagnostics()
