@@ -18,7 +18,7 @@ import numpy as np
 from .common import Policy, PrivacyReport
 from .config import Scenario
 from .coordinator import checkpoint
-from .coordinator.base import ChainAlgorithm, ChainData, SamplingAlgorithm
+from .coordinator.base import ChainAlgorithm, ChainData, SamplingAlgorithm, planned_steps
 from .coordinator.driver import ChainResult, Progress, SamplingStopped, sample
 from .coordinator.oracle import Oracle, Unreported
 from .coordinator.secure_sum import requested
@@ -177,8 +177,9 @@ def _open_session(
         planned = only.planned_answers
         needs = plan_needs(only.kind, model, policy, planned, options, owners.deployed, spent)
         causes = plan_causes(scenario, only.kind, policy, owners.deployed)
+        each = max(algorithm.asks(sampler)[only.kind] // planned_steps(sampler), 1)
         raise budget_refusal(
-            exc, needs, policy, only.kind, sampler["chains"], owners.deployed, causes
+            exc, needs, policy, only.kind, sampler["chains"], owners.deployed, causes, each
         ) from exc
 
 

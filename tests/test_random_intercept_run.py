@@ -6,6 +6,8 @@ models")."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -13,6 +15,7 @@ from fedpenalty import simulation
 from fedpenalty.config import load_scenario
 from fedpenalty.coordinator import penalty_hier
 from fedpenalty.errors import ConfigError
+from fedpenalty.refusals import PlanRefused
 
 #: A smaller world than the embedded default, scaled with it: 10,000 records per owner (data
 #: sd 0.01), so the owner effects' box and the radii are 10× the default's.
@@ -120,3 +123,15 @@ def test_grpc_owner_hosts_give_the_in_process_draws(tmp_path):
     assert [o["answers"] for o in grpc.privacy["owners"]] == [2 * 4 * 90] * 4
     eps = [o["epsilon"] for o in grpc.privacy["owners"]]
     assert eps == pytest.approx([o["epsilon"] for o in inprocess.privacy["owners"]], rel=1e-12)
+
+
+def test_a_plan_past_the_budget_is_refused_counting_two_answers_per_iteration(tmp_path):
+    """At session open the refusal's largest warmup + iterations is its answers per owner over
+    chains × 2 (both sub-steps ask every owner), and nothing is sampled."""
+    settings = {"privacy.budget_epsilon": 10.0, "sampler.iterations": 4000}
+    with pytest.raises(PlanRefused, match=r"2 answers per iteration") as refused:
+        run(tmp_path, "refused", **settings)
+    said = str(refused.value)
+    most = int(re.search(r"at most (\d+) per owner", said).group(1))  # type: ignore[union-attr]
+    assert f"sampler.iterations ≤ {most // 8} with 4 chains" in said
+    assert not (tmp_path / "refused").exists()
