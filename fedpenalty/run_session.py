@@ -177,7 +177,9 @@ def _open_session(
         planned = only.planned_answers
         needs = plan_needs(only.kind, model, policy, planned, options, owners.deployed, spent)
         causes = plan_causes(scenario, only.kind, policy, owners.deployed)
-        each = max(algorithm.asks(sampler)[only.kind] // planned_steps(sampler), 1)
+        each = 1  # answers per chain and iteration, where the algorithm declares its kinds
+        if algorithm.kinds is not None:
+            each = max(algorithm.asks(sampler)[only.kind] // planned_steps(sampler), 1)
         raise budget_refusal(
             exc, needs, policy, only.kind, sampler["chains"], owners.deployed, causes, each
         ) from exc
