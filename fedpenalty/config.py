@@ -402,8 +402,9 @@ def _resolve_layers(raw: dict[str, Any], origins: dict[str, str]) -> Scenario:
     """``raw`` (the user's keys, from ``origins``) over the default layers of its model and
     algorithm, resolved."""
     model, algorithm = _chosen(raw, "model", "name"), _chosen(raw, "sampler", "algorithm")
-    if not isinstance(raw.get("sampler", {}).get("algorithm"), str):  # the model's own choice
-        own = model_defaults().get(model, {}).get("sampler", {})
+    sampler = raw.get("sampler")
+    if not (isinstance(sampler, dict) and isinstance(sampler.get("algorithm"), str)):
+        own = model_defaults().get(model, {}).get("sampler", {})  # the model's own choice
         algorithm = own.get("algorithm", algorithm)
     merged: dict[str, Any] = {}
     layered: dict[str, str] = {}
@@ -473,6 +474,8 @@ def _check_hierarchical(s: dict[str, dict[str, Any]], model: HierarchicalModel) 
     sigma = s["privacy"]["sigma"]
     if isinstance(sigma, list) and len(sigma) != data["owners"]:
         raise ConfigError(f"privacy.sigma lists {len(sigma)} values for {data['owners']} owners")
+    if s["sampler"]["init_scale"] > 1:
+        raise ConfigError("sampler.init_scale must be at most 1 (chains start inside the box)")
     true_theta = data["true_theta"]
     number = isinstance(true_theta, (int, float))
     z = [[*model.true_shared(true_theta), *[0.0] * model.block_dim]] if number else None

@@ -73,6 +73,8 @@ def test_a_run_mixes_and_matches_the_closed_form_reference(tmp_path):
         ({"data.true_theta": [0.1, 0.2]}, "data.true_theta"),
         ({"data.true_theta": 0.5}, "data.true_theta"),  # outside |μ| ≤ mu_bound = 0.25
         ({"data.paths": ["a.csv"] * 4}, "data.source"),
+        ({"sampler.init_scale": 1.5}, "sampler.init_scale"),
+        ({"privacy.max_step": 0.001}, "privacy.max_step"),  # below sampler.step = 0.0014
     ],
 )
 def test_what_a_hierarchical_model_cannot_run_is_refused_naming_the_key(overrides, key):
