@@ -206,7 +206,8 @@ def run_scenario(scenario: Scenario, out: str | Path | None = None) -> RunResult
 class _World:
     """What a simulation derives from ``run.seed``: the owners' ``records`` (made on demand),
     their total count, their noise ``seeds``, the generator of releases and data-dependent
-    starts, and the ``reference`` posterior."""
+    starts, and the ``reference`` posterior; for a hierarchical model also the ``sampled``
+    model with its owners and the chains' ``start`` ``(chains, d + K·p)``."""
 
     records: OwnerRecords
     n_total: int

@@ -108,8 +108,7 @@ class HierarchicalModel(ABC):
 @dataclass(frozen=True)
 class BoundHierarchy:
     """A hierarchical ``model`` with its owners, by name in ``describe()`` order: what a run's
-    outputs read (``name``, ``dim`` = d + K·p, ``param_names``) and what ``penalty_hier``
-    samples."""
+    outputs read (``name``, the d + K·p ``param_names``) and what ``penalty_hier`` samples."""
 
     model: HierarchicalModel
     owner_names: tuple[str, ...]
@@ -121,10 +120,6 @@ class BoundHierarchy:
     @property
     def owners(self) -> int:
         return len(self.owner_names)
-
-    @property
-    def dim(self) -> int:
-        return self.model.full_dim(self.owners)
 
     @property
     def param_names(self) -> list[str]:
