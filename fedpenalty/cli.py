@@ -40,9 +40,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     algorithm = ALGORITHMS[sampler["algorithm"]]
     transport = "" if algorithm.query is None else f", {scenario['run']['transport']} transport"
     warmup = "" if isinstance(algorithm, ReleaseAlgorithm) else f" (+{sampler['warmup']} warmup)"
+    dim = len(result.diagnostics.get("param_names", ())) or model.get("dim", 1)
     print_run(
-        f"fedpenalty simulate: {sampler['algorithm']} on {model['name']} (dim "
-        f"{model.get('dim', 1)}), "
+        f"fedpenalty simulate: {sampler['algorithm']} on {model['name']} (dim {dim}), "
         f"{scenario['data']['owners']} owners{transport}, {sampler['chains']} chains × "
         f"{sampler['iterations']} "
         f"draws{warmup}",

@@ -269,7 +269,10 @@ _BOUND_NOTE = {
 def step_line(adaptation: dict[str, Any]) -> str:
     """The console's line on the MH proposal step: the radius the kept draws used against the
     step the owners admitted, how warmup chose it, and a charge floor it lies below."""
-    step, admitted = adaptation["step"], adaptation["admitted_step"]
+    step, admitted = adaptation["step"], adaptation.get("admitted_step")
+    if admitted is None:  # penalty_hier: a radius per sub-step
+        radii = ", ".join(f"{k} {v:.3g}" for k, v in adaptation.items())
+        return f"Radii the kept draws used: {radii}"
     if not adaptation["adapted_iterations"]:
         return f"Step: {step:.3g}, fixed (sampler.adapt_step = false, or no warmup)"
     line = (

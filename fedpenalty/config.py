@@ -21,6 +21,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
 
+import numpy as np
 import tomli_w
 from pydantic import ConfigDict, Field, create_model, field_validator
 
@@ -29,7 +30,15 @@ from .coordinator.base import ChainAlgorithm
 from .coordinator.transports import TRANSPORTS
 from .errors import ConfigError
 from .kinds import KINDS, query_kind
-from .models import MODEL_NAMES, Model, build_model, search_folders
+from .models import (
+    HIERARCHICAL,
+    MODEL_NAMES,
+    HierarchicalModel,
+    Model,
+    build_hierarchical,
+    build_model,
+    search_folders,
+)
 from .schema import (
     Bool,
     FiniteFloats,
@@ -394,6 +403,10 @@ def _resolve_layers(raw: dict[str, Any], origins: dict[str, str]) -> Scenario:
     """``raw`` (the user's keys, from ``origins``) over the default layers of its model and
     algorithm, resolved."""
     model, algorithm = _chosen(raw, "model", "name"), _chosen(raw, "sampler", "algorithm")
+    sampler = raw.get("sampler")
+    if not (isinstance(sampler, dict) and isinstance(sampler.get("algorithm"), str)):
+        own = model_defaults().get(model, {}).get("sampler", {})  # the model's own choice
+        algorithm = own.get("algorithm", algorithm)
     merged: dict[str, Any] = {}
     layered: dict[str, str] = {}
     for origin, sections in default_layers(model, algorithm):
@@ -423,11 +436,56 @@ def _read_scenario(path: str | Path) -> dict[str, Any]:
 def resolve(raw: dict[str, Any]) -> Scenario:
     """Validate a parsed scenario and fill in every default."""
     sections = validate_file(ScenarioFile, raw).model_dump()
+    hierarchical = build_hierarchical(sections["model"])
+    if hierarchical is not None:
+        sections["model"] = {"name": hierarchical.name, **hierarchical.params()}
+        _check_hierarchical(sections, hierarchical)
+        return Scenario(sections)
     model = build_model(sections["model"])
     sections["model"] = {"name": model.name, **model.params()}
+    entry = ALGORITHMS[sections["sampler"]["algorithm"]]
+    if isinstance(entry, ChainAlgorithm) and entry.hierarchical:
+        raise ConfigError(
+            f"sampler.algorithm = {entry.name!r} samples a hierarchical model (model.name = "
+            f"{', '.join(repr(n) for n in HIERARCHICAL)}), not {model.name!r}: change "
+            "sampler.algorithm or model.name"
+        )
     _check_consistency(sections, model)
     ALGORITHMS[sections["sampler"]["algorithm"]].check(sections, model)
     return Scenario(sections)
+
+
+def _check_hierarchical(s: dict[str, dict[str, Any]], model: HierarchicalModel) -> None:
+    """A hierarchical model's scenario: ``penalty_hier`` on synthetic owners (data.true_theta
+    the shared mean μ, inside its box) without secure aggregation (penalty_hier's check)."""
+    algorithm = s["sampler"]["algorithm"]
+    entry = ALGORITHMS[algorithm]
+    if not isinstance(entry, ChainAlgorithm) or not entry.hierarchical:
+        samplers = [n for n, a in ALGORITHMS.items() if getattr(a, "hierarchical", False)]
+        raise ConfigError(
+            f"model.name = {model.name!r} is hierarchical (a block of random effects per owner): "
+            f"sampler.algorithm must be one of {samplers}, not {algorithm!r}"
+        )
+    data = s["data"]
+    if data["source"] != "synthetic" or data["paths"]:
+        raise ConfigError(f"model.name = {model.name!r} runs on data.source = 'synthetic' only")
+    n = data["n_per_owner"]
+    if isinstance(n, list) and len(n) != data["owners"]:
+        raise ConfigError(f"data.n_per_owner lists {len(n)} values for {data['owners']} owners")
+    sigma = s["privacy"]["sigma"]
+    if isinstance(sigma, list) and len(sigma) != data["owners"]:
+        raise ConfigError(f"privacy.sigma lists {len(sigma)} values for {data['owners']} owners")
+    if s["sampler"]["init_scale"] > 1:
+        raise ConfigError("sampler.init_scale must be at most 1 (chains start inside the box)")
+    true_theta = data["true_theta"]
+    number = isinstance(true_theta, (int, float))
+    z = [[*model.true_shared(true_theta), *[0.0] * model.block_dim]] if number else None
+    if z is None or not model.in_theta_space(np.array(z), 1).all():
+        raise ConfigError(
+            f"data.true_theta must be one number, the shared mean μ inside the box of "
+            f"model.name = {model.name!r} (its model.mu_bound), got {true_theta!r}"
+        )
+    entry.check(s, model)  # type: ignore[arg-type]  # a hierarchical entry's check takes it
 
 
 def _check_consistency(s: dict[str, dict[str, Any]], model: Model) -> None:

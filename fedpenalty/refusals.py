@@ -275,6 +275,7 @@ def budget_refusal(
     chains: int,
     deployed: bool,
     causes: str = "",
+    per_iteration: int = 1,
 ) -> PlanRefused:
     """The one-line error for an owner's refusal of the plan: the ε it needs, the budget, the
     ``causes`` (``plan_causes``), and the keys that would make it fit with what the owner has
@@ -308,8 +309,10 @@ def budget_refusal(
     elif needs.max_answers >= max(chains, 1):
         options.append(
             f"fewer answers: at most {needs.max_answers} per owner, i.e. sampler.warmup + "
-            f"sampler.iterations ≤ {needs.max_answers // max(chains, 1)} with {chains} chains "
-            "(or fewer sampler.chains)"
+            f"sampler.iterations ≤ {needs.max_answers // max(chains * per_iteration, 1)} with "
+            f"{chains} chains"
+            + (f" and {per_iteration} answers per iteration " if per_iteration > 1 else " ")
+            + "(or fewer sampler.chains)"
         )
     elif needs.max_answers > 0:  # not one iteration of every chain: fewer chains
         options.append(

@@ -32,7 +32,7 @@ from .diagnostics import summarize
 from .errors import ConfigError, Interrupted, OutputFailed, OwnerError
 from .inference_data import POSTERIOR_FILE, SpendTrace, posterior_tree, write_posterior
 from .kinds import GaussianKind, query_kind
-from .models import Model, Reference
+from .models import BoundHierarchy, Model, Reference
 
 CHECKPOINT, RUN_INFO = "checkpoint.npz", "run.json"
 NEIGHBOUR_MEANING = {
@@ -159,7 +159,7 @@ class Outputs:
     names), the ``algorithm``'s name, the ``reference`` posterior, and ``sample_stats``
     (name → ``(chains, draws)``, ``inference_data``)."""
 
-    model: Model
+    model: Model | BoundHierarchy
     algorithm: str
     reference: Reference | None
     sample_stats: dict[str, np.ndarray]

@@ -18,7 +18,7 @@ import numpy as np
 from .common import Policy, PrivacyReport
 from .config import Scenario
 from .coordinator import checkpoint
-from .coordinator.base import ChainAlgorithm, ChainData, SamplingAlgorithm
+from .coordinator.base import ChainAlgorithm, ChainData, SamplingAlgorithm, planned_steps
 from .coordinator.driver import ChainResult, Progress, SamplingStopped, sample
 from .coordinator.oracle import Oracle, Unreported
 from .coordinator.secure_sum import requested
@@ -32,7 +32,7 @@ from .errors import (
 )
 from .inference_data import POSTERIOR_FILE, SpendTrace, read_spend
 from .kinds import GaussianKind, query_kind
-from .models import Model
+from .models import BoundHierarchy, Model
 from .refusals import (
     budget_refusal,
     kinds_refusal,
@@ -79,14 +79,16 @@ def sample_owners(
     info: dict[str, Any],
     resume: Progress | None = None,
     theta0: np.ndarray | None = None,
+    sampled: BoundHierarchy | None = None,
 ) -> tuple[
     ChainResult, list[PrivacyReport | Unreported], OwnerError | Interrupted | None, SpendTrace
 ]:
     """Open (or resume) the session, sample with checkpoints, collect the owners' reports.
     Returns the kept draws, the reports (of a stopped run: ``Unreported`` for each owner whose
     host could not report), the owner error that stopped the run early, if any, and the
-    owners' running spend. ``theta0`` ``(chains,
-    d)`` overrides the data-independent starts (hybrid: the OPS draws). The oracle is closed
+    owners' running spend. ``theta0`` ``(chains, d)`` overrides the data-independent starts
+    (hybrid: the OPS draws); ``sampled``: the hierarchical model the kernel samples (``model``
+    is then the owners' local model). The oracle is closed
     (session closed) when the run stopped before its first iteration, and disconnected
     (session left open for a resume) when it failed later; else it stays open for
     ``settling``. A checkpoint that cannot be written stops the run (``_checkpointer``)."""
@@ -97,7 +99,8 @@ def sample_owners(
         _open_recorded(scenario, algorithm, model, owners, out, info)
         rng, start = chain_start(scenario, model)
         recorder = _SpendRecorder.start(oracle, algorithm, sampler, out, resume)
-        kernel = algorithm.kernel(model, ChainData(oracle=oracle, n_total=n_total), sampler)
+        target = model if sampled is None else sampled
+        kernel = algorithm.kernel(target, ChainData(oracle=oracle, n_total=n_total), sampler)
         try:
             chains = sample(
                 recorder.observing(kernel),
@@ -176,8 +179,11 @@ def _open_session(
         planned = only.planned_answers
         needs = plan_needs(only.kind, model, policy, planned, options, owners.deployed, spent)
         causes = plan_causes(scenario, only.kind, policy, owners.deployed)
+        each = 1  # answers per chain and iteration, where the algorithm declares its kinds
+        if algorithm.kinds is not None:
+            each = max(algorithm.asks(sampler)[only.kind] // planned_steps(sampler), 1)
         raise budget_refusal(
-            exc, needs, policy, only.kind, sampler["chains"], owners.deployed, causes
+            exc, needs, policy, only.kind, sampler["chains"], owners.deployed, causes, each
         ) from exc
 
 

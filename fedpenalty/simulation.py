@@ -55,7 +55,15 @@ from .coordinator.transports import TRANSPORTS
 from .data import FileRecords, OwnerRecords, synthetic_sources
 from .errors import ConfigError, OutputFailed
 from .kinds import KINDS, GaussianKind, query_kind
-from .models import ExpFamModel, Model, Reference, build_model
+from .models import (
+    BoundHierarchy,
+    ExpFamModel,
+    HierarchicalModel,
+    Model,
+    Reference,
+    build_hierarchical,
+    build_model,
+)
 from .owner.owner_config import TlsFiles
 from .run_files import (
     CHECKPOINT,
@@ -174,6 +182,9 @@ def simulate(
 def run_scenario(scenario: Scenario, out: str | Path | None = None) -> RunResult:
     """Simulate: build the scenario's owners (``run.transport``: in this process, or as local
     gRPC owner hosts), run the algorithm and write the run directory."""
+    hierarchical = build_hierarchical(scenario["model"])
+    if hierarchical is not None:
+        return _run_hierarchical(scenario, hierarchical, out)
     model = build_model(scenario["model"])
     algorithm = ALGORITHMS[scenario["sampler"]["algorithm"]]
     if isinstance(algorithm, ChainAlgorithm) and algorithm.query is not None:
@@ -195,13 +206,64 @@ def run_scenario(scenario: Scenario, out: str | Path | None = None) -> RunResult
 class _World:
     """What a simulation derives from ``run.seed``: the owners' ``records`` (made on demand),
     their total count, their noise ``seeds``, the generator of releases and data-dependent
-    starts, and the ``reference`` posterior."""
+    starts, and the ``reference`` posterior; for a hierarchical model also the ``sampled``
+    model with its owners and the chains' ``start`` ``(chains, d + K·p)``."""
 
     records: OwnerRecords
     n_total: int
     seeds: list[np.random.SeedSequence]
     release_rng: np.random.Generator
     reference: Reference
+    sampled: BoundHierarchy | None = None
+    start: np.ndarray | None = None
+
+
+def _run_hierarchical(
+    scenario: Scenario, model: HierarchicalModel, out: str | Path | None
+) -> RunResult:
+    """Simulate a hierarchical model: its owners serve its local model (``penalty_hier``)."""
+    algorithm = ALGORITHMS[scenario["sampler"]["algorithm"]]
+    assert isinstance(algorithm, ChainAlgorithm)  # config: penalty_hier only
+    TRANSPORTS[scenario["run"]["transport"]].check_installed()
+    out, existed = new_run_dir(scenario, out)
+    with drawless_run_removed(out, existed):
+        world = _hierarchical_world(scenario, model)
+        return _run_owners(scenario, algorithm, model.local_model(), world, out)
+
+
+def _hierarchical_world(scenario: Scenario, model: HierarchicalModel) -> _World:
+    """A hierarchical simulation's world: the blocks b_k drawn at (μ = data.true_theta,
+    the model's true τ) from the data stream's child K, owner k's records from its child k,
+    the closed-form reference, and the chains' starts (``start_points``, sampler.init_scale)
+    from a child of the chain stream."""
+    data, sampler = scenario["data"], scenario["sampler"]
+    data_seed, owner_seed, chain_seed, release_seed = run_seeds(scenario)
+    k, n = data["owners"], data["n_per_owner"]
+    counts = n if isinstance(n, list) else [n] * k
+    key = data_seed.spawn_key
+    streams = [
+        np.random.default_rng(np.random.SeedSequence(data_seed.entropy, spawn_key=(*key, j)))
+        for j in range(k + 1)
+    ]
+    z_true = model.simulate_blocks(streams[k], model.true_shared(data["true_theta"]), k)
+    local = model.local_model()
+    records = [
+        local.prepare_records(model.simulate_owner_records(streams[j], z_true, j, counts[j]))
+        for j in range(k)
+    ]
+    names = tuple(f"owner-{j}" for j in range(k))
+    start = model.start_points(
+        np.random.default_rng(chain_seed.spawn(1)[0]), sampler["chains"], k, sampler["init_scale"]
+    )
+    return _World(
+        records,  # type: ignore[arg-type]  # a list: every transport takes arrays
+        sum(counts),
+        owner_seed.spawn(k),
+        np.random.default_rng(release_seed),
+        model.reference_posterior(records),
+        BoundHierarchy(model, names),
+        start,
+    )
 
 
 def _simulated_world(scenario: Scenario, model: Model) -> _World:
@@ -229,6 +291,14 @@ def resume_simulation(out: str | Path, progress: bool | None = None) -> RunResul
     if info.get("complete"):
         raise ConfigError(f"{out} holds a finished simulation; nothing to resume")
     scenario = resumed_scenario(out, progress)
+    hierarchical = build_hierarchical(scenario["model"])
+    if hierarchical is not None:
+        algorithm = ALGORITHMS[scenario["sampler"]["algorithm"]]
+        assert isinstance(algorithm, ChainAlgorithm)
+        done = checkpoint.load(out / CHECKPOINT) if (out / CHECKPOINT).exists() else None
+        world = _hierarchical_world(scenario, hierarchical)
+        local = hierarchical.local_model()
+        return _run_owners(scenario, algorithm, local, world, out, done)
     model = build_model(scenario["model"])
     algorithm = ALGORITHMS[scenario["sampler"]["algorithm"]]
     assert isinstance(algorithm, ChainAlgorithm)  # only owner-asking chains write a run.json
@@ -263,15 +333,13 @@ def _run_owners(
         ) from exc
     try:
         owners = Owners(launched.oracle, names, policies, deployed=False)
-        info = {
-            "mode": "simulate",
-            "transport": scenario["run"]["transport"],
-            "session": SIMULATION_SESSION,
-        }
-        theta0 = None if start is None else start.theta
+        info = {"mode": "simulate", "transport": scenario["run"]["transport"]}
+        info["session"] = SIMULATION_SESSION
+        theta0 = world.start if start is None else start.theta
         chains, reports, stopped, spend = sample_owners(
-            scenario, algorithm, model, owners, out, world.n_total, info, resume, theta0
-        )
+            scenario, algorithm, model, owners, out, world.n_total, info, resume, theta0,
+            world.sampled,
+        )  # fmt: skip
         with settling(launched.oracle, out, info, stopped):
             extra = chain_diagnostics(chains, algorithm)
             simulated = launched.oracle.simulation_diagnostics()
@@ -288,7 +356,8 @@ def _run_owners(
                 privacy["noise"] = SIMULATED_NOISE if secure is None else SIMULATED_SECURE_NOISE
             if start is not None:
                 start.privacy(privacy)
-            outputs = Outputs(model, algorithm.name, world.reference, dict(chains.stats))
+            named = model if world.sampled is None else world.sampled
+            outputs = Outputs(named, algorithm.name, world.reference, dict(chains.stats))
             return finish(
                 out, chains.theta, chains.accepted, privacy, outputs, extra, stopped, spend
             )
@@ -430,6 +499,14 @@ def resume_run(
             f"{out} holds a finished run (or one that never opened a session); nothing to resume"
         )
     scenario = resumed_scenario(out, progress)
+    hierarchical = build_hierarchical(scenario["model"])
+    if hierarchical is not None:
+        algorithm = ALGORITHMS[scenario["sampler"]["algorithm"]]
+        assert isinstance(algorithm, ChainAlgorithm)
+        done = checkpoint.load(out / CHECKPOINT) if (out / CHECKPOINT).exists() else None
+        world = _hierarchical_world(scenario, hierarchical)
+        local = hierarchical.local_model()
+        return _run_owners(scenario, algorithm, local, world, out, done)
     model = build_model(scenario["model"])
     done = checkpoint.load(out / CHECKPOINT) if (out / CHECKPOINT).exists() else None
     if tls is None and info["tls"] is not None:

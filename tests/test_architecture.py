@@ -22,7 +22,7 @@ from fedpenalty.coordinator.base import ChainAlgorithm, ReleaseAlgorithm
 from fedpenalty.coordinator.transport_base import Transport
 from fedpenalty.coordinator.transports import TRANSPORTS
 from fedpenalty.kinds import KINDS, QueryKind, query_kind
-from fedpenalty.models import MODELS, Model
+from fedpenalty.models import HIERARCHICAL, MODELS, Model
 
 ROOT = Path(fedpenalty.__file__).parent
 #: The driver, which runs every kernel (docs/design.md §4).
@@ -198,11 +198,12 @@ def test_registered_algorithms_take_the_settings_they_declare(name):
 
 
 def test_registries_are_what_the_scenario_offers():
-    for name in ALGORITHMS:
-        assert resolve({"sampler": {"algorithm": name}})["sampler"]["algorithm"] == name
+    for name, entry in ALGORITHMS.items():  # a hierarchical sampler with a hierarchical model
+        model = {"model": {"name": "random_intercept"}} if _hierarchical(entry) else {}
+        assert resolve({**model, "sampler": {"algorithm": name}})["sampler"]["algorithm"] == name
     for name in TRANSPORTS:
         assert resolve({"run": {"transport": name}})["run"]["transport"] == name
-    for name in MODELS:
+    for name in [*MODELS, *HIERARCHICAL]:
         assert load_scenario(None, {"model.name": name})["model"]["name"] == name
     # every query kind is the one some offered algorithm asks its owners for, by default or
     # with its per-record clip set (``ChainAlgorithm.asks``)
@@ -210,9 +211,15 @@ def test_registries_are_what_the_scenario_offers():
     clipped = {"sampler": {"ratio_clip": 1.0}}
     for name, a in ALGORITHMS.items():
         if isinstance(a, ChainAlgorithm):
-            sampler = resolve({**clipped, "sampler": {**clipped["sampler"], "algorithm": name}})
+            model = {"model": {"name": "random_intercept"}} if a.hierarchical else {}
+            section = {"sampler": {**clipped["sampler"], "algorithm": name}}
+            sampler = resolve({**model, **section})
             asked |= {query_kind(kind).ledger_name for kind in a.asks(sampler["sampler"])}
     assert {kind.ledger_name for kind in KINDS.values()} <= asked
+
+
+def _hierarchical(entry: object) -> bool:
+    return isinstance(entry, ChainAlgorithm) and entry.hierarchical
 
 
 def _defined(package: ModuleType, cls: type) -> dict[str, list[str]]:

@@ -23,7 +23,7 @@ from fedpenalty.coordinator.baseline_algorithms import HYBRID
 from fedpenalty.coordinator.inprocess import InProcessOracle
 from fedpenalty.diagnostics import ESS_PER_CHAIN, RHAT_LIMIT
 from fedpenalty.errors import BudgetExhausted
-from fedpenalty.models import MODELS, ExpFamModel, build_model
+from fedpenalty.models import HIERARCHICAL, MODELS, ExpFamModel, build_model
 from fedpenalty.owner import Ledger, OwnerNode
 from fedpenalty.privacy import GaussianSpend
 from fedpenalty.privacy.owner_epsilon import owner_epsilon
@@ -37,7 +37,10 @@ ASKING = [name for name, a in ALGORITHMS.items() if isinstance(a, ChainAlgorithm
 
 
 def runs(model: str) -> list[str]:
-    """The asking samplers ``model`` can run (penalty_expfam needs sufficient statistics)."""
+    """The asking samplers ``model`` can run (penalty_expfam needs sufficient statistics; a
+    hierarchical model runs penalty_hier only)."""
+    if model in HIERARCHICAL:
+        return ["penalty_hier"]
     expfam = issubclass(MODELS[model], ExpFamModel)
     return [a for a in ASKING if a != "penalty_expfam" or expfam]
 
@@ -50,9 +53,10 @@ def simulate(capsys, *args: str) -> tuple[int, str, str]:
 
 def test_every_model_has_a_table_for_each_sampler_it_runs():
     defaults = model_defaults()
-    assert set(defaults) == set(MODELS)
+    assert set(defaults) == set(MODELS) | set(HIERARCHICAL)
     for name, entry in defaults.items():
-        assert set(entry["model"]) == set(MODELS[name].defaults())
+        cls = MODELS[name] if name in MODELS else HIERARCHICAL[name]
+        assert set(entry["model"]) == set(cls.defaults())
         tables = {key for key in entry if key not in ("model", "data", "sampler")}
         assert tables <= set(ALGORITHMS), tables
         assert set(runs(name)) <= tables, (name, tables)

@@ -10,6 +10,7 @@ from .baseline_algorithms import HYBRID, NOISY_STATS, OPS
 from .dp_hmc import DP_HMC
 from .exact import EXACT_MH
 from .expfam import PENALTY_EXPFAM
+from .hier_algorithm import PENALTY_HIER
 from .mh import PENALTY
 from .sghmc import SGHMC
 from .sgld import SGLD
@@ -30,5 +31,6 @@ ALGORITHMS: dict[str, Algorithm] = {
         NOISY_STATS,
         HYBRID,
         DP_HMC,
+        PENALTY_HIER,
     )
 }

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..kinds import KindTerms, query_kind
-from ..models import Model
+from ..models import BoundHierarchy, Model
 from ..schema import Section
 
 if TYPE_CHECKING:
@@ -165,7 +165,8 @@ class ChainAlgorithm:
     (``asks``; docs/design.md §4, "Algorithms of several kinds"); unset: ``query`` alone.
     ``clips(sampler)``, when set, gives the per-record clip each clipping kind (``clipped_*``)
     of the run is asked at: the run then samples the clipped-likelihood posterior
-    (``target``).
+    (``target``). ``hierarchical``: it samples a hierarchical model (``BoundHierarchy``; every
+    other algorithm a flat ``Model``), in simulation only.
     """
 
     name: str
@@ -181,6 +182,7 @@ class ChainAlgorithm:
     generic: tuple[str, ...] = KERNEL_KEYS
     kinds: Callable[[Mapping[str, Any]], dict[str, int]] | None = None
     clips: Callable[[Mapping[str, Any]], dict[str, float]] | None = None
+    hierarchical: bool = False
 
     @property
     def settings(self) -> tuple[str, ...]:
@@ -194,14 +196,16 @@ class ChainAlgorithm:
 
     @property
     def deployable(self) -> bool:
-        """It can run against deployed owners: it asks them and needs no pooled records."""
-        return self.query is not None and self.start is None
+        """It can run against deployed owners: it asks them, needs no pooled records and
+        samples a flat model."""
+        return self.query is not None and self.start is None and not self.hierarchical
 
     def kernel(
-        self, model: Model, data: ChainData, sampler: Mapping[str, Any]
+        self, model: Model | BoundHierarchy, data: ChainData, sampler: Mapping[str, Any]
     ) -> SamplingAlgorithm:
         """The kernel with the settings it declares taken from a ``[sampler]`` section (a key
-        of its settings model that the section lacks: the model's default)."""
+        of its settings model that the section lacks: the model's default); ``model`` is a
+        ``BoundHierarchy`` for ``penalty_hier`` only."""
         own = self.options.model_fields
         settings = {
             key: sampler[key] if key in sampler or key not in own else own[key].default

@@ -19,16 +19,31 @@ from .bernoulli import Bernoulli
 from .capabilities import BoundedLogLikelihood, ConjugateUpdate
 from .compat import check_owner_models
 from .gaussian_mean import GaussianMean
+from .hierarchical import BoundHierarchy, HierarchicalModel
 from .linear_regression import LinearRegression
 from .logistic import Logistic
 from .poisson import Poisson
 from .poisson_regression import PoissonRegression
+from .random_intercept import RandomIntercept
 from .registry import entry_point_names, known_names, model_class, model_digest, search_folders
 
 MODELS: dict[str, type[Model]] = {
     cls.name: cls
     for cls in (GaussianMean, Bernoulli, Poisson, Logistic, LinearRegression, PoissonRegression)
 }
+
+#: The built-in hierarchical models (docs/design.md §6, "Hierarchical models"): a block of
+#: random effects per owner, sampled by ``penalty_hier`` only.
+HIERARCHICAL: dict[str, type[HierarchicalModel]] = {RandomIntercept.name: RandomIntercept}
+
+
+def build_hierarchical(section: Mapping[str, Any]) -> HierarchicalModel | None:
+    """The hierarchical model a ``[model]`` table names (its keys validated as
+    ``build_model``'s), or None when ``model.name`` names no hierarchical model."""
+    name = section.get("name") if isinstance(section, Mapping) else None
+    if not isinstance(name, str) or name not in HIERARCHICAL:
+        return None
+    return HIERARCHICAL[name](**{k: v for k, v in section.items() if k != "name"})
 
 
 def build_model(section: Mapping[str, Any]) -> Model:
@@ -43,6 +58,11 @@ def build_model(section: Mapping[str, Any]) -> Model:
     if "name" not in section:
         raise ConfigError(f"[model] needs a 'name' key; known models: {known_names(MODELS)}")
     name = section["name"]
+    if name in HIERARCHICAL:
+        raise ConfigError(
+            f"[model] {name} is a hierarchical model: it runs with sampler.algorithm = "
+            "'penalty_hier' in `fedpenalty simulate` only (docs/design.md §6)"
+        )
     cls = model_class(name, MODELS)
     rest = {k: v for k, v in section.items() if k != "name"}
     for key in rest:
@@ -59,35 +79,40 @@ class ModelNames(Collection[str]):
 
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and (
-            name in MODELS or ":" in name or name in entry_point_names()
+            name in MODELS or name in HIERARCHICAL or ":" in name or name in entry_point_names()
         )
 
     def __iter__(self) -> Iterator[str]:
-        return iter([*MODELS, *entry_point_names(), "package.module:Class"])
+        return iter([*MODELS, *HIERARCHICAL, *entry_point_names(), "package.module:Class"])
 
     def __len__(self) -> int:
-        return len(MODELS) + len(entry_point_names()) + 1
+        return len(MODELS) + len(HIERARCHICAL) + len(entry_point_names()) + 1
 
 
 MODEL_NAMES = ModelNames()
 
 
 __all__ = [
+    "HIERARCHICAL",
     "MODELS",
     "MODEL_NAMES",
     "NEIGHBOURS",
     "Bernoulli",
+    "BoundHierarchy",
     "BoundedLogLikelihood",
     "ConjugateUpdate",
     "ExpFamModel",
     "GaussianMean",
+    "HierarchicalModel",
     "LinearRegression",
     "Logistic",
     "Model",
     "Neighbour",
     "Poisson",
     "PoissonRegression",
+    "RandomIntercept",
     "Reference",
+    "build_hierarchical",
     "build_model",
     "check_owner_models",
     "model_digest",

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -34,6 +36,10 @@ class HierarchicalModel(ABC):
     lik_index: tuple[int, ...]
     #: every block lies in [−block_bound, block_bound]^p (units of b)
     block_bound: float
+
+    @abstractmethod
+    def params(self) -> dict[str, Any]:
+        """The ``[model]`` keys besides name, defaults filled in."""
 
     def full_dim(self, owners: int) -> int:
         """d + K·p."""
@@ -71,6 +77,17 @@ class HierarchicalModel(ABC):
         """The d + K·p coordinate names of z in run outputs."""
 
     @abstractmethod
+    def start_points(
+        self, rng: np.random.Generator, chains: int, owners: int, scale: float
+    ) -> np.ndarray:
+        """Data-independent chain starts ``(chains, d + K·p)`` inside the box, spread by
+        ``scale`` ∈ (0, 1] (sampler.init_scale)."""
+
+    @abstractmethod
+    def true_shared(self, true_theta: float) -> np.ndarray:
+        """The shared θ ``(d,)`` synthetic records are drawn at, given ``data.true_theta``."""
+
+    @abstractmethod
     def simulate_blocks(
         self, rng: np.random.Generator, theta: np.ndarray, owners: int
     ) -> np.ndarray:
@@ -86,3 +103,24 @@ class HierarchicalModel(ABC):
     def reference_posterior(self, records: Sequence[np.ndarray]) -> Reference:
         """Moments ``(d + K·p,)`` of the posterior of z given each owner's records, in
         ``describe()`` order."""
+
+
+@dataclass(frozen=True)
+class BoundHierarchy:
+    """A hierarchical ``model`` with its owners, by name in ``describe()`` order: what a run's
+    outputs read (``name``, the d + K·p ``param_names``) and what ``penalty_hier`` samples."""
+
+    model: HierarchicalModel
+    owner_names: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return self.model.name
+
+    @property
+    def owners(self) -> int:
+        return len(self.owner_names)
+
+    @property
+    def param_names(self) -> list[str]:
+        return self.model.param_names(self.owner_names)

@@ -47,6 +47,9 @@ class RandomIntercept(HierarchicalModel):
         "prior_mean": Param(0.0, "real", "prior mean of μ"),
         "prior_sd": Param(10.0, "positive", "prior sd of μ"),
         "tau_scale": Param(1.0, "positive", "scale of τ's half-normal prior, units of y"),
+        "true_tau": Param(
+            0.7, "positive", "synthetic data only: the τ the owner effects b_k are drawn with"
+        ),
     }
     shared_dim = 2
     block_dim = 1
@@ -126,6 +129,23 @@ class RandomIntercept(HierarchicalModel):
 
     def param_names(self, owner_names: Sequence[str]) -> list[str]:
         return ["mu", "log_tau", *(f"b[{name}]" for name in owner_names)]
+
+    def start_points(self, rng: np.random.Generator, chains: int, owners: int, scale: float):
+        """Data-independent starts ``(chains, 2 + K)``: μ uniform in ±scale·mu_bound, log τ
+        uniform in the middle ``scale`` of its box, b_k uniform in ±scale·tau_max."""
+        lo, hi = self.log_tau_box
+        mid, half = 0.5 * (lo + hi), 0.5 * scale * (hi - lo)
+        return np.column_stack(
+            [
+                rng.uniform(-scale * self.mu_bound, scale * self.mu_bound, chains),
+                rng.uniform(mid - half, mid + half, chains),
+                rng.uniform(-1, 1, (chains, owners)) * scale * self._params["tau_max"],
+            ]
+        )
+
+    def true_shared(self, true_theta: float) -> np.ndarray:
+        """The synthetic data's (μ, log τ): μ = data.true_theta, τ = ``true_tau``."""
+        return np.array([true_theta, math.log(self._params["true_tau"])])
 
     def simulate_blocks(
         self, rng: np.random.Generator, theta: np.ndarray, owners: int
