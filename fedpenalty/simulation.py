@@ -499,15 +499,7 @@ def resume_run(
             f"{out} holds a finished run (or one that never opened a session); nothing to resume"
         )
     scenario = resumed_scenario(out, progress)
-    hierarchical = build_hierarchical(scenario["model"])
-    if hierarchical is not None:
-        algorithm = ALGORITHMS[scenario["sampler"]["algorithm"]]
-        assert isinstance(algorithm, ChainAlgorithm)
-        done = checkpoint.load(out / CHECKPOINT) if (out / CHECKPOINT).exists() else None
-        world = _hierarchical_world(scenario, hierarchical)
-        local = hierarchical.local_model()
-        return _run_owners(scenario, algorithm, local, world, out, done)
-    model = build_model(scenario["model"])
+    model = build_model(scenario["model"])  # hierarchical models are never deployed
     done = checkpoint.load(out / CHECKPOINT) if (out / CHECKPOINT).exists() else None
     if tls is None and info["tls"] is not None:
         saved = info["tls"]
