@@ -258,7 +258,8 @@ def secure_line(privacy: dict[str, Any]) -> str:
 #: What the console adds when adaptation stopped at an end of its range (``bound``).
 _BOUND_NOTE = {
     "admitted": "; it kept the admitted maximum sampler.step: the acceptance there is above "
-    "the target, so a larger sampler.step would move further per iteration (and cost the "
+    "the target, so a larger sampler.step would move further per iteration (and, where an "
+    "answer's cost grows with the step — the Lipschitz route, not a clipped kind — cost the "
     "owners more per answer)",
     "lower": "; it stopped at its floor {lower:.3g}: the target needs a shorter step than "
     "sampler.step allows adapting to; lower sampler.step",
