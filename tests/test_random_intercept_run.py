@@ -127,6 +127,19 @@ def test_grpc_owner_hosts_give_the_in_process_draws(tmp_path):
     assert eps == pytest.approx([o["epsilon"] for o in inprocess.privacy["owners"]], rel=1e-12)
 
 
+@pytest.mark.slow
+def test_ray_actors_give_the_in_process_draws(tmp_path, ray_session):
+    """Two Ray actors (2 owners each; the per-owner θ rows split between them): the same draws,
+    answers and ε per owner as in process, and the same diagnostics."""
+    settings = {"sampler.iterations": 40, "sampler.warmup": 20}
+    inprocess = run(tmp_path, "inprocess", **settings)
+    ray = run(tmp_path, "ray", **settings, **{"run.transport": "ray", "run.ray_actors": 2})
+    np.testing.assert_array_equal(ray.theta, inprocess.theta)
+    assert ray.privacy["owners"] == inprocess.privacy["owners"]
+    assert [o["answers"] for o in ray.privacy["owners"]] == [2 * 4 * 60] * 4
+    assert ray.diagnostics == inprocess.diagnostics
+
+
 def test_a_plan_past_the_budget_is_refused_counting_two_answers_per_iteration(tmp_path):
     """At session open the refusal's largest warmup + iterations is its answers per owner over
     chains × 2 (both sub-steps ask every owner), and nothing is sampled."""
