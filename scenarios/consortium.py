@@ -52,6 +52,7 @@ from fedpenalty import reporting
 from fedpenalty.coordinator.algorithms import ALGORITHMS
 from fedpenalty.errors import FedPenaltyError
 from fedpenalty.extras import require
+from fedpenalty.kinds import KINDS
 from fedpenalty.privacy.gaussian import mu_for_epsilon
 from fedpenalty.privacy.wang import compare_admissible_steps
 
@@ -173,9 +174,7 @@ def calibrate(method: str, raw: dict, epsilon: float) -> dict:
     noise = {kind: multiplier(share, chains * n) for kind, n in asks.items()}
     sigma_ratio = noise["clipped_log_ratio"]
     sampler["ratio_clip" if method == "penalty" else "hmc_ratio_clip"] = ratio_clip(sigma_ratio)
-    keys = {"clipped_log_ratio": "ratio_noise_multiplier"}
-    keys["clipped_gradient"] = "clipped_gradient_noise_multiplier"
-    privacy.update(sigma=1.0, noise={keys[kind]: v for kind, v in noise.items()})
+    privacy.update(sigma=1.0, noise={KINDS[kind].noise_key: v for kind, v in noise.items()})
     return raw
 
 
@@ -210,7 +209,10 @@ def informative_answers(mu_squared: float, records: int) -> float:
 
 def run(setup: Setup, seed: int, folder: Path, bar) -> list[dict]:
     paths = owners_data(folder / "data")
-    records = sum(len(np.load(p)["y"]) for p in paths)
+    records = 0
+    for path in paths:
+        with np.load(path) as owner:
+            records += len(owner["y"])
     rows = []
     for method in METHODS:
         for eps in setup.epsilons:
