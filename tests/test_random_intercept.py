@@ -270,7 +270,25 @@ def test_the_hyper_sub_step_asks_no_owner(tmp_path):
     assert hyper_moves > 0  # log τ did move, at no owner's cost
 
 
-def test_penalty_hier_matches_the_closed_form_reference(tmp_path):
+def test_the_shift_keeps_every_owners_local_parameter_and_asks_no_owner():
+    """Along random_intercept's invariant direction every φ_k = μ + b_k is unchanged (so the
+    likelihood ratio is exactly 1), and the shift move asks no one (no oracle is given) yet
+    moves μ; with radius 0 it makes no move and draws nothing from the rng."""
+    model = RandomIntercept()
+    rng = np.random.default_rng(5)
+    z = np.tile([0.1, -0.5, 0.01, -0.02, 0.0, 0.03], (16, 1))
+    moved = z + rng.uniform(-0.05, 0.05, (16, 1)) * model.invariant_directions(4)
+    np.testing.assert_allclose(model.local_params(moved, 4), model.local_params(z, 4), atol=1e-15)
+    out, acc = penalty_hier.shift_step(rng, z, model, 4, radius=0.02)
+    assert acc.any() and not np.allclose(out[acc, 0], z[acc, 0])
+    np.testing.assert_allclose(model.local_params(out, 4), model.local_params(z, 4), atol=1e-15)
+    before = rng.bit_generator.state
+    same, none = penalty_hier.shift_step(rng, z, model, 4, radius=0.0)
+    assert np.array_equal(same, z) and not none.any() and rng.bit_generator.state == before
+
+
+@pytest.mark.parametrize("shift", [0.0, 0.3])
+def test_penalty_hier_matches_the_closed_form_reference(tmp_path, shift):
     """The kernel on in-process owners (σ = 0.5 nats each) against the quadrature reference:
     48 chains started near the reference mean, 150 iterations dropped, 600 kept. Chains are
     independent, so the MCSE of the mean and of the second moment about the reference mean is
@@ -278,7 +296,9 @@ def test_penalty_hier_matches_the_closed_form_reference(tmp_path):
     are strongly correlated and mix slowly, so a fixed sd tolerance would be loose or flaky;
     an owner answering at another owner's row or a wrong prior term moves them by many MCSE.
     At σ = 0.5 a dropped −σ²/2 biases less than the MCSE: the acceptance tests below check
-    the penalty itself. The session id is fixed: the simulated owners' noise is keyed by it."""
+    the penalty itself. The session id is fixed: the simulated owners' noise is keyed by it.
+    With ``shift`` > 0 the likelihood-invariant move (μ + c, b_k − c) runs too: a wrong sign
+    on one b_k, or a prior term left out of its ratio, moves the b_k by many MCSE."""
     model = RandomIntercept()
     _, records = _owners(model)
     ref = model.reference_posterior(records)
@@ -288,7 +308,7 @@ def test_penalty_hier_matches_the_closed_form_reference(tmp_path):
     rng = np.random.default_rng(11)
     start = ref.mean + 0.1 * ref.sd * rng.standard_normal((chains, 6))
     state = penalty_hier.init(start, model, 4)
-    radii = penalty_hier.Radii(hyper=0.8, shared=0.35, block=0.45)
+    radii = penalty_hier.Radii(hyper=0.8, shared=0.35, block=0.45, shift=shift)
     draws = np.empty((chains, kept, 6))
     for i in range(warm + kept):
         state, _ = penalty_hier.step(rng, state, model, o, radii)

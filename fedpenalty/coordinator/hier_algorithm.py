@@ -41,7 +41,10 @@ HYPER_ACCEPTED = InfoField("hyper_accepted", np.bool_, "θ_H (log τ) moved (pri
 BLOCK_ACCEPTANCE = InfoField(
     "block_acceptance", np.float64, "fraction of the owners' blocks b_k that moved"
 )
-INFO = (QUERIED, ACCEPTED, NOISE_VARIANCE, HYPER_ACCEPTED, BLOCK_ACCEPTANCE)
+SHIFT_ACCEPTED = InfoField(
+    "shift_accepted", np.bool_, "the likelihood-invariant shift (μ + c, b_k − c) moved"
+)
+INFO = (QUERIED, ACCEPTED, NOISE_VARIANCE, HYPER_ACCEPTED, BLOCK_ACCEPTANCE, SHIFT_ACCEPTED)
 
 
 class HierSettings(Section):
@@ -77,7 +80,12 @@ class HierRunState:
     def summary(self) -> dict[str, float]:
         """The radii the kept draws moved with, units of z."""
         r = self.radii
-        return {"step": r.shared, "block_step": r.block, "hyper_step": r.hyper}
+        return {
+            "step": r.shared,
+            "block_step": r.block,
+            "hyper_step": r.hyper,
+            "shift_step": r.shift,
+        }
 
 
 def record(info: HierInfo) -> Info:
@@ -88,6 +96,7 @@ def record(info: HierInfo) -> Info:
         NOISE_VARIANCE.name: np.where(info.queried, info.noise_var, np.nan),
         HYPER_ACCEPTED.name: info.hyper_accepted,
         BLOCK_ACCEPTANCE.name: info.block_acceptance,
+        SHIFT_ACCEPTED.name: info.shift_accepted,
     }
 
 
@@ -95,11 +104,12 @@ def build(
     model: BoundHierarchy, data: ChainData, *, step: float, hyper_step: float, adapt_step: bool
 ) -> SamplingAlgorithm:
     """penalty_hier through the owners behind ``data.oracle``: θ_L and block radii start at
-    ``step`` (the owners' max_step, their cap), θ_H's at ``hyper_step``."""
+    ``step`` (the owners' max_step, their cap), θ_H's at ``hyper_step``, the likelihood-
+    invariant shift's at ``step`` (units of θ_L; uncapped: it asks no owner)."""
     oracle = data.require_oracle("penalty_hier")
     hier, owners = model.model, model.owners
     # the reflected block proposal is symmetric only below the box's half-width
-    start = Radii(hyper_step, step, min(step, 0.5 * hier.block_bound))
+    start = Radii(hyper_step, step, min(step, 0.5 * hier.block_bound), shift=step)
 
     def init(rng: np.random.Generator, z0: np.ndarray) -> HierRunState:
         return HierRunState(penalty_hier.init(z0, hier, owners), start)
@@ -123,6 +133,7 @@ def radii_drawn(state: HierRunState, warmup: int, shape: tuple[int, int]):
         "step_size": np.full(shape, r.shared),
         "block_step_size": np.full(shape, r.block),
         "hyper_step_size": np.full(shape, r.hyper),
+        "shift_step_size": np.full(shape, r.shift),
     }
 
 

@@ -2,7 +2,10 @@
 within Gibbs, one iteration in three sub-steps (docs/design.md §6, "Hierarchical models
 (design)"):
 
-1. θ_H: random-walk MH on the prior alone, log p(θ) + Σ_k log p(b_k | θ_H) — no owner is asked.
+1. θ_H: random-walk MH on the prior alone, log p(θ) + Σ_k log p(b_k | θ_H) — no owner is asked;
+   then a random walk along the model's likelihood-invariant directions (for random_intercept
+   μ + c, b_k − c: every φ_k stays put), again MH on the prior alone. It decouples θ from the
+   blocks at no owner's cost (the centred parameterisation otherwise moves θ at the data's sd).
 2. θ_L: a random walk of radius r_L; every owner answers its log ratio at φ_k → φ_k' (one θ row
    per owner, ``kinds.per_owner``), sub-step key 1; one penalty decision with the summed
    answers, the prior difference and −Σ_k σ_k²/2 (§2.1).
@@ -42,6 +45,8 @@ class Radii:
     hyper: float
     shared: float
     block: float
+    #: along the likelihood-invariant directions; 0 makes no such move
+    shift: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -58,13 +63,15 @@ class HierState:
 @dataclass(frozen=True)
 class HierInfo:
     """Per chain ``(C,)``: whether θ_H and θ_L moved, the fraction of blocks that moved, whether
-    the owners were asked at sub-step 2, and its summed noise variance Σ_k σ_k² (nats²)."""
+    the owners were asked at sub-step 2, its summed noise variance Σ_k σ_k² (nats²), and
+    whether the likelihood-invariant shift moved."""
 
     hyper_accepted: np.ndarray
     accepted: np.ndarray
     block_acceptance: np.ndarray
     queried: np.ndarray
     noise_var: np.ndarray
+    shift_accepted: np.ndarray
 
 
 def init(z: np.ndarray, model: HierarchicalModel, owners: int) -> HierState:
@@ -87,6 +94,28 @@ def hyper_step(
     """Sub-step 1: θ_H by random-walk MH on the prior (asks no owner). → (z, accepted (C,))."""
     hyper = [j for j in range(model.shared_dim) if j not in model.lik_index]
     prop = _moved(z, hyper, propose_in_ball(rng, z[:, hyper], radius))
+    return _prior_mh(rng, z, prop, model, owners)
+
+
+def shift_step(
+    rng: np.random.Generator, z: np.ndarray, model: HierarchicalModel, owners: int, radius: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Sub-step 1, second move: z + c·V for c uniform in the ball of ``radius`` over the rows of
+    ``model.invariant_directions`` V ``(m, d + K·p)``; every φ_k is unchanged, so the
+    likelihood ratio is exactly 1 and MH on the prior alone is exact (asks no owner). A radius
+    of 0, or a model without such directions, makes no move. → (z, accepted (C,))."""
+    directions = model.invariant_directions(owners)
+    if radius <= 0 or not len(directions):
+        return z, np.zeros(len(z), dtype=bool)
+    shift = propose_in_ball(rng, np.zeros((len(z), len(directions))), radius)
+    return _prior_mh(rng, z, z + shift @ directions, model, owners)
+
+
+def _prior_mh(
+    rng: np.random.Generator, z: np.ndarray, prop: np.ndarray, model: HierarchicalModel, owners: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """MH from z to the symmetric proposal ``prop`` on the prior alone (a move the likelihood
+    does not see). → (z, accepted (C,))."""
     log_u = np.log(rng.random(len(z)))
     inside = model.in_theta_space(prop, owners)
     log_alpha = np.full(len(z), -np.inf)
@@ -196,9 +225,10 @@ def step(
     if not radii.block < model.block_bound:
         raise ValueError(f"block radius {radii.block} must be < block_bound {model.block_bound}")
     z, hyper = hyper_step(rng, state.z, model, state.owners, radii.hyper)
+    z, shifted = shift_step(rng, z, model, state.owners, radii.shift)
     z, accepted, queried, noise_var = shared_step(rng, state, z, model, oracle, radii.shared)
     z, blocks = block_step(rng, state, z, model, oracle, radii.block)
-    info = HierInfo(hyper, accepted, blocks.mean(axis=0), queried, noise_var)
+    info = HierInfo(hyper, accepted, blocks.mean(axis=0), queried, noise_var, shifted)
     return HierState(z, state.owners, state.iteration + 1), info
 
 
@@ -206,7 +236,7 @@ def adapted(radii: Radii, info: HierInfo, iteration: int, cap: float) -> Radii:
     """The radii after warmup iteration ``iteration`` (0-based): each log radius moves by
     (its mean acceptance over chains − ``TARGET_ACCEPT``)·(iteration + 1)^−0.6 (Robbins–Monro,
     a vanishing gain); the θ_L and block radii are capped at ``cap`` (the owners' max_step,
-    which bounds every local step)."""
+    which bounds every local step). A shift radius of 0 (no shift move) stays 0."""
     gain = (iteration + 1.0) ** -0.6
 
     def move(radius: float, accepted: np.ndarray, limit: float) -> float:
@@ -216,4 +246,5 @@ def adapted(radii: Radii, info: HierInfo, iteration: int, cap: float) -> Radii:
         hyper=move(radii.hyper, info.hyper_accepted, np.inf),
         shared=move(radii.shared, info.accepted, cap),
         block=move(radii.block, info.block_acceptance, cap),
+        shift=move(radii.shift, info.shift_accepted, np.inf),
     )

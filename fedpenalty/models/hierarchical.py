@@ -60,6 +60,11 @@ class HierarchicalModel(ABC):
         """φ_k for every owner: z ``(C, d + K·p)`` → ``(K, C, d_local)``, inside the local
         model's Θ whenever z is inside the model's box."""
 
+    def invariant_directions(self, owners: int) -> np.ndarray:
+        """Directions V ``(m, d + K·p)`` along which ``local_params`` is constant (z + c·V has
+        every owner's φ_k of z), so a move along them needs no owner; none by default."""
+        return np.empty((0, self.full_dim(owners)))
+
     @abstractmethod
     def log_prior(self, z: np.ndarray, owners: int) -> np.ndarray:
         """log p(θ) + Σ_k log p(b_k | θ_H), Jacobians included: ``(C, d + K·p)`` → ``(C,)``."""

@@ -59,9 +59,9 @@ class RandomIntercept(HierarchicalModel):
         p = resolve_params(self.name, self.PARAMS, params)
         if not p["tau_min"] < p["tau_max"]:
             raise ConfigError(f"[model] {self.name}: tau_min must be < tau_max, got {p}")
-        if p["b_bound"] < 6.0 * p["tau_max"]:
+        if p["b_bound"] < 6.0 * p["tau_max"] * (1.0 - 1e-12):  # 6 × 0.1 is 0.6000000000000001
             raise ConfigError(
-                f"[model] {self.name}: b_bound must be ≥ 6·tau_max = {6.0 * p['tau_max']} so "
+                f"[model] {self.name}: b_bound must be ≥ 6·tau_max = {6.0 * p['tau_max']:g} so "
                 f"that the box trims a negligible mass of p(b | τ); got {p['b_bound']}"
             )
         self._params = p
@@ -90,6 +90,10 @@ class RandomIntercept(HierarchicalModel):
         """φ_k = μ + b_k: ``(K, C, 1)``."""
         z = np.asarray(z, dtype=float)
         return z[None, :, :1] + self.blocks(z, owners)
+
+    def invariant_directions(self, owners: int) -> np.ndarray:
+        """μ + c with every b_k − c: ``(1, 2 + K)``."""
+        return np.array([[1.0, 0.0] + [-1.0] * owners])
 
     def log_prior(self, z: np.ndarray, owners: int) -> np.ndarray:
         z = np.asarray(z, dtype=float)
