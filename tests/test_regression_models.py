@@ -218,6 +218,23 @@ def test_linear_reference_against_brute_force_grid(known, truth):
     np.testing.assert_allclose(ref.sd, sd, rtol=1e-3)
 
 
+def test_unknown_variance_reference_resolves_a_posterior_narrower_than_its_grid():
+    """At n = 8·10⁶ the posterior of s (log σ_y = mid + slope·s) is narrower than the
+    quadrature's coarse grid; its sd must still be the Laplace value √(1/(2n))/slope within
+    0.5% (the O(1/n) and prior corrections are far smaller). The grid-peaked quadrature gave
+    6% too small."""
+    model = LinearRegression(known_variance=0)
+    rng = np.random.default_rng(0)
+    n = 8_000_000
+    x = rng.uniform(-0.7, 0.7, (n, 2))
+    y = x @ np.array([0.3, -0.2]) + 1.1 * rng.standard_normal(n)
+    records = model.prepare_records(np.column_stack([x, y]))
+    ref = model.reference_from_stats(n, model.suff_stat(records).sum(axis=0))
+    assert ref is not None
+    laplace = math.sqrt(1.0 / (2 * n)) / model.log_sigma_slope
+    assert ref.sd[-1] == pytest.approx(laplace, rel=5e-3)
+
+
 def test_linear_reference_declines_when_the_box_cuts_the_posterior():
     m = build_model({"name": "linear_regression", "theta_bound": 0.32})
     records = m.prepare_records(

@@ -7,7 +7,7 @@ import math
 from typing import ClassVar
 
 import numpy as np
-from scipy import integrate
+from scipy import integrate, optimize
 
 from ..errors import ConfigError
 from .api import (
@@ -263,19 +263,35 @@ class LinearRegression(Configured, ExpFamModel):
 
         grid = np.linspace(-b, b, 4001)
         logs = np.array([log_marginal(s) for s in grid])
-        peak, top = float(grid[np.argmax(logs)]), float(logs.max())
+        step = 2 * b / 4000
+        guess = float(grid[np.argmax(logs)])
+        # at large n p(s | data) is narrower than the grid: find its peak and width first
+        lo, hi = max(-b, guess - step), min(b, guess + step)
+        peak = float(
+            optimize.minimize_scalar(
+                lambda s: -log_marginal(s),
+                bounds=(lo, hi),
+                method="bounded",
+                options={"xatol": 1e-12},
+            ).x
+        )
+        top, h = log_marginal(peak), min(step, 1e-3 * b)
+        curve = 2 * top - log_marginal(max(-b, peak - h)) - log_marginal(min(b, peak + h))
+        width = math.sqrt(h * h / curve) if curve > 0 else step
 
         def moments(s: float) -> np.ndarray:
             mean, var = _beta_given_sigma(
                 xtx, xty, math.exp(self.log_sigma_mid + self.log_sigma_slope * s), self.prior_sd
             )
-            w = math.exp(log_marginal(s) - top)
-            return w * np.concatenate([[1.0, s, s * s], mean, np.diag(var) + mean * mean])
+            w, ds = math.exp(log_marginal(s) - top), s - peak  # moments about the peak
+            return w * np.concatenate([[1.0, ds, ds * ds], mean, np.diag(var) + mean * mean])
 
-        step = 2 * b / 4000
-        total = integrate.quad_vec(moments, -b, b, epsrel=1e-11, points=(peak - step, peak + step))
+        marks = [peak + k * width for k in (-30, -10, -3, 0, 3, 10, 30)]
+        total = integrate.quad_vec(
+            moments, -b, b, epsrel=1e-11, points=[t for t in marks if -b < t < b]
+        )
         z = total[0] / total[0][0]
-        s_mean, s_var = z[1], z[2] - z[1] ** 2
+        s_mean, s_var = peak + z[1], z[2] - z[1] ** 2
         beta_mean, beta_var = z[3 : 3 + d], z[3 + d :] - z[3 : 3 + d] ** 2
         mean = np.append(beta_mean, s_mean)
         sd = np.sqrt(np.maximum(np.append(beta_var, s_var), 0.0))
