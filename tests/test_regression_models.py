@@ -218,13 +218,15 @@ def test_linear_reference_against_brute_force_grid(known, truth):
     np.testing.assert_allclose(ref.sd, sd, rtol=1e-3)
 
 
-def test_unknown_variance_reference_resolves_a_posterior_narrower_than_its_grid():
+@pytest.mark.parametrize("seed", [1, 2])
+def test_unknown_variance_reference_resolves_a_posterior_narrower_than_its_grid(seed):
     """At n = 8·10⁶ the posterior of s (log σ_y = mid + slope·s) is narrower than the
     quadrature's coarse grid; its sd must still be the Laplace value √(1/(2n))/slope within
     0.5% (the O(1/n) and prior corrections are far smaller). The grid-peaked quadrature gave
-    6% too small."""
+    5% and 12% too small on these two data sets (exact on others: it depends on where the peak
+    falls between grid points)."""
     model = LinearRegression(known_variance=0)
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     n = 8_000_000
     x = rng.uniform(-0.7, 0.7, (n, 2))
     y = x @ np.array([0.3, -0.2]) + 1.1 * rng.standard_normal(n)
