@@ -17,6 +17,7 @@ import pytest
 from fedpenalty.cli import main
 from fedpenalty.common import LOG_RATIO, SGMCMC, Policy
 from fedpenalty.config import FROM_FILE, FROM_SET, GENERIC, load_scenario, model_defaults
+from fedpenalty.coordinator import private_gibbs
 from fedpenalty.coordinator.algorithms import ALGORITHMS
 from fedpenalty.coordinator.base import ChainAlgorithm
 from fedpenalty.coordinator.baseline_algorithms import HYBRID
@@ -42,7 +43,10 @@ def runs(model: str) -> list[str]:
     if model in HIERARCHICAL:
         return ["penalty_hier"]
     expfam = issubclass(MODELS[model], ExpFamModel)
-    return [a for a in ASKING if a != "penalty_expfam" or expfam]
+    gibbs = model in private_gibbs.SUPPORTED  # private_gibbs: the models it has conditionals for
+    return [
+        a for a in ASKING if (a != "penalty_expfam" or expfam) and (a != "private_gibbs" or gibbs)
+    ]
 
 
 def simulate(capsys, *args: str) -> tuple[int, str, str]:
