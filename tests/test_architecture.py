@@ -197,9 +197,14 @@ def test_registered_algorithms_take_the_settings_they_declare(name):
         assert isinstance(algorithm, ReleaseAlgorithm)
 
 
+# algorithms that refuse the embedded default's model, and the model each is offered with
+ONE_MODEL = {"objpert": "logistic"}
+
+
 def test_registries_are_what_the_scenario_offers():
     for name, entry in ALGORITHMS.items():  # a hierarchical sampler with a hierarchical model
         model = {"model": {"name": "random_intercept"}} if _hierarchical(entry) else {}
+        model = {"model": {"name": ONE_MODEL[name]}} if name in ONE_MODEL else model
         assert resolve({**model, "sampler": {"algorithm": name}})["sampler"]["algorithm"] == name
     for name in TRANSPORTS:
         assert resolve({"run": {"transport": name}})["run"]["transport"] == name
