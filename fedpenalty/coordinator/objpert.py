@@ -16,6 +16,7 @@ import numpy as np
 from pydantic import Field
 from scipy.special import expit
 
+from ..errors import FedPenaltyError
 from ..models import Model
 from ..models.logistic import Logistic
 from ..schema import Bool, PositiveFloat, Section
@@ -88,7 +89,10 @@ def minimise(x: np.ndarray, s: np.ndarray, regulariser: float, b: np.ndarray) ->
         while _objective(f + step * direction, x, s, regulariser, b) > limit and step > 1e-12:
             step /= 2
         f = f + step * direction
-    raise RuntimeError("objective perturbation: Newton's method did not converge")
+    raise FedPenaltyError(
+        "objpert: Newton's method did not reach the exact minimiser the guarantee needs; "
+        "raise sampler.objpert_lambda (a better-conditioned objective)"
+    )
 
 
 @dataclass(frozen=True)
