@@ -138,3 +138,25 @@ def test_refusals_name_the_key_and_write_nothing(tmp_path, capsys, model, privac
 def test_embedded_default_refuses_gaussian_mean(tmp_path, capsys):
     code, _, err = simulate(tmp_path, capsys, "--set", "sampler.algorithm='objpert'")
     assert code == 2 and "'gaussian_mean' is not supported" in err, err
+
+
+def test_per_owner_releases_are_averaged_by_n():
+    """objpert_per_owner: each draw is Σ_k (n_k/n) θ_k of the owners' own releases at ε/draws,
+    replayed here with the same generator (owner by owner, draw by draw)."""
+    model = build_model(LOGISTIC)
+    parts = [records(40, seed=5), records(120, seed=6)]
+    sections = {
+        "sampler": {
+            "chains": 1,
+            "iterations": 2,
+            "objpert_lambda": 0.05,
+            "objpert_per_owner": True,
+        },
+        "privacy": {"epsilon": 3.0, "neighbour": "replace_one"},
+    }
+    out = objpert.OBJPERT.release(np.random.default_rng(7), model, parts, sections)
+    rng = np.random.default_rng(7)
+    for draw in range(2):
+        fits = [objpert.release(rng, p, 1.5, 0.05, 2.0).theta for p in parts]
+        np.testing.assert_allclose(out.theta[0, draw], 0.25 * fits[0] + 0.75 * fits[1])
+    assert out.epsilon == 3.0 and out.delta == 0.0 and not out.trusted_curator
