@@ -198,13 +198,13 @@ def test_registered_algorithms_take_the_settings_they_declare(name):
 
 
 #: algorithms that refuse the embedded default model → the model they are offered with
-_OWN_MODEL = {"private_gibbs": {"model": {"name": "linear_regression"}}}
+ONE_MODEL = {"objpert": "logistic", "private_gibbs": "linear_regression"}
 
 
 def test_registries_are_what_the_scenario_offers():
     for name, entry in ALGORITHMS.items():  # a hierarchical sampler with a hierarchical model
         model = {"model": {"name": "random_intercept"}} if _hierarchical(entry) else {}
-        model = _OWN_MODEL.get(name, model)
+        model = {"model": {"name": ONE_MODEL[name]}} if name in ONE_MODEL else model
         assert resolve({**model, "sampler": {"algorithm": name}})["sampler"]["algorithm"] == name
     for name in TRANSPORTS:
         assert resolve({"run": {"transport": name}})["run"]["transport"] == name
@@ -217,7 +217,7 @@ def test_registries_are_what_the_scenario_offers():
     for name, a in ALGORITHMS.items():
         if isinstance(a, ChainAlgorithm):
             model = {"model": {"name": "random_intercept"}} if a.hierarchical else {}
-            model = _OWN_MODEL.get(name, model)
+            model = {"model": {"name": ONE_MODEL[name]}} if name in ONE_MODEL else model
             section = {"sampler": {**clipped["sampler"], "algorithm": name}}
             sampler = resolve({**model, **section})
             asked |= {query_kind(kind).ledger_name for kind in a.asks(sampler["sampler"])}

@@ -12,6 +12,7 @@ from .exact import EXACT_MH
 from .expfam import PENALTY_EXPFAM
 from .hier_algorithm import PENALTY_HIER
 from .mh import PENALTY
+from .objpert import OBJPERT
 from .private_gibbs import PRIVATE_GIBBS
 from .sghmc import SGHMC
 from .sgld import SGLD
@@ -33,6 +34,7 @@ ALGORITHMS: dict[str, Algorithm] = {
         HYBRID,
         DP_HMC,
         PENALTY_HIER,
+        OBJPERT,
         PRIVATE_GIBBS,
     )
 }
