@@ -332,6 +332,12 @@ def print_run(title: str, result) -> None:
                 f"{diag['mean_noise_variance']:.3g} per coordinate, excess noise ratio "
                 f"{diag['excess_noise_ratio']:.3g}"
             )
+        elif diag.get("mean_noise_variance") is not None:
+            print(
+                f"\nMixing (no accept step): owners' noise variance s² "
+                f"{diag['mean_noise_variance']:.3g} (mean over the asked steps, per coordinate "
+                "of what they answered)"
+            )
         else:
             print(f"\nIndependent draws ({privacy.get('algorithm', '')}):")
         print(mixing_table(diag))
