@@ -22,7 +22,7 @@ import numpy as np
 import xarray as xr
 
 from . import plots
-from .common import SGMCMC, Policy, PrivacyReport
+from .common import Policy, PrivacyReport
 from .config import Scenario, load_scenario
 from .coordinator.base import ChainAlgorithm
 from .coordinator.driver import ChainResult
@@ -166,7 +166,7 @@ class Outputs:
 
 
 def chain_diagnostics(chains: ChainResult, algorithm: ChainAlgorithm) -> dict[str, Any]:
-    """The driver's own counters for diagnostics.json (SG-MCMC on gradients: the owners' noise
+    """The driver's own counters for diagnostics.json (kernels that report it: the owners' noise
     excess; MH:
     the step the draws used and how warmup adapted it, ``StepAdaptation.summary``)."""
     if not chains.theta.shape[1]:
@@ -177,7 +177,7 @@ def chain_diagnostics(chains: ChainResult, algorithm: ChainAlgorithm) -> dict[st
     }
     if algorithm.adapts:
         out["step_adaptation"] = chains.state.tuning.summary()
-    if chains.accepted is None and algorithm.query == SGMCMC:  # the kernels that report EXCESS
+    if chains.reports_excess:
         out.update(
             excess_noise_ratio=chains.excess_noise_ratio,
             excess_noise_fraction=chains.excess_fraction,

@@ -51,6 +51,8 @@ class ChainResult:
     noise_draws: np.ndarray | None = None
     state: Any = None
     stats: Mapping[str, np.ndarray] = field(default_factory=dict)
+    #: the kernel reports its owners' noise excess (SG-MCMC, ``base.EXCESS``)
+    reports_excess: bool = False
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -85,6 +87,8 @@ class Progress:
     noise_draws: np.ndarray | None = None
     stats: Mapping[str, np.ndarray] = field(default_factory=dict)
     derive: Derived | None = field(default=None, compare=False)
+    #: the kernel declares ``EXCESS`` (not saved: set from the kernel, as ``derive``)
+    reports_excess: bool = field(default=False, compare=False)
 
     def buffers(self) -> dict[str, np.ndarray]:
         """Every kept field's buffer by name: queried, accepted and noise_variance (those
@@ -141,6 +145,7 @@ class Progress:
             None if self.noise_draws is None else self.noise_draws[:, :k],
             self.state,
             stats,
+            self.reports_excess,
         )
 
 
@@ -210,6 +215,7 @@ def start(
         noise_draws=buffers.pop(NOISE_VARIANCE.name, None),
         stats=buffers,
         derive=algorithm.derived,
+        reports_excess=EXCESS in algorithm.info,
     )
 
 
@@ -241,7 +247,7 @@ def sample(
             raise ValueError(
                 "the checkpoint belongs to a run with other chains, iterations, warmup or dimension"
             )
-        run = replace(resume, derive=algorithm.derived)
+        run = replace(resume, derive=algorithm.derived, reports_excess=EXCESS in algorithm.info)
         rng.bit_generator.state = run.rng_state
     total = warmup + iterations
     with tqdm(
