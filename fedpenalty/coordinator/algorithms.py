@@ -12,6 +12,7 @@ from .exact import EXACT_MH
 from .expfam import PENALTY_EXPFAM
 from .hier_algorithm import PENALTY_HIER
 from .mh import PENALTY
+from .sgfs import SGFS
 from .sghmc import SGHMC
 from .sgld import SGLD
 from .sgnht import SGNHT
@@ -32,5 +33,6 @@ ALGORITHMS: dict[str, Algorithm] = {
         HYBRID,
         DP_HMC,
         PENALTY_HIER,
+        SGFS,
     )
 }

@@ -229,7 +229,11 @@ def build(model: Model, data: ChainData, **settings: Any) -> SamplingAlgorithm:
 
 
 def check(sections: Sections, model: Model) -> None:
-    """Scenario check: ``sampler.fisher_decay`` in (0, 1]."""
+    """Scenario check: ``sampler.fisher_decay`` in (0, 1]; no secure aggregation."""
+    require(
+        sections["privacy"].get("aggregation", "none") == "none",
+        "sgfs answers do not take secure aggregation: set privacy.aggregation = 'none'",
+    )
     decay = sections["sampler"]["fisher_decay"]
     require(
         decay <= 1.0,
