@@ -130,7 +130,7 @@ def test_each_owners_epsilon_is_dp_accountings_for_its_answers(capsys, tmp_path,
     diagnostics = json.loads((tmp_path / "run" / "diagnostics.json").read_text())
     # the owners' gradient noise on G: 2·Σ_k (σ·clip)²/q² (the √2 of the scaled answer)
     assert diagnostics["mean_noise_variance"] == pytest.approx(2 * OWNERS * (SIGMA * CLIP / Q) ** 2)
-    assert "sgfs on gaussian_mean" in out
+    assert "sgfs on gaussian_mean" in out and "noise mult." in out
 
 
 @pytest.mark.parametrize(
