@@ -26,7 +26,7 @@ accountants so that the owner that spends most spends exactly the target in the 
   smaller of what the owners' noise admits and 0.1 (SGLD) or 0.25² (SGHMC, h) × the posterior
   variance σ₀²/n;
 * ``sgld_wang``: the same SGLD with Wang et al.'s noise multiplier and admissible step;
-* ``sgfs``: DP-SGFS (docs/design.md §2.10) at the same noise multiplier as ``sgld`` (its answers
+* ``sgfs``: DP-SGFS (docs/design.md §2.11) at the same noise multiplier as ``sgld`` (its answers
   are charged alike), F = C·I and the step at which the owners' noise fits the design noise
   4C²/η (capped at an effective Langevin step of 0.1 σ₀²/n);
 * ``ops``: 10 draws of the tempered posterior (Foulds et al.'s ρ = ε/(2C) per draw at ε/10),

@@ -24,7 +24,7 @@ the admissible step η falls like 1/answers):
 * ``sgld_wang`` — DP-SGLD with Wang et al.'s noise multiplier and admissible step;
 * ``sgld`` — DP-SGLD with the exact accountant (PLD; Li et al.): the noise multiplier for the
   planned answers and the step at which the owners' noise fits the Langevin noise;
-* ``sgfs`` — DP-SGFS (docs/design.md §2.10) at sgld's noise multiplier (its answers are
+* ``sgfs`` — DP-SGFS (docs/design.md §2.11) at sgld's noise multiplier (its answers are
   charged alike), F = C·I and the largest step at which the owners' noise fits the design
   noise 4C²/η;
 * ``penalty`` — σ_k = 1 (s² = 4) and the proposal radius at which the planned answers are

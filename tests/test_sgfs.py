@@ -1,4 +1,4 @@
-"""Tests of DP-SGFS (fedpenalty.coordinator.sgfs, docs/design.md §2.10): on a Gaussian model
+"""Tests of DP-SGFS (fedpenalty.coordinator.sgfs, docs/design.md §2.11): on a Gaussian model
 the chain is linear, so its stationary law is known in closed form (a discrete Lyapunov
 equation), and the tests check the two regimes the paper describes — at small η the posterior,
 at large η the normal approximation with the variance the gradient noise leaves. All seeds are

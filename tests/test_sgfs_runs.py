@@ -1,4 +1,4 @@
-"""DP-SGFS through owners (docs/design.md §2.10): the ``grad_fisher`` answer (clipped gradients
+"""DP-SGFS through owners (docs/design.md §2.11): the ``grad_fisher`` answer (clipped gradients
 and their outer products, each record's vector of norm ≤ clip), its float and lattice noise,
 its per-owner charge against an independent dp-accounting computation, and the scenario
 checks. All seeds are fixed."""

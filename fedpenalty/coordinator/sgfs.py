@@ -1,5 +1,5 @@
 """Federated DP-SGFS: stochastic gradient Fisher scoring on the owners' noisy gradient sums and
-noisy sums of gradient outer products (docs/design.md §2.10; Wang, Fienberg & Smola, long
+noisy sums of gradient outer products (docs/design.md §2.11; Wang, Fienberg & Smola, long
 version, Appendix A, Algorithm 4; Ahn, Korattikara & Welling 2012).
 
 Per iteration t and chain, with N records in all, Poisson rate q (expected batch τ = qN) and

@@ -1,4 +1,4 @@
-"""DP-SGFS answers (docs/design.md §2.10): per owner and key, the sum over a Poisson sample of
+"""DP-SGFS answers (docs/design.md §2.11): per owner and key, the sum over a Poisson sample of
 rate q of z(x) = [g, vech(g gᵀ)/C]/√2 (g: the record's gradient clipped to L2 norm C, the
 query's clip; vech: the upper triangle), plus N(0, (σ·C)² I). ‖z(x)‖ ≤ C, so one answer is
 one Poisson-subsampled Gaussian release of noise multiplier σ, accounted exactly as a gradient

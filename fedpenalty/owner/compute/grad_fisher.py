@@ -1,4 +1,4 @@
-"""DP-SGFS answers (docs/design.md §2.10): owner k's answer for chain c samples each record
+"""DP-SGFS answers (docs/design.md §2.11): owner k's answer for chain c samples each record
 with the session's rate q, clips its ∇_θ ℓ(x, θ_c) to L2 norm C (the query's clip), and sums
 z(x) = [g, vech(g gᵀ)/C]/√2 — the clipped gradient and the upper triangle of its outer
 product, scaled so that ‖z(x)‖ ≤ C — then adds noise of sd σ_k·C: seeded float noise for
