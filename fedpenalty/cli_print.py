@@ -90,6 +90,10 @@ _PRIVACY_COLUMNS = {
 }
 
 
+#: DP-SGFS's answers are Poisson-subsampled like gradient answers: the same columns.
+_PRIVACY_COLUMNS["sgfs"] = _PRIVACY_COLUMNS["sgmcmc"]
+
+
 #: Secure aggregation: the owner's own σ does not protect it, the honest owners' sum does —
 #: s (its noise sd), t (colluders assumed), and what each owner added, s/√(K − t); then ε from
 #: its own noise alone next to ε (docs/design.md §2.6).

@@ -26,6 +26,9 @@ accountants so that the owner that spends most spends exactly the target in the 
   smaller of what the owners' noise admits and 0.1 (SGLD) or 0.25² (SGHMC, h) × the posterior
   variance σ₀²/n;
 * ``sgld_wang``: the same SGLD with Wang et al.'s noise multiplier and admissible step;
+* ``sgfs``: DP-SGFS (docs/design.md §2.11) at the same noise multiplier as ``sgld`` (its answers
+  are charged alike), F = C·I and the step at which the owners' noise fits the design noise
+  4C²/η (capped at an effective Langevin step of 0.1 σ₀²/n);
 * ``ops``: 10 draws of the tempered posterior (Foulds et al.'s ρ = ε/(2C) per draw at ε/10),
   trusted curator; ``noisy_stats``: each owner's Σx once with Laplace noise, conjugate draws.
 
@@ -105,7 +108,7 @@ OWNERS = {
 PENALTY_S2, MAX_RADIUS_SD = 4.0, 2.0
 SAMPLING_RATE, SGLD_STEP_VAR, SGHMC_H_SD, SGHMC_FRICTION_SD = 0.02, 0.1, 0.25, 2.0
 OPS_CHAINS, OPS_DRAWS = 2, 5
-METHODS = ("penalty", "penalty_expfam", "sgld", "sghmc", "sgld_wang", "ops", "noisy_stats")
+METHODS = ("penalty", "penalty_expfam", "sgld", "sghmc", "sgld_wang", "ops", "noisy_stats", "sgfs")
 
 
 @dataclass(frozen=True)
@@ -239,6 +242,18 @@ def sghmc(owners: Owners, epsilon: float, raw: dict) -> dict:
     return raw
 
 
+def sgfs(owners: Owners, epsilon: float, raw: dict) -> dict:
+    """DP-SGFS, tight accounting (its answers are charged as gradient answers at the same
+    multiplier): F = C·I; its owners' gradient noise is 2s² (the √2 of its scaled answers), so
+    η = min(4C²/(2s²), 0.1 σ₀²C²/n) (the design noise 4C²/η covers it; η/C² is the Langevin
+    step)."""
+    raw, s2 = gradient_noise(owners, tight(epsilon, owners.answers), raw, epsilon)
+    clip = raw["sampler"]["clip"]
+    step = min(4.0 * clip**2 / (2.0 * s2), SGLD_STEP_VAR * owners.sd**2 * clip**2)
+    raw["sampler"].update(step=step, fisher_bound=clip)
+    return raw
+
+
 def ops(owners: Owners, epsilon: float, raw: dict) -> dict:
     raw["privacy"].update(epsilon=epsilon, ops_form="foulds")
     raw["sampler"].update(chains=OPS_CHAINS, iterations=OPS_DRAWS, warmup=0)
@@ -258,6 +273,7 @@ CALIBRATE: dict[str, tuple[str, Callable[[Owners, float, dict], dict]]] = {
     "sgld_wang": ("sgld", sgld_with(wang)),
     "ops": ("ops", ops),
     "noisy_stats": ("noisy_stats", noisy_stats),
+    "sgfs": ("sgfs", sgfs),
 }
 
 

@@ -24,6 +24,9 @@ the admissible step η falls like 1/answers):
 * ``sgld_wang`` — DP-SGLD with Wang et al.'s noise multiplier and admissible step;
 * ``sgld`` — DP-SGLD with the exact accountant (PLD; Li et al.): the noise multiplier for the
   planned answers and the step at which the owners' noise fits the Langevin noise;
+* ``sgfs`` — DP-SGFS (docs/design.md §2.11) at sgld's noise multiplier (its answers are
+  charged alike), F = C·I and the largest step at which the owners' noise fits the design
+  noise 4C²/η;
 * ``penalty`` — σ_k = 1 (s² = 4) and the proposal radius at which the planned answers are
   exactly (ε, δ) in the worst case;
 * ``objpert`` — Wang et al.'s OBJPERT baseline: one objective-perturbation release at the full
@@ -70,7 +73,7 @@ MODEL = {"name": "logistic", "dim": 5, "data_bound": 1.0, "theta_bound": 25.0, "
 DELTA, NEIGHBOUR = 1e-5, "replace_one"
 SAMPLING_RATE, CLIP, MAX_SGLD_STEP = 0.1, 1.0, 1e-2
 PENALTY_SIGMA, EXACT_RADIUS, OPS_CHAINS, OPS_DRAWS = 1.0, 1.5, 2, 2
-METHODS = ("ops", "hybrid", "sgld_wang", "sgld", "penalty", "objpert")
+METHODS = ("ops", "hybrid", "sgld_wang", "sgld", "penalty", "objpert", "sgfs")
 LABELS = {"objpert": "objpert (central DP)"}
 
 
@@ -173,6 +176,12 @@ def calibrate(method: str, raw: dict, epsilon: float, setup: Setup) -> dict:
     if method == "sgld_wang":
         c = steps(epsilon, planned)
         return gradient(raw, epsilon, c.wang_noise_multiplier, c.wang_step)
+    if method == "sgfs":  # design noise 4C²/η ≥ the owners' 2·K(σC/q)²
+        sigma = steps(epsilon, planned).accountant_noise_multiplier
+        step = 0.99 * 2.0 * SAMPLING_RATE**2 / (len(SHARES) * sigma**2)
+        raw = gradient(raw, epsilon, sigma, step)
+        raw["sampler"]["fisher_bound"] = CLIP
+        return raw
     if method == "hybrid":  # the library calibrates its noise to ε/2; the step fits that noise
         raw = gradient(raw, epsilon, 1.0, steps(epsilon / 2, planned).accountant_step)
         raw["privacy"]["epsilon"] = epsilon

@@ -37,13 +37,14 @@ FIRST_RELEASE = ["log_ratio", "suff_stats", "gradient"]
 
 
 def test_the_registry_lists_exactly_the_five_kinds():
-    assert list(KINDS) == [*FIRST_RELEASE, "clipped_log_ratio", "clipped_gradient"]
+    assert list(KINDS) == [*FIRST_RELEASE, "clipped_log_ratio", "clipped_gradient", "grad_fisher"]
     assert [k.ledger_name for k in KINDS.values()] == [
         "penalty",
         "penalty_expfam",
         "sgmcmc",
         "penalty_clipped",
         "gradient_clipped",
+        "sgfs",
     ]
     assert (LOG_RATIO, SUFF_STATS, SGMCMC) == ("penalty", "penalty_expfam", "sgmcmc")
     for name, kind in KINDS.items():

@@ -14,6 +14,7 @@ from .hier_algorithm import PENALTY_HIER
 from .mh import PENALTY
 from .objpert import OBJPERT
 from .private_gibbs import PRIVATE_GIBBS
+from .sgfs import SGFS
 from .sghmc import SGHMC
 from .sgld import SGLD
 from .sgnht import SGNHT
@@ -36,5 +37,6 @@ ALGORITHMS: dict[str, Algorithm] = {
         PENALTY_HIER,
         OBJPERT,
         PRIVATE_GIBBS,
+        SGFS,
     )
 }

@@ -9,6 +9,7 @@ from ..errors import InvalidRequest
 from .base import Event, KindTerms, QueryKind
 from .clipped_gradient import ClippedGradient
 from .clipped_log_ratio import ClippedLogRatio
+from .grad_fisher import GradFisher
 from .gradient import Gradient
 from .log_ratio import GaussianKind, LogRatio
 from .suff_stats import SuffStats
@@ -30,6 +31,7 @@ KINDS: dict[str, QueryKind] = {
     "gradient": Gradient(),
     "clipped_log_ratio": ClippedLogRatio(),
     "clipped_gradient": ClippedGradient(),
+    "grad_fisher": GradFisher(),
 }
 
 

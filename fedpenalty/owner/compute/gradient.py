@@ -17,7 +17,7 @@ import numpy as np
 from ...common import SGMCMC
 from ...models import Model
 from ..ledger import SampledCharge
-from ..mechanism import HostNoise, Keys
+from ..mechanism import HostNoise, Keys, Mechanism
 from ..node import OwnerNode
 from ..noise.exact import poisson_sample
 from ..pipeline import Asked, Planned, Request
@@ -73,6 +73,14 @@ class GradientCompute:
     def __init__(self, nodes: Sequence[OwnerNode]):
         self.nodes = list(nodes)
         self.model = nodes[0].model
+        #: components of one answer
+        self.width = self.model.dim
+
+    def sums(
+        self, records: np.ndarray, theta: np.ndarray, mask: np.ndarray, clip: float
+    ) -> np.ndarray:
+        """The exact (noiseless) answers ``(C, width)``: ``clipped_gradient_sum``."""
+        return clipped_gradient_sum(self.model, records, theta, mask, clip)
 
     def fresh(self, noise: HostNoise, keys: Keys, query: GradientQuery) -> GradientAnswers:
         """Noisy gradient answers ``(K, C, d)`` to ``keys`` (one per chain of ``query``)."""
@@ -106,7 +114,7 @@ class GradientAnswers:
         owner, chain, iteration)."""
         session, kind = self._keys.address, self._compute.kind
         iteration, clip, q = self._scalars()
-        model, records = self._compute.model, self._compute.nodes[k].records
+        records = self._compute.nodes[k].records
         seeded = self._noise.seeded
         samples = [
             seeded.sample(session, kind, k, c, iteration, len(records), q) for c in chains.tolist()
@@ -116,9 +124,10 @@ class GradientAnswers:
         mask = np.zeros((len(chains), len(used)), dtype=bool)
         for row, sample in enumerate(samples):
             mask[row, np.searchsorted(used, sample)] = True
-        sums = clipped_gradient_sum(model, records[used], theta, mask, clip)
+        sums = self._compute.sums(records[used], theta, mask, clip)
         iterations = np.full(len(chains), iteration)
-        normals = seeded.normals(session, kind, np.array([k]), chains, iterations, model.dim)[0]
+        width = self._compute.width
+        normals = seeded.normals(session, kind, np.array([k]), chains, iterations, width)[0]
         return sums + self._noise.levels[kind][k] * clip * normals
 
     def _lattice(self, k: int, chains: np.ndarray, theta: np.ndarray) -> np.ndarray:
@@ -138,7 +147,7 @@ class GradientAnswers:
             chain=chains,
             iteration=iteration,
         )
-        sums = clipped_gradient_sum(self._compute.model, records, theta, mask, clip)
+        sums = self._compute.sums(records, theta, mask, clip)
         iterations = np.full(len(chains), iteration)
         mechanism = noise.mechanism(keys.session, kind)
         answers = noise.lattice_answers(
@@ -166,10 +175,19 @@ class GradientPath:
     gradient noise multiplier) under its neighbour relation."""
 
     def __init__(self, kind: QueryKind, nodes: Sequence[OwnerNode]):
-        self.compute = GradientCompute(nodes)
+        self.compute = self.computing(nodes)
         self.tag = kind.digest_tag
-        self.dim = nodes[0].model.dim
+        self.dim = self.compute.width
         self.neighbours = [n.policy.neighbour for n in nodes]
+
+    def computing(self, nodes: Sequence[OwnerNode]) -> GradientCompute:
+        """The answers' computation: ``GradientCompute``."""
+        return GradientCompute(nodes)
+
+    def multipliers(self, mechanism: Mechanism) -> np.ndarray:
+        """The noise multipliers ``(K,)`` the answers are charged at: the mechanism's
+        gradient multipliers."""
+        return mechanism.gradient_multiplier
 
     def plan(
         self, asked: Asked, iteration: int, chains: Any, arrays: Mapping[str, Any]
@@ -191,7 +209,7 @@ class GradientPath:
 
         keys = asked.keys(chains, np.full(len(chains), iteration))
         mechanism = asked.mechanism
-        sampled = SampledCharge(q, mechanism.gradient_multiplier, self.neighbours)
+        sampled = SampledCharge(q, self.multipliers(mechanism), self.neighbours)
         request = Request(keys, digests, mechanism, self.dim, sampled=sampled)
         query = GradientQuery(theta, iteration, clip, q)
         return Planned(request, self.compute, query, (len(chains), self.dim), clip)
