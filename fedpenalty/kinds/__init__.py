@@ -11,6 +11,7 @@ from .clipped_gradient import ClippedGradient
 from .clipped_log_ratio import ClippedLogRatio
 from .gradient import Gradient
 from .log_ratio import GaussianKind, LogRatio
+from .sampled_log_ratio import SampledLogRatio
 from .suff_stats import SuffStats
 
 __all__ = [
@@ -30,6 +31,7 @@ KINDS: dict[str, QueryKind] = {
     "gradient": Gradient(),
     "clipped_log_ratio": ClippedLogRatio(),
     "clipped_gradient": ClippedGradient(),
+    "sampled_log_ratio": SampledLogRatio(),
 }
 
 

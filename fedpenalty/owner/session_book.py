@@ -11,8 +11,8 @@ from collections import defaultdict
 
 import numpy as np
 
-from ..common import SGMCMC
 from ..errors import InvalidRequest, NotPermitted, UnknownSession
+from ..kinds import query_kind
 from ..privacy import GaussianSpend
 from ..privacy.subsampled import SubsampledGaussian
 from .key_store import KeyStore
@@ -262,7 +262,7 @@ class SessionBook:
             mine = open_rows.get(opening.owner, [])
             reserved = []
             for name, kind, planned, rate, recorded_multiplier in mine:
-                if kind == SGMCMC and name not in siblings:
+                if query_kind(kind).takes_rate and name not in siblings:
                     used = sum(c for sid, _, _, c in rows if sid == self.store.id(name))
                     multiplier = recorded_multiplier or opening.noise_multiplier
                     reserved.append(SubsampledGaussian(rate, multiplier, max(planned - used, 0)))
@@ -277,8 +277,8 @@ class SessionBook:
                     session, record[0], record[1], record[2] is not None, spend, events, record[3]
                 )
             total = GaussianSpend(int(totals[0][k]), float(totals[1][k]), float(totals[2][k]))
-            gaussian_open = any(p.algorithm != SGMCMC for p in parts) or any(
-                kind != SGMCMC for _, kind, *_ in mine
+            gaussian_open = any(not query_kind(p.algorithm).takes_rate for p in parts) or any(
+                not query_kind(kind).takes_rate for _, kind, *_ in mine
             )
             views.append(PlanView(current, total, events_of(rows), reserved, gaussian_open))
         return views
