@@ -116,8 +116,8 @@ def top_up(terms: BarkerTerms, noise_var: np.ndarray) -> np.ndarray:
         raise ValueError(
             f"barker: the estimate's normal variance (owner noise {float(np.max(v_noise)):.4g} + "
             f"subsampling bound {terms.sub_variance:.4g}) exceeds sampler.barker_variance = "
-            f"{terms.corr.variance:g}; lower sampler.temperature or sampler.barker_clip, or raise "
-            "sampler.sampling_rate"
+            f"{terms.corr.variance:g}; lower sampler.temperature, sampler.barker_clip or the "
+            "owners' noise (privacy.sigma), or raise sampler.sampling_rate"
         )
     return np.maximum(extra, 0.0)
 
@@ -182,6 +182,11 @@ def build(model: Model, data: ChainData, **settings: Any) -> SamplingAlgorithm:
         correction(variance),
         oracle_ratio(data, float(settings["barker_clip"])),
     )
+    declared = sum(
+        (o.policy.noise_for(KINDS[KIND].ledger_name) * terms.clip) ** 2
+        for o in data.require_oracle("barker").describe()
+    )
+    top_up(terms, np.array([declared]))  # before any answer: the owners' public noise levels
     return kernel(model, terms)
 
 

@@ -6,8 +6,8 @@ Poisson-subsampled Gaussian release of noise multiplier σ, accounted as a gradi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, cast
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 from ..models import Model
 from .gradient import Gradient
@@ -36,6 +36,14 @@ class SampledLogRatio(Gradient):
         "ledger_epsilon: the owner's spend across all its sessions, as its ledger reports it"
     )
     arrays = ("theta", "theta_prop", "clip")  # type: ignore[assignment]
+
+    def report_noise(self, sigma: float, sampler: Mapping[str, Any]) -> dict[str, Any]:
+        """The noise multiplier with the sampling rate and ratio clip the run asked for."""
+        return {
+            "noise_multiplier": sigma,
+            "sampling_rate": sampler["sampling_rate"],
+            "clip": sampler["barker_clip"],
+        }
 
     def answer_path(self, nodes: Sequence[OwnerNode]) -> KindPath:
         """``owner.compute.sampled_log_ratio.SampledLogRatioPath``."""
