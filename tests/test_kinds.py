@@ -36,14 +36,20 @@ def make_node(tmp_path, name: str = "alice") -> OwnerNode:
 FIRST_RELEASE = ["log_ratio", "suff_stats", "gradient"]
 
 
-def test_the_registry_lists_exactly_the_five_kinds():
-    assert list(KINDS) == [*FIRST_RELEASE, "clipped_log_ratio", "clipped_gradient"]
+def test_the_registry_lists_exactly_the_six_kinds():
+    assert list(KINDS) == [
+        *FIRST_RELEASE,
+        "clipped_log_ratio",
+        "clipped_gradient",
+        "sampled_log_ratio",
+    ]
     assert [k.ledger_name for k in KINDS.values()] == [
         "penalty",
         "penalty_expfam",
         "sgmcmc",
         "penalty_clipped",
         "gradient_clipped",
+        "barker",
     ]
     assert (LOG_RATIO, SUFF_STATS, SGMCMC) == ("penalty", "penalty_expfam", "sgmcmc")
     for name, kind in KINDS.items():
