@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -190,3 +191,29 @@ def test_barker_paper_quick(tmp_path):
         assert np.all(np.diff(eps) > 0)
         sd = np.sqrt(run["reference_var"])
         assert np.all(np.array(run["mean_error"][-1]) < 0.6 * sd)
+
+
+def test_a_plan_past_the_budget_is_refused_with_the_kinds_own_advice(capsys, tmp_path):
+    """Budget 0.9 × the plan's ε: refused at session open, nothing written; the advice is at
+    this kind's own noise level — with the gradient kind's level set 100× higher (a
+    per-kind noise key), the least σ advised is still the one for barker's answers."""
+    answers = CHAINS * (ITERATIONS + WARMUP)
+    event = dp_accounting.PoissonSampledDpEvent(Q, dp_accounting.GaussianDpEvent(SIGMA))
+    pld = dp_accounting.pld.PLDAccountant(
+        dp_accounting.NeighboringRelation.REPLACE_ONE, value_discretization_interval=1e-4
+    )
+    needed = pld.compose(event, answers).get_epsilon(1e-5)
+    code = simulate(
+        tmp_path,
+        "--set",
+        f"privacy.budget_epsilon={needed * 0.9}",
+        "--set",
+        f"privacy.noise={{gradient_noise_multiplier = {100 * SIGMA}}}",
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and "refused the run at session open" in err and "barker" in err
+    stated = float(re.search(r"needs ε = ([0-9.]+)", err).group(1))  # type: ignore[union-attr]
+    assert stated == pytest.approx(needed, rel=0.01)  # the gradient level would give ≈ 0
+    least = re.search(r"privacy.sigma \(noise multiplier\) ≥ ([0-9.]+)", err)
+    assert least is not None and SIGMA < float(least.group(1)) < 1.3 * SIGMA
+    assert not (tmp_path / "run").exists()
