@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from .common import Policy
 from .config import Scenario
 from .errors import BudgetExhausted, FedPenaltyError
-from .kinds import KINDS, GaussianKind, KindTerms, query_kind
+from .kinds import GaussianKind, KindTerms, QueryKind, query_kind
 from .models import Model
 from .owner.noise.lattice import lattice_gradient_multiplier
 from .privacy import GaussianSpend
@@ -62,7 +62,9 @@ def plan_needs(
     kind = query_kind(query)
     before = _spent(spent_epsilon, policy, lattice)
     if not isinstance(kind, GaussianKind):
-        return _gradient_needs(model, policy, answers, session["sampling_rate"], lattice, before)
+        return _gradient_needs(
+            kind, model, policy, answers, session["sampling_rate"], lattice, before
+        )
     return _gaussian_needs(kind, model, policy, answers, session.get("max_step"), lattice, before)
 
 
@@ -87,7 +89,8 @@ def plan_needs_kinds(
         kind = query_kind(term.kind)
         level = policy.noise_for(kind.ledger_name) if total_noise_sd is None else total_noise_sd
         if not isinstance(kind, GaussianKind):
-            multiplier = lattice_gradient_multiplier(level, model.dim) if lattice else level
+            width = kind.width(model)
+            multiplier = lattice_gradient_multiplier(level, width) if lattice else level
             rate = term.sampling_rate if term.sampling_rate is not None else 1.0
             sampled.append(SubsampledGaussian(rate, multiplier, term.planned_answers))
             continue
@@ -192,6 +195,7 @@ def _spent(epsilon: float, policy: Policy, lattice: bool) -> GaussianSpend:
 
 
 def _gradient_needs(
+    kind: QueryKind,
     model: Model,
     policy: Policy,
     answers: int,
@@ -199,14 +203,15 @@ def _gradient_needs(
     lattice: bool,
     before: GaussianSpend,
 ) -> PlanNeeds:
-    """``plan_needs`` of gradient answers after the Gaussian spend ``before``. Simulated owners
+    """``plan_needs`` of subsampled answers of ``kind`` (gradients, sampled log ratios) after
+    the Gaussian spend ``before``, at the kind's own noise level. Simulated owners
     account them by the smaller of dp-accounting's PLD and RDP figures, so the answer count and
     noise multiplier found here (PLD for an owner that has spent nothing, RDP after earlier
     spend) fit (never overstated); deployed owners' lattice bounds are not inverted here
     (None)."""
     budget, delta, neighbour = policy.budget_epsilon, policy.delta, policy.neighbour
-    level = policy.noise_for(KINDS["gradient"].ledger_name)
-    sigma = lattice_gradient_multiplier(level, model.dim) if lattice else level
+    level = policy.noise_for(kind.ledger_name)
+    sigma = lattice_gradient_multiplier(level, kind.width(model)) if lattice else level
     event = SubsampledGaussian(rate, sigma, answers)
     need, _ = owner_epsilon(before, [event], delta, neighbour, lattice)
     if lattice:

@@ -31,6 +31,9 @@ accountants so that the owner that spends most spends exactly the target in the 
   4C²/η (capped at an effective Langevin step of 0.1 σ₀²/n);
 * ``ops``: 10 draws of the tempered posterior (Foulds et al.'s ρ = ε/(2C) per draw at ε/10),
   trusted curator; ``noisy_stats``: each owner's Σx once with Laplace noise, conjugate draws.
+* ``barker`` (docs/design.md §2.12): at q = 1 and τ = 1 (the posterior itself), noise
+  multiplier by the PLD accountant, the ratio clip as large as C = 1 allows (it binds at small
+  ε: the chain then samples the clipped-likelihood target).
 
 ``exact_mh`` (non-private, trusted curator) runs once per owner configuration and repeat: the
 floor of every error and the baseline of the speed ratios. Every run goes through ``fedpenalty
@@ -108,7 +111,17 @@ OWNERS = {
 PENALTY_S2, MAX_RADIUS_SD = 4.0, 2.0
 SAMPLING_RATE, SGLD_STEP_VAR, SGHMC_H_SD, SGHMC_FRICTION_SD = 0.02, 0.1, 0.25, 2.0
 OPS_CHAINS, OPS_DRAWS = 2, 5
-METHODS = ("penalty", "penalty_expfam", "sgld", "sghmc", "sgld_wang", "ops", "noisy_stats", "sgfs")
+METHODS = (
+    "penalty",
+    "penalty_expfam",
+    "sgld",
+    "sghmc",
+    "sgld_wang",
+    "ops",
+    "noisy_stats",
+    "sgfs",
+    "barker",
+)
 
 
 @dataclass(frozen=True)
@@ -265,6 +278,29 @@ def noisy_stats(owners: Owners, epsilon: float, raw: dict) -> dict:
     return raw
 
 
+def barker(owners: Owners, epsilon: float, raw: dict) -> dict:
+    """Barker at q = 1 and τ = 1, so that it samples the posterior this sweep measures (at the
+    sweep's n the subsampling bound leaves no room for q < 1): noise multipliers by the PLD
+    accountant for the planned answers; the proposal sd 2 posterior sd; the ratio clip the
+    larger that keeps the owners' noise Σ_k(σ_k c)² within 0.9 of C = 1, at most the 20
+    posterior sd no ratio of a 3-sd move exceeds (|x − θ| ≤ 3)."""
+    multiplier = calibrate_noise_multiplier(
+        epsilon, DELTA, 1.0, owners.answers, neighbour=NEIGHBOUR
+    )
+    sigmas = owners.ratios * multiplier
+    clip = min(20.0 * owners.sd, math.sqrt(0.9 / float(np.sum(sigmas**2))))
+    raw["privacy"]["max_step"] = 1.0  # the MH radius limit: not used by these answers
+    return private(
+        raw,
+        sigmas,
+        epsilon,
+        sampling_rate=1.0,
+        barker_clip=clip,
+        temperature=1.0,
+        step=2.0 * owners.sd,
+    )
+
+
 CALIBRATE: dict[str, tuple[str, Callable[[Owners, float, dict], dict]]] = {
     "penalty": ("penalty", penalty),
     "penalty_expfam": ("penalty_expfam", penalty_expfam),
@@ -274,6 +310,7 @@ CALIBRATE: dict[str, tuple[str, Callable[[Owners, float, dict], dict]]] = {
     "ops": ("ops", ops),
     "noisy_stats": ("noisy_stats", noisy_stats),
     "sgfs": ("sgfs", sgfs),
+    "barker": ("barker", barker),
 }
 
 

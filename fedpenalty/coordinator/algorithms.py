@@ -5,6 +5,7 @@ adding an algorithm is one module plus one line here.
 
 from __future__ import annotations
 
+from .barker import BARKER
 from .base import ChainAlgorithm, ReleaseAlgorithm
 from .baseline_algorithms import HYBRID, NOISY_STATS, OPS
 from .dp_hmc import DP_HMC
@@ -38,5 +39,6 @@ ALGORITHMS: dict[str, Algorithm] = {
         OBJPERT,
         PRIVATE_GIBBS,
         SGFS,
+        BARKER,
     )
 }

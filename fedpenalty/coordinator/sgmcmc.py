@@ -134,7 +134,17 @@ class StepSchedule:
         return float(self.a * (self.b + t) ** (-self.gamma))
 
 
-class SGMCMCSettings(Section):
+class SampledSettings(Section):
+    """The ``[sampler]`` key of every kernel whose owners Poisson-sample their records."""
+
+    sampling_rate: Rate = Field(
+        default=0.01,
+        description="sgld, sghmc, sgnht, hybrid, barker: each owner's Poisson sampling rate q "
+        "per answer",
+    )
+
+
+class SGMCMCSettings(SampledSettings):
     """The ``[sampler]`` keys every SG-MCMC kernel takes besides ``step`` (``friction`` too for
     SGHMC and SGNHT: ``MomentumSettings``)."""
 
@@ -144,10 +154,6 @@ class SGMCMCSettings(Section):
     )
     step_decay_b: PositiveFloat = Field(default=1.0, description="polynomial schedule: b")
     step_decay_gamma: PositiveFloat = Field(default=0.55, description="polynomial schedule: γ")
-    sampling_rate: Rate = Field(
-        default=0.01,
-        description="sgld, sghmc, sgnht, hybrid: each owner's Poisson sampling rate q per answer",
-    )
     clip: PositiveFloat = Field(
         default=1.0,
         description="sgld, sghmc, sgnht, hybrid: per-record gradient clip C (L2 norm); noise sd "

@@ -12,6 +12,7 @@ from .clipped_log_ratio import ClippedLogRatio
 from .grad_fisher import GradFisher
 from .gradient import Gradient
 from .log_ratio import GaussianKind, LogRatio
+from .sampled_log_ratio import SampledLogRatio
 from .suff_stats import SuffStats
 
 __all__ = [
@@ -32,6 +33,7 @@ KINDS: dict[str, QueryKind] = {
     "clipped_log_ratio": ClippedLogRatio(),
     "clipped_gradient": ClippedGradient(),
     "grad_fisher": GradFisher(),
+    "sampled_log_ratio": SampledLogRatio(),
 }
 
 
