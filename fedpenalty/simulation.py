@@ -110,16 +110,25 @@ def owner_records(scenario: Scenario, model: Model, seed: np.random.SeedSequence
 
 
 def pooled_reference(
-    model: Model, records: OwnerRecords, progress: bool = False
-) -> tuple[Reference, int]:
+    model: Model, records: OwnerRecords, progress: bool = False, temperature: float = 1.0
+) -> tuple[Reference | None, int]:
     """The reference posterior given every owner's records, and their total count. Closed-form
     exponential-family references sum the owners' statistics one owner at a time, so the
-    records are never all held at once; otherwise the records are pooled."""
+    records are never all held at once; otherwise the records are pooled. A tempered target
+    p(θ)Πp(x|θ)^τ (``temperature`` τ ≠ 1) is the posterior of the statistics scaled by τ
+    (n·τ records with sum τ·ΣS: the exponential family's likelihood to the power τ); a model
+    without closed-form statistics has no tempered reference (None)."""
     if isinstance(model, ExpFamModel):
         n, total = records.stat_total()
-        closed = model.reference_from_stats(n, total)
-        if closed is not None:
+        closed = model.reference_from_stats(n * temperature, total * temperature)  # type: ignore[arg-type]
+        if closed is not None and temperature != 1.0:
+            closed = Reference(
+                closed.mean, closed.sd, f"{closed.source}, tempered τ = {temperature:g}"
+            )
+        if closed is not None or temperature != 1.0:
             return closed, n
+    elif temperature != 1.0:
+        return None, sum(len(r) for r in records)
     pooled = records.pooled()
     return reference_posterior(model, pooled, progress=progress), len(pooled)
 
@@ -213,7 +222,7 @@ class _World:
     n_total: int
     seeds: list[np.random.SeedSequence]
     release_rng: np.random.Generator
-    reference: Reference
+    reference: Reference | None
     sampled: BoundHierarchy | None = None
     start: np.ndarray | None = None
 
@@ -269,7 +278,12 @@ def _hierarchical_world(scenario: Scenario, model: HierarchicalModel) -> _World:
 def _simulated_world(scenario: Scenario, model: Model) -> _World:
     data_seed, owner_seed, _, release_seed = run_seeds(scenario)
     records = owner_records(scenario, model, data_seed)
-    reference, n_total = pooled_reference(model, records, progress=scenario["run"]["progress"])
+    algorithm = ALGORITHMS[scenario["sampler"]["algorithm"]]
+    tempered = isinstance(algorithm, ChainAlgorithm) and algorithm.temperature is not None
+    temperature = algorithm.temperature(scenario["sampler"]) if tempered else 1.0  # type: ignore[union-attr, misc]
+    reference, n_total = pooled_reference(
+        model, records, progress=scenario["run"]["progress"], temperature=temperature
+    )
     seeds = owner_seed.spawn(len(records))
     return _World(records, n_total, seeds, np.random.default_rng(release_seed), reference)
 
@@ -371,7 +385,7 @@ def _run_pooled(
     model: Model,
     pooled: np.ndarray,
     out: Path,
-    reference: Reference,
+    reference: Reference | None,
 ) -> RunResult:
     """A trusted curator's chains over every owner's records pooled (exact_mh)."""
     sampler = scenario["sampler"]
@@ -404,7 +418,7 @@ def _run_release(
     records: list[np.ndarray],
     rng: np.random.Generator,
     out: Path,
-    reference: Reference,
+    reference: Reference | None,
 ) -> RunResult:
     """A one-shot baseline: its draws and privacy.json, computed by the simulation; every owner
     spends the release's ε at its δ."""

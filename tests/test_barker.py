@@ -156,6 +156,11 @@ def test_each_owners_epsilon_is_dp_accountings(capsys, tmp_path):
         assert owner["sampling_rate"] == Q and owner["clip"] == CLIP
     diagnostics = json.loads((tmp_path / "run" / "diagnostics.json").read_text())
     assert diagnostics["target"].startswith("clipped-likelihood posterior")
+    # the error is against the tempered posterior it samples (τ = 0.005 of 6,000 records, prior
+    # sd 10, noise sd 1: sd (0.01 + 30)^−½ = 0.1826), not the untempered one (sd 0.0129)
+    reference = diagnostics["reference"]
+    assert reference["sd"][0] == pytest.approx((0.01 + 0.005 * OWNERS * 2000) ** -0.5, rel=1e-6)
+    assert "tempered τ = 0.005" in reference["source"]
 
 
 def test_owner_noise_beyond_the_correction_stops_the_run(capsys, tmp_path):

@@ -215,4 +215,5 @@ BARKER = ChainAlgorithm(
     plan=planned_steps,
     check=check,
     clips=clips,
+    temperature=lambda sampler: float(sampler["temperature"]),
 )

@@ -165,8 +165,10 @@ class ChainAlgorithm:
     (``asks``; docs/design.md §4, "Algorithms of several kinds"); unset: ``query`` alone.
     ``clips(sampler)``, when set, gives the per-record clip each clipping kind (``clipped_*``)
     of the run is asked at: the run then samples the clipped-likelihood posterior
-    (``target``). ``hierarchical``: it samples a hierarchical model (``BoundHierarchy``; every
-    other algorithm a flat ``Model``), in simulation only.
+    (``target``). ``temperature(sampler)``, when set, is the likelihood's exponent τ of a
+    tempered target p(θ)Πp(x|θ)^τ: the run's reference is then the tempered posterior
+    (``simulation.pooled_reference``). ``hierarchical``: it samples a hierarchical model
+    (``BoundHierarchy``; every other algorithm a flat ``Model``), in simulation only.
     """
 
     name: str
@@ -183,6 +185,7 @@ class ChainAlgorithm:
     kinds: Callable[[Mapping[str, Any]], dict[str, int]] | None = None
     clips: Callable[[Mapping[str, Any]], dict[str, float]] | None = None
     hierarchical: bool = False
+    temperature: Callable[[Mapping[str, Any]], float] | None = None
 
     @property
     def settings(self) -> tuple[str, ...]:
