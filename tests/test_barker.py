@@ -161,6 +161,9 @@ def test_each_owners_epsilon_is_dp_accountings(capsys, tmp_path):
     reference = diagnostics["reference"]
     assert reference["sd"][0] == pytest.approx((0.01 + 0.005 * OWNERS * 2000) ** -0.5, rel=1e-6)
     assert "tempered τ = 0.005" in reference["source"]
+    # the owners' noise as the test sees it: (τ/q)²·Σ_k (σc)², nats² of the tempered log ratio
+    expected_s2 = (0.005 / Q) ** 2 * OWNERS * (SIGMA * CLIP) ** 2
+    assert diagnostics["mean_noise_variance"] == pytest.approx(expected_s2, rel=1e-9)
 
 
 def test_owner_noise_beyond_the_correction_stops_the_run(capsys, tmp_path):

@@ -139,7 +139,7 @@ def step(
         extra = top_up(terms, np.asarray(owner_var))
         test = estimate + np.sqrt(extra) * rng.standard_normal(chains.size)
         accepted[chains] = test + terms.corr.sample(rng, chains.size) > 0
-        noise_var[chains] = owner_var
+        noise_var[chains] = (terms.tau / terms.q) ** 2 * np.asarray(owner_var)  # in Λ's nats²
     new = np.where(accepted[:, None], prop, theta)
     info = {QUERIED.name: inside, ACCEPTED.name: accepted, NOISE_VARIANCE.name: noise_var}
     return BarkerState(new, state.iteration + 1), info
