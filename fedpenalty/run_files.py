@@ -157,12 +157,15 @@ def write_info(out: Path, info: dict[str, Any]) -> None:
 class Outputs:
     """What the run's files say about its draws beyond ``theta``: the ``model`` (parameter
     names), the ``algorithm``'s name, the ``reference`` posterior, and ``sample_stats``
-    (name → ``(chains, draws)``, ``inference_data``)."""
+    (name → ``(chains, draws)``, ``inference_data``); ``independent``: the draws are
+    independent releases (a one-shot baseline), not Markov chains, so there is nothing to mix
+    and no mixing warning."""
 
     model: Model | BoundHierarchy
     algorithm: str
     reference: Reference | None
     sample_stats: dict[str, np.ndarray]
+    independent: bool = False
 
 
 def chain_diagnostics(chains: ChainResult, algorithm: ChainAlgorithm) -> dict[str, Any]:
@@ -225,6 +228,8 @@ def _write_outputs(
     diagnostics: dict[str, Any] = {"kept_draws": kept, "param_names": names}
     if kept > 1:
         diagnostics.update(summarize(theta, accepted, outputs.reference, names))
+        if outputs.independent:
+            diagnostics.update(warnings=[], independent_draws=True)
     diagnostics.update(extra)
     if stopped is not None:
         diagnostics["stopped"] = str(stopped)

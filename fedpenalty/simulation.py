@@ -444,7 +444,7 @@ def _run_release(
         ],
         **release.extra,
     }
-    outputs = Outputs(model, algorithm.name, reference, {})
+    outputs = Outputs(model, algorithm.name, reference, {}, independent=True)
     return finish(out, release.theta, None, privacy, outputs, {})
 
 

@@ -86,6 +86,10 @@ def _common_checks(
     assert [o["n"] for o in privacy["owners"]] == [N] * OWNERS
     assert diagnostics["kept_draws"] == ITERATIONS and diagnostics["acceptance_rate"] is None
     assert diagnostics["reference"]["source"] == "closed_form"
+    # one-shot releases are independent draws, never "not mixed"; hybrid's SGLD is a chain
+    independent = algorithm != "hybrid"
+    assert diagnostics.get("independent_draws", False) is independent
+    assert not independent or diagnostics["warnings"] == []
     # accuracy: the draws' mean is within Z standard errors of the reference mean, the standard
     # error ``error_sd`` (in reference sds) stated by each test for its algorithm's draws
     error = diagnostics["error"]["mean_in_sd"][0]
