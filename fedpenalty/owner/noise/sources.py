@@ -29,7 +29,7 @@ MAX_CHAIN, MAX_COMPONENT, MAX_STREAM_WORDS = 1 << 29, 1 << 24, 1 << 35
 
 _U64 = np.uint64
 _CHACHA_BLOCK_WORDS = 8  # a ChaCha20 block is 64 bytes
-_PURPOSES = ("gauss", "bernoulli", "uniform")
+_PURPOSES = ("gauss", "bernoulli", "uniform", "laplace")
 
 
 @dataclass(frozen=True)
