@@ -1,0 +1,168 @@
+"""Private Gibbs for a latent-class model whose statistics are per-group counts (docs/design.md
+§2.10, "A latent-class model").
+
+The model (Foulds et al. §5's war-log model without its Markov chain between time steps): public
+groups g = 0 … G−1 (e.g. region × month), each with a latent class z_g ∈ {0 … K−1},
+π ~ Dir(α·1_K), z_g | π ~ Cat(π); every record r of group g has F categorical features
+x_rf ∈ {0 … V−1} drawn independently given the class (naive Bayes), x_rf | z_g ~ Cat(φ_{z_g f}),
+φ_kf ~ Dir(β·1_V), optionally truncated to φ_kfv ≥ a₀ (the box the exponential-mechanism
+accounting needs).
+
+The data enter only through the counts n[g, f, v] = #{records of group g with x_f = v}, a sum
+over owners of each owner's counts (``group_counts``): the latent variables belong to groups,
+not records, so no owner samples anything per record; each owner releases its counts ONCE
+(Laplace or Gaussian noise, §2.10) and the coordinator runs every Gibbs update on Σ_k n̂_k
+(negative noisy counts are set to 0). With exact counts it is exact Gibbs for the posterior.
+
+``temperature`` T ≥ 1 samples p(π, φ, z | n)^{1/T} instead (the exponential mechanism's view,
+eq. 14 and 19 of the paper: every factor, prior included, raised to 1/T), whose per-update ε is
+``update_epsilon``. Shapes: C chains, counts ``(G, F, V)``, z ``(C, G)``, π ``(C, K)``,
+φ ``(C, K, F, V)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import special
+
+from ..models.base import Neighbour, check_neighbour
+
+#: Rejection draws of a truncated Dirichlet before giving up (ValueError): at a₀ ≤ 1/(10V) and
+#: the counts of any real data set a draw is kept with probability well above 1/2.
+MAX_REJECTIONS = 1000
+
+
+@dataclass(frozen=True)
+class LatentClassSpec:
+    """K classes, F features of V values each, over G groups; Dirichlet concentrations α (of
+    π) and β (of each φ_kf); truncation a₀ ∈ [0, 1/V) of every φ_kfv (0: none)."""
+
+    groups: int
+    classes: int
+    features: int
+    values: int
+    alpha: float = 1.0
+    beta: float = 1.0
+    floor: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("groups", "classes", "features", "values"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if not (self.alpha > 0 and self.beta > 0 and 0 <= self.floor < 1 / self.values):
+            raise ValueError("need alpha > 0, beta > 0 and 0 <= floor < 1/values")
+
+
+@dataclass(frozen=True)
+class LatentState:
+    """The chains' classes ``z`` ``(C, G)``, π ``(C, K)`` and φ ``(C, K, F, V)``."""
+
+    z: np.ndarray
+    pi: np.ndarray
+    phi: np.ndarray
+
+
+def group_counts(records: np.ndarray, spec: LatentClassSpec) -> np.ndarray:
+    """One owner's statistic: n[g, f, v] ``(G, F, V)`` from its records ``(n, 1 + F)`` int
+    (column 0 the group, then the F feature values). A record adds one count per feature, so
+    the L1 sensitivity is F (add/remove) or 2F (replace-one) and the L2 one √F or √(2F)."""
+    rec = np.asarray(records)
+    if rec.ndim != 2 or rec.shape[1] != 1 + spec.features:
+        raise ValueError(f"records must be (n, {1 + spec.features}), got {rec.shape}")
+    g, x = rec[:, 0], rec[:, 1:]
+    if rec.size and (
+        g.min() < 0 or g.max() >= spec.groups or x.min() < 0 or x.max() >= spec.values
+    ):
+        raise ValueError("a record's group or feature value is out of range")
+    counts = np.zeros((spec.groups, spec.features, spec.values))
+    f = np.broadcast_to(np.arange(spec.features), x.shape)
+    np.add.at(counts, (np.broadcast_to(g[:, None], x.shape), f, x), 1.0)
+    return counts
+
+
+def count_sensitivity(spec: LatentClassSpec, neighbour: Neighbour, norm: int) -> float:
+    """Sensitivity of Σ_records counts in L``norm`` (1 or 2): one record moves F counts by one
+    (add/remove), or F down and F up (replace-one)."""
+    check_neighbour(neighbour)
+    moved = spec.features * (2 if neighbour == "replace_one" else 1)
+    return float(moved) if norm == 1 else math.sqrt(moved)
+
+
+def dirichlet(rng: np.random.Generator, conc: np.ndarray, floor: float) -> np.ndarray:
+    """Dirichlet(conc) draws along the last axis, truncated to every component ≥ ``floor`` by
+    rejection (exact for the truncated law)."""
+    g = rng.gamma(conc)
+    out = g / g.sum(axis=-1, keepdims=True)
+    for _ in range(MAX_REJECTIONS):
+        bad = (out < floor).any(axis=-1)
+        if not bad.any():
+            return out
+        g = rng.gamma(conc[bad])
+        out[bad] = g / g.sum(axis=-1, keepdims=True)
+    raise ValueError(f"a Dirichlet truncated at {floor} kept rejecting: lower the floor")
+
+
+def tempered(conc: np.ndarray, temperature: float) -> np.ndarray:
+    """The Dirichlet whose density is Dir(conc)^{1/T} normalised: (conc − 1)/T + 1."""
+    return (conc - 1.0) / temperature + 1.0
+
+
+def draw_params(
+    rng: np.random.Generator,
+    z: np.ndarray,
+    counts: np.ndarray,
+    spec: LatentClassSpec,
+    temperature: float = 1.0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """π | z ~ Dir(α + m), m_k = #{g: z_g = k}, and φ_kf | z, n ~ Dir(β + Σ_{g: z_g=k} n[g, f])
+    (truncated at a₀), each tempered by ``temperature``: (π ``(C, K)``, φ ``(C, K, F, V)``)."""
+    onehot = (z[:, :, None] == np.arange(spec.classes)).astype(float)  # (C, G, K)
+    m = onehot.sum(axis=1)
+    pi = dirichlet(rng, tempered(spec.alpha + m, temperature), 0.0)
+    by_class = np.einsum("cgk,gfv->ckfv", onehot, counts)
+    phi = dirichlet(rng, tempered(spec.beta + by_class, temperature), spec.floor)
+    return pi, phi
+
+
+def draw_classes(
+    rng: np.random.Generator,
+    pi: np.ndarray,
+    phi: np.ndarray,
+    counts: np.ndarray,
+    temperature: float = 1.0,
+) -> np.ndarray:
+    """z_g | π, φ, n: P(z_g = k) ∝ (π_k Π_{f,v} φ_kfv^{n[g,f,v]})^{1/T}, every group at once
+    (given π and φ the groups are independent): ``(C, G)``."""
+    logp = np.log(pi)[:, None, :] + np.einsum("gfv,ckfv->cgk", counts, np.log(phi))
+    logp = logp / temperature
+    prob = np.exp(logp - special.logsumexp(logp, axis=2, keepdims=True))
+    u = rng.uniform(size=prob.shape[:2])[..., None]
+    return np.minimum((prob.cumsum(axis=2) < u).sum(axis=2), prob.shape[2] - 1)
+
+
+def init(rng: np.random.Generator, chains: int, spec: LatentClassSpec) -> LatentState:
+    """Classes drawn uniformly; π and φ from the prior (truncated)."""
+    z = rng.integers(spec.classes, size=(chains, spec.groups))
+    pi = dirichlet(rng, np.full((chains, spec.classes), spec.alpha), 0.0)
+    phi = dirichlet(
+        rng, np.full((chains, spec.classes, spec.features, spec.values), spec.beta), spec.floor
+    )
+    return LatentState(z, pi, phi)
+
+
+def step(
+    rng: np.random.Generator,
+    state: LatentState,
+    counts: np.ndarray,
+    spec: LatentClassSpec,
+    temperature: float = 1.0,
+) -> LatentState:
+    """One Gibbs iteration of every chain on the (noisy) summed counts ``(G, F, V)``: (π, φ) | z,
+    then z | π, φ. Negative noisy counts are set to 0 (a projection onto what counts can be)."""
+    n = np.maximum(np.asarray(counts, dtype=float), 0.0)
+    pi, phi = draw_params(rng, state.z, n, spec, temperature)
+    z = draw_classes(rng, pi, phi, n, temperature)
+    return LatentState(z, pi, phi)
