@@ -12,6 +12,7 @@ import pytest
 from scipy import special
 
 from fedpenalty.coordinator import latent_class_gibbs as lc
+from fedpenalty.privacy.accountant import OwnerAccountant
 
 SPEC = lc.LatentClassSpec(groups=6, classes=2, features=2, values=3, alpha=1.0, beta=0.7)
 
@@ -113,3 +114,28 @@ def test_truncation_keeps_every_emission_probability_above_the_floor():
     for _ in range(50):
         state = lc.step(rng, state, counts, spec)
         assert state.phi.min() >= 0.05
+
+
+def test_exponential_mechanism_accounting_matches_an_independent_computation():
+    """Eq. 19 per update, computed here by hand for F = 5 features of V = 8 values truncated at
+    a₀ = 1/800: Δ_add = 5 log 800, Δ_replace = 5 log 793. At the OPS temperature for ε = 1 the
+    paper's worst case for 200 iterations is 400ε (add/remove: the z sweep and the φ update cost
+    ε each); replace-one pays the z sweep twice (a record may move between two groups)."""
+    spec = lc.LatentClassSpec(504, 10, 5, 8, floor=1 / 800)
+    add, rep = 5 * math.log(800), 5 * math.log(793)
+    assert lc.update_epsilons(spec, "add_remove") == pytest.approx(
+        {"phi": 2 * add, "z_sweep": 2 * add, "pi": 0.0}
+    )
+    assert lc.update_epsilons(spec, "replace_one", 3.0) == pytest.approx(
+        {"phi": 2 * rep / 3, "z_sweep": 4 * add / 3, "pi": 0.0}
+    )
+    t = lc.ops_temperature(spec, "add_remove", 1.0)
+    assert t == pytest.approx(2 * add)
+    acc = OwnerAccountant("add_remove").compose(*lc.gibbs_events(spec, "add_remove", t, 200, 1))
+    assert acc.epsilon(1e-5) == pytest.approx(400.0)
+    t = lc.ops_temperature(spec, "replace_one", 0.5)
+    acc = OwnerAccountant("replace_one").compose(*lc.gibbs_events(spec, "replace_one", t, 50, 4))
+    assert acc.epsilon(1e-5) == pytest.approx(200 * (2 * rep + 4 * add) / t)
+    assert lc.ops_temperature(spec, "add_remove", 1e6) == 1.0
+    with pytest.raises(ValueError, match="floor a0 > 0"):
+        lc.update_epsilons(lc.LatentClassSpec(5, 2, 2, 3), "add_remove")

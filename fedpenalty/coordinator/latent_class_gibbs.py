@@ -29,6 +29,7 @@ import numpy as np
 from scipy import special
 
 from ..models.base import Neighbour, check_neighbour
+from ..privacy import events
 
 #: Rejection draws of a truncated Dirichlet before giving up (ValueError): at a₀ ≤ 1/(10V) and
 #: the counts of any real data set a draw is kept with probability well above 1/2.
@@ -166,3 +167,63 @@ def step(
     pi, phi = draw_params(rng, state.z, n, spec, temperature)
     z = draw_classes(rng, pi, phi, n, temperature)
     return LatentState(z, pi, phi)
+
+
+# --- the exponential-mechanism view (paper §4.1, eq. 19) -------------------------------------
+
+
+def log_lik_bound(spec: LatentClassSpec, neighbour: Neighbour) -> float:
+    """Δ log p: the most one record changes log p(π, φ, z, X) at fixed (π, φ, z), given every
+    φ_kfv ∈ [a₀, 1 − (V − 1)a₀]. Add/remove: a record's own term Σ_f log φ, so F·log(1/a₀);
+    replace-one: two records' terms at any classes, F·log(φ_max/a₀). Needs a₀ > 0."""
+    check_neighbour(neighbour)
+    a0 = spec.floor
+    if a0 <= 0:
+        raise ValueError(
+            "the exponential-mechanism view needs the emission probabilities truncated: set the "
+            "floor a0 > 0 (the sensitivity is unbounded without it)"
+        )
+    top = 1.0 - (spec.values - 1) * a0
+    return spec.features * math.log((top if neighbour == "replace_one" else 1.0) / a0)
+
+
+def update_epsilons(
+    spec: LatentClassSpec, neighbour: Neighbour, temperature: float = 1.0
+) -> dict[str, float]:
+    """Pure ε of each update of one Gibbs iteration seen as the exponential mechanism (eq. 19:
+    ε = 2Δ/T for a draw ∝ p^{1/T}): ``phi`` (the block φ | z, X: 2Δ/T), ``z_sweep`` (every
+    z_g | π, φ, X: group g's update reads only group g's records, so the sweep composes in
+    parallel — 2Δ_add/T when one group changes (add/remove), twice that under replace-one,
+    whose record may move between two groups) and ``pi`` (π | z reads no data: 0)."""
+    add = log_lik_bound(spec, "add_remove")
+    groups_touched = 2 if neighbour == "replace_one" else 1
+    return {
+        "phi": 2 * log_lik_bound(spec, neighbour) / temperature,
+        "z_sweep": 2 * groups_touched * add / temperature,
+        "pi": 0.0,
+    }
+
+
+def ops_temperature(spec: LatentClassSpec, neighbour: Neighbour, epsilon: float) -> float:
+    """The temperature at which ONE draw from p(π, φ, z | X)^{1/T} is ε-DP (Theorem 2:
+    2Δ/T = ε), never below 1 (at T = 1 the draw is already (2Δ)-DP)."""
+    if not epsilon > 0:
+        raise ValueError(f"epsilon must be > 0, got {epsilon!r}")
+    return max(1.0, 2 * log_lik_bound(spec, neighbour) / epsilon)
+
+
+def gibbs_events(
+    spec: LatentClassSpec,
+    neighbour: Neighbour,
+    temperature: float,
+    iterations: int,
+    chains: int,
+) -> tuple[events.SelfComposed, ...]:
+    """What every owner releases when ``chains`` chains publish ``iterations`` Gibbs iterations
+    each (per owner: a neighbour of one owner's records changes the same updates): each
+    update's pure ε, self-composed ``iterations``·``chains`` times (``events.EpsilonDelta``)."""
+    count = iterations * chains
+    eps = update_epsilons(spec, neighbour, temperature)
+    return tuple(
+        events.SelfComposed(events.EpsilonDelta(e, 0.0), count) for e in eps.values() if e > 0
+    )
