@@ -31,9 +31,9 @@ from scipy import special
 from ..models.base import Neighbour, check_neighbour
 from ..privacy import events
 
-#: Rejection draws of a truncated Dirichlet before giving up (ValueError): at a₀ ≤ 1/(10V) and
-#: the counts of any real data set a draw is kept with probability well above 1/2.
-MAX_REJECTIONS = 1000
+#: Rejection draws of a truncated Dirichlet before a row falls back to pairwise moves from its
+#: current value (``pairwise_moves``); without a current value (the prior), a ValueError.
+MAX_REJECTIONS = 20
 
 
 @dataclass(frozen=True)
@@ -92,9 +92,14 @@ def count_sensitivity(spec: LatentClassSpec, neighbour: Neighbour, norm: int) ->
     return float(moved) if norm == 1 else math.sqrt(moved)
 
 
-def dirichlet(rng: np.random.Generator, conc: np.ndarray, floor: float) -> np.ndarray:
-    """Dirichlet(conc) draws along the last axis, truncated to every component ≥ ``floor`` by
-    rejection (exact for the truncated law)."""
+def dirichlet(
+    rng: np.random.Generator, conc: np.ndarray, floor: float, current: np.ndarray | None = None
+) -> np.ndarray:
+    """Dirichlet(conc) along the last axis truncated to every component ≥ ``floor``: exact
+    draws by rejection; a row that keeps rejecting (a component whose truncated mass is tiny, as
+    at OPS's temperatures) instead takes ``pairwise_moves`` from its ``current`` value. The
+    failure does not depend on the current value, so the kernel is a state-independent mixture
+    of two kernels that each leave the truncated law invariant."""
     g = rng.gamma(conc)
     out = g / g.sum(axis=-1, keepdims=True)
     for _ in range(MAX_REJECTIONS):
@@ -103,7 +108,31 @@ def dirichlet(rng: np.random.Generator, conc: np.ndarray, floor: float) -> np.nd
             return out
         g = rng.gamma(conc[bad])
         out[bad] = g / g.sum(axis=-1, keepdims=True)
-    raise ValueError(f"a Dirichlet truncated at {floor} kept rejecting: lower the floor")
+    if current is None:
+        raise ValueError(f"a Dirichlet truncated at {floor} kept rejecting: lower the floor")
+    bad = (out < floor).any(axis=-1)
+    out[bad] = pairwise_moves(rng, current[bad], conc[bad], floor)
+    return out
+
+
+def pairwise_moves(
+    rng: np.random.Generator, phi: np.ndarray, conc: np.ndarray, floor: float
+) -> np.ndarray:
+    """One Gibbs pass over the pairs (i, i + 1 mod V) of rows ``phi`` ``(N, V)`` (each ≥
+    ``floor``) for the truncated Dirichlet(conc): with s = φ_i + φ_j fixed, φ_i/s ~
+    Beta(a_i, a_j) truncated to [floor/s, 1 − floor/s], drawn by inverting the CDF."""
+    phi = phi.copy()
+    v = phi.shape[-1]
+    for i in range(v):
+        j = (i + 1) % v
+        s = phi[:, i] + phi[:, j]
+        lo, hi = floor / s, 1.0 - floor / s
+        a, b = conc[:, i], conc[:, j]
+        p_lo, p_hi = special.betainc(a, b, lo), special.betainc(a, b, hi)
+        u = special.betaincinv(a, b, p_lo + rng.uniform(size=len(s)) * (p_hi - p_lo))
+        u = np.clip(u, lo, hi)
+        phi[:, i], phi[:, j] = u * s, (1.0 - u) * s
+    return phi
 
 
 def tempered(conc: np.ndarray, temperature: float) -> np.ndarray:
@@ -117,14 +146,19 @@ def draw_params(
     counts: np.ndarray,
     spec: LatentClassSpec,
     temperature: float = 1.0,
+    phi_now: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """π | z ~ Dir(α + m), m_k = #{g: z_g = k}, and φ_kf | z, n ~ Dir(β + Σ_{g: z_g=k} n[g, f])
-    (truncated at a₀), each tempered by ``temperature``: (π ``(C, K)``, φ ``(C, K, F, V)``)."""
+    (truncated at a₀; ``phi_now`` the current φ for ``dirichlet``'s fallback), each tempered by
+    ``temperature``: (π ``(C, K)``, φ ``(C, K, F, V)``)."""
     onehot = (z[:, :, None] == np.arange(spec.classes)).astype(float)  # (C, G, K)
     m = onehot.sum(axis=1)
     pi = dirichlet(rng, tempered(spec.alpha + m, temperature), 0.0)
     by_class = np.einsum("cgk,gfv->ckfv", onehot, counts)
-    phi = dirichlet(rng, tempered(spec.beta + by_class, temperature), spec.floor)
+    conc = tempered(spec.beta + by_class, temperature)
+    v = spec.values
+    now = None if phi_now is None else phi_now.reshape(-1, v)
+    phi = dirichlet(rng, conc.reshape(-1, v), spec.floor, now).reshape(conc.shape)
     return pi, phi
 
 
@@ -164,7 +198,7 @@ def step(
     """One Gibbs iteration of every chain on the (noisy) summed counts ``(G, F, V)``: (π, φ) | z,
     then z | π, φ. Negative noisy counts are set to 0 (a projection onto what counts can be)."""
     n = np.maximum(np.asarray(counts, dtype=float), 0.0)
-    pi, phi = draw_params(rng, state.z, n, spec, temperature)
+    pi, phi = draw_params(rng, state.z, n, spec, temperature, state.phi)
     z = draw_classes(rng, pi, phi, n, temperature)
     return LatentState(z, pi, phi)
 
