@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -51,6 +51,7 @@ from fedpenalty.privacy.accountant import OwnerAccountant
 NAME = "private_gibbs"
 NEIGHBOUR, DELTA, OWNERS, TRUE_CLASSES, FEATURES, VALUES = "replace_one", 1e-5, 4, 3, 5, 8
 METHODS = ("non_private", "laplace", "ops")
+VARIANTS = ("naive_bayes", "latent_class")
 
 
 @dataclass(frozen=True)
@@ -136,8 +137,43 @@ def laplace_counts(
     return released.sum(axis=0).reshape(owner_counts.shape[1:]), info
 
 
+def variant_rows(
+    setup: Setup,
+    spec: lc.LatentClassSpec,
+    owner_counts: np.ndarray,
+    test: np.ndarray,
+    rng: np.random.Generator,
+    key: int,
+) -> list[dict]:
+    """Every method at every ε for one model (``spec``) on the owners' training counts
+    ``(K, G', F, V)``, scored on the held-out counts ``test``."""
+    mean, _ = run_chain(rng, owner_counts.sum(axis=0), test, spec, setup)
+    rows = [{"method": "non_private", "epsilon": None, "test_log_lik": mean}]
+    truncated = replace(spec, floor=1 / (100 * VALUES))
+    for eps in setup.epsilons:
+        noisy, info = laplace_counts(owner_counts, eps, spec, key)
+        mean, _ = run_chain(rng, noisy, test, spec, setup)
+        rows.append({"method": "laplace", "epsilon": eps, "test_log_lik": mean, **info})
+        temperature = lc.ops_temperature(truncated, NEIGHBOUR, eps)
+        _, last = run_chain(rng, owner_counts.sum(axis=0), test, truncated, setup, temperature)
+        worst = OwnerAccountant(NEIGHBOUR).compose(
+            *lc.gibbs_events(truncated, NEIGHBOUR, temperature, setup.iterations, 1)
+        )
+        rows.append(
+            {
+                "method": "ops",
+                "epsilon": eps,
+                "test_log_lik": last,
+                "ops_temperature": temperature,
+                "ops_gibbs_worst_epsilon": worst.epsilon(DELTA),
+            }
+        )
+    return rows
+
+
 def one_split(setup: Setup, records: np.ndarray, split: int, seed: int, bar: Any) -> list[dict]:
-    """Every method at every ε on one train/test split of the groups."""
+    """Both models (``VARIANTS``) on one train/test split of the groups: the latent-class model
+    on per-group counts, and naive Bayes (one class) on corpus-wide counts."""
     groups = setup.regions * setup.months
     rng = np.random.default_rng([seed, split])
     held = rng.uniform(size=groups) < 0.1
@@ -146,68 +182,62 @@ def one_split(setup: Setup, records: np.ndarray, split: int, seed: int, bar: Any
     owner_counts = np.stack([lc.group_counts(records[owner_of == k], spec) for k in range(OWNERS)])
     owner_counts[:, held] = 0.0  # the held-out groups are not in anyone's training data
     test = lc.group_counts(records, spec) * held[:, None, None]
-    mean, _ = run_chain(rng, owner_counts.sum(axis=0), test, spec, setup)
-    rows = [{"split": split, "method": "non_private", "epsilon": None, "test_log_lik": mean}]
-    bar.update(1)
-    truncated = lc.LatentClassSpec(
-        groups, setup.classes, FEATURES, VALUES, floor=1 / (100 * VALUES)
-    )
-    for eps in setup.epsilons:
-        noisy, info = laplace_counts(owner_counts, eps, spec, seed * 1000 + split)
-        mean, _ = run_chain(rng, noisy, test, spec, setup)
-        rows.append({"split": split, "method": "laplace", "epsilon": eps, "test_log_lik": mean})
-        rows[-1].update(info)
-        temperature = lc.ops_temperature(truncated, NEIGHBOUR, eps)
-        _, last = run_chain(rng, owner_counts.sum(axis=0), test, truncated, setup, temperature)
-        worst = OwnerAccountant(NEIGHBOUR).compose(
-            *lc.gibbs_events(truncated, NEIGHBOUR, temperature, setup.iterations, 1)
-        )
-        rows.append(
-            {
-                "split": split,
-                "method": "ops",
-                "epsilon": eps,
-                "test_log_lik": last,
-                "ops_temperature": temperature,
-                "ops_gibbs_worst_epsilon": worst.epsilon(DELTA),
-            }
-        )
+    corpus = owner_counts.sum(axis=1, keepdims=True)
+    nb = lc.LatentClassSpec(1, 1, FEATURES, VALUES, alpha=1.0, beta=1.0)
+    rows = []
+    for variant, model, counts in (
+        ("latent_class", spec, owner_counts),
+        ("naive_bayes", nb, corpus),
+    ):
+        key = seed * 1000 + split * 10 + len(rows)
+        rows += [
+            {"variant": variant, "split": split, **r}
+            for r in variant_rows(setup, model, counts, test, rng, key)
+        ]
         bar.update(1)
     return rows
 
 
 def summary(rows: list[dict], setup: Setup) -> dict[str, Any]:
-    """Per method and ε: mean test log-likelihood ± SE over splits; the non-private level."""
+    """Per model, method and ε: the mean test log-likelihood and its mean difference to the
+    non-private chain of the same split (``gap``) ± SE over splits (paired: the held-out groups
+    differ between splits, which moves every method alike); OPS's whole-chain ε over its ε."""
     out: dict[str, Any] = {}
-    for m in ("laplace", "ops"):
-        out[m] = {}
-        for eps in setup.epsilons:
-            vals = [r["test_log_lik"] for r in rows if r["method"] == m and r["epsilon"] == eps]
-            se = float(np.std(vals, ddof=1) / math.sqrt(len(vals))) if len(vals) > 1 else None
-            out[m][str(eps)] = {"mean": float(np.mean(vals)), "se": se}
-    base = [r["test_log_lik"] for r in rows if r["method"] == "non_private"]
-    out["non_private"] = float(np.mean(base))
-    worst = [r["ops_gibbs_worst_epsilon"] / r["epsilon"] for r in rows if r["method"] == "ops"]
-    out["ops_gibbs_worst_over_epsilon"] = float(np.mean(worst))
+    for variant in VARIANTS:
+        mine = [r for r in rows if r["variant"] == variant]
+        base = {r["split"]: r["test_log_lik"] for r in mine if r["method"] == "non_private"}
+        v: dict[str, Any] = {"non_private": float(np.mean(list(base.values())))}
+        for m in ("laplace", "ops"):
+            v[m] = {}
+            for eps in setup.epsilons:
+                at = [r for r in mine if r["method"] == m and r["epsilon"] == eps]
+                gaps = [r["test_log_lik"] - base[r["split"]] for r in at]
+                se = float(np.std(gaps, ddof=1) / math.sqrt(len(gaps))) if len(gaps) > 1 else None
+                mean = float(np.mean([r["test_log_lik"] for r in at]))
+                v[m][str(eps)] = {"mean": mean, "gap": float(np.mean(gaps)), "gap_se": se}
+        worst = [r["ops_gibbs_worst_epsilon"] / r["epsilon"] for r in mine if r["method"] == "ops"]
+        v["ops_gibbs_worst_over_epsilon"] = float(np.mean(worst))
+        out[variant] = v
     return out
 
 
 def plot(s: dict[str, Any], setup: Setup) -> Any:
-    fig, axes = reporting.figure(1, 1, width=6.0, height=4.5)
-    ax = axes[0, 0]
+    fig, axes = reporting.figure(1, 2, width=6.0, height=4.5)
     eps = list(setup.epsilons)
-    for m, marker in (("laplace", "o"), ("ops", "s")):
-        means = [s[m][str(e)]["mean"] for e in eps]
-        ses = [s[m][str(e)]["se"] or 0.0 for e in eps]
-        ax.errorbar(eps, means, yerr=ses, marker=marker, capsize=3, label=m)
-    ax.axhline(s["non_private"], color="k", ls="--", label="non-private")
-    ax.set(
-        xscale="log",
-        xlabel="ε per owner (pure)",
-        ylabel="held-out log-likelihood per record",
-        title="latent-class Gibbs, synthetic war-log shape",
-    )
-    ax.legend(fontsize=8)
+    for ax, variant in zip(axes[0], VARIANTS):
+        v = s[variant]
+        for m, marker in (("laplace", "o"), ("ops", "s")):
+            gaps = [v[m][str(e)]["gap"] for e in eps]
+            ses = [v[m][str(e)]["gap_se"] or 0.0 for e in eps]
+            ax.errorbar(eps, gaps, yerr=ses, marker=marker, capsize=3, label=m)
+        ax.axhline(0.0, color="k", ls="--", label=f"non-private ({v['non_private']:.3f})")
+        ax.set(
+            xscale="log",
+            xlabel="ε per owner (pure)",
+            ylabel="held-out log-lik per record − non-private",
+            title=f"{variant.replace('_', ' ')} (synthetic war-log shape)",
+        )
+        ax.legend(fontsize=8)
     return fig
 
 
@@ -218,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     setup = QUICK if args.quick else FULL
     records = synthetic(setup, np.random.default_rng(args.seed))
-    runs = setup.splits * (1 + len(setup.epsilons))
+    runs = setup.splits * len(VARIANTS)
     with reporting.progress(runs, NAME, not args.no_progress) as bar:
         rows = [
             r for s in range(setup.splits) for r in one_split(setup, records, s, args.seed, bar)
@@ -257,22 +287,25 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def headline(s: dict[str, Any], setup: Setup) -> str:
-    rows = [
-        {
-            "epsilon": e,
-            "laplace": f"{s['laplace'][str(e)]['mean']:.4f}",
-            "ops": f"{s['ops'][str(e)]['mean']:.4f}",
-        }
-        for e in setup.epsilons
-    ]
-    title = (
-        f"held-out log-likelihood per record (non-private {s['non_private']:.4f}); "
-        f"OPS's whole chain as the exponential mechanism: "
-        f"{s['ops_gibbs_worst_over_epsilon']:.0f}·ε"
-    )
-    return reporting.headline(
-        title, rows, [("epsilon", "ε"), ("laplace", "laplace"), ("ops", "ops")]
-    )
+    parts = []
+    for variant in VARIANTS:
+        v = s[variant]
+        rows = [
+            {
+                "epsilon": e,
+                "laplace": f"{v['laplace'][str(e)]['gap']:+.4f}",
+                "ops": f"{v['ops'][str(e)]['gap']:+.4f}",
+            }
+            for e in setup.epsilons
+        ]
+        title = (
+            f"{variant}: held-out log-likelihood per record minus the non-private chain's "
+            f"({v['non_private']:.4f}); OPS's whole chain as the exponential mechanism: "
+            f"{v['ops_gibbs_worst_over_epsilon']:.0f}·ε"
+        )
+        columns = [("epsilon", "ε"), ("laplace", "laplace"), ("ops", "ops")]
+        parts.append(reporting.headline(title, rows, columns))
+    return "\n".join(parts)
 
 
 if __name__ == "__main__":

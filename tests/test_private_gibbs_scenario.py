@@ -37,18 +37,25 @@ def report(tmp_path_factory) -> dict:
     return out
 
 
-def _rows(report: dict, method: str) -> dict:
-    return {r["epsilon"]: r for r in report["results"]["runs"] if r["method"] == method}
+def _rows(report: dict, method: str, variant: str) -> dict:
+    runs = report["results"]["runs"]
+    return {r["epsilon"]: r for r in runs if r["method"] == method and r["variant"] == variant}
+
+
+def _groups(report: dict, variant: str) -> int:
+    setup = report["settings"]["setup"]
+    return setup["regions"] * setup["months"] if variant == "latent_class" else 1
 
 
 def test_laplace_release_is_calibrated_to_its_pure_epsilon(report):
     """b = (Δ₁ + γw)/ε with Δ₁ = 2F (replace-one) and w = G·F·V counts, and the owner's pure ε
     (with the rounding term, composed by the accountant) is the target: at most ε, and within
     the sampler's 2⁻⁴⁰ scale rounding of it."""
-    groups = report["settings"]["setup"]["regions"] * report["settings"]["setup"]["months"]
-    for eps, row in _rows(report, "laplace").items():
-        assert row["scale_b"] == pytest.approx((2 * F + row["gamma"] * groups * F * V) / eps)
-        assert eps * (1 - 1e-9) <= row["owner_epsilon"] <= eps * (1 + 1e-12)
+    for variant in ("latent_class", "naive_bayes"):
+        width = _groups(report, variant) * F * V
+        for eps, row in _rows(report, "laplace", variant).items():
+            assert row["scale_b"] == pytest.approx((2 * F + row["gamma"] * width) / eps)
+            assert eps * (1 - 1e-9) <= row["owner_epsilon"] <= eps * (1 + 1e-12)
 
 
 def test_ops_temperature_and_its_whole_chain_cost(report):
@@ -57,19 +64,22 @@ def test_ops_temperature_and_its_whole_chain_cost(report):
     a0 = 1 / (100 * V)
     d_rep, d_add = F * math.log((1 - (V - 1) * a0) / a0), F * math.log(1 / a0)
     iterations = report["settings"]["setup"]["iterations"]
-    for eps, row in _rows(report, "ops").items():
+    for eps, row in _rows(report, "ops", "latent_class").items():
         t = row["ops_temperature"]
         assert t == pytest.approx(2 * d_rep / eps)
         worst = iterations * (2 * d_rep + 4 * d_add) / t
         assert row["ops_gibbs_worst_epsilon"] == pytest.approx(worst)
 
 
-def test_more_epsilon_fits_better_and_laplace_approaches_non_private(report):
-    """Both private methods fit the held-out groups better at ε = 10 than at ε = 1 (quick:
-    by 0.24 and 0.12 nats per record), and Laplace at ε = 10 is within 0.1 nats per record of
-    the non-private chain (measured 0.02): more noise, or noise on the wrong scale, moves it
-    away."""
+def test_more_epsilon_fits_better_and_laplace_wins_on_corpus_counts(report):
+    """Latent-class model: both private methods fit the held-out groups better at ε = 10 than
+    at ε = 1 (quick: by 0.24 and 0.13 nats per record; margin asserted 0.05). Naive Bayes
+    (corpus-wide counts, the paper's high-data case): Laplace at ε = 1 is within 0.01 nats
+    per record of the non-private chain (measured 0.002) and beats OPS (measured by 0.08;
+    asserted 0.03) — more Laplace noise, or a colder OPS, would close that gap."""
     s = report["results"]["summary"]
+    lat, nb = s["latent_class"], s["naive_bayes"]
     for m in ("laplace", "ops"):
-        assert s[m]["10.0"]["mean"] > s[m]["1.0"]["mean"] + 0.05
-    assert abs(s["laplace"]["10.0"]["mean"] - s["non_private"]) < 0.1
+        assert lat[m]["10.0"]["mean"] > lat[m]["1.0"]["mean"] + 0.05
+    assert abs(nb["laplace"]["1.0"]["mean"] - nb["non_private"]) < 0.01
+    assert nb["laplace"]["1.0"]["mean"] > nb["ops"]["1.0"]["mean"] + 0.03
