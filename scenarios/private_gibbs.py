@@ -50,7 +50,6 @@ from fedpenalty.privacy.accountant import OwnerAccountant
 
 NAME = "private_gibbs"
 NEIGHBOUR, DELTA, OWNERS, TRUE_CLASSES, FEATURES, VALUES = "replace_one", 1e-5, 4, 3, 5, 8
-METHODS = ("non_private", "laplace", "ops")
 VARIANTS = ("naive_bayes", "latent_class")
 
 

@@ -10,13 +10,14 @@ accounting needs).
 
 The data enter only through the counts n[g, f, v] = #{records of group g with x_f = v}, a sum
 over owners of each owner's counts (``group_counts``): the latent variables belong to groups,
-not records, so no owner samples anything per record; each owner releases its counts ONCE
-(Laplace or Gaussian noise, §2.10) and the coordinator runs every Gibbs update on Σ_k n̂_k
+not records, so no owner samples anything per record; each owner releases its counts once
+with noise (scenarios/private_gibbs.py: the lattice Laplace release of owner/noise/laplace.py)
+and the coordinator runs every Gibbs update on Σ_k n̂_k
 (negative noisy counts are set to 0). With exact counts it is exact Gibbs for the posterior.
 
 ``temperature`` T ≥ 1 samples p(π, φ, z | n)^{1/T} instead (the exponential mechanism's view,
 eq. 14 and 19 of the paper: every factor, prior included, raised to 1/T), whose per-update ε is
-``update_epsilon``. Shapes: C chains, counts ``(G, F, V)``, z ``(C, G)``, π ``(C, K)``,
+``update_epsilons``. Shapes: C chains, counts ``(G, F, V)``, z ``(C, G)``, π ``(C, K)``,
 φ ``(C, K, F, V)``.
 """
 
