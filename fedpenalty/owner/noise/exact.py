@@ -199,17 +199,11 @@ def _square_one(word: Callable[[], int], r: int, a: int) -> bool:
     return k % 2 == 1
 
 
-def _dgauss_one(word: Callable[[], int], a: int, k: int) -> int:
-    """One exact discrete Gaussian sample with σ' = a/2^k, a ∈ [2^40, 2^41] (Algorithm 3).
-
-    Algorithm 3 with t = σ' (any t > 0 is valid; t = σ' makes σ'²/t = σ'): Y ← DLap(t); accept
-    with probability exp(−(|Y| − σ')²/(2σ'²)). Algorithm 2, DLap(t): U ← Unif[0, a) kept with
-    probability exp(−U/a); V ← number of Bernoulli(e^-1) successes before a failure;
-    |Y| = ⌊(V·a + U) / 2^k⌋; a sign bit; reject (−, 0). With D = |2^k|Y| − a| = q·a + r the
-    bias is D²/(2a²) = q²/2 + qr/a + r²/(2a²), three non-negative terms: accept iff
-    Bernoulli(exp(−(q²a + 2qr)/(2a))) and Bernoulli(exp(−r²/(2a²))). q ≤ V + 1 < 2^14 (the
-    word cap), so every integer stays below 2^63.
-    """
+def dlap_one(word: Callable[[], int], a: int, k: int) -> int:
+    """One exact sample y, P(y) ∝ exp(−|y|·2^k/a) on ℤ (CKS 2020 Algorithm 2, t = a, s = 2^k):
+    U ← Unif[0, a) kept with probability exp(−U/a); V ← the number of Bernoulli(e^-1) successes
+    before a failure; |y| = ⌊(V·a + U)/2^k⌋; a sign bit; (−, 0) is rejected. V < 2^14 (the
+    word cap) and a < 2^41 keep V·a + U below 2^63."""
     while True:
         while True:
             u = _below_one(word, a)
@@ -222,9 +216,25 @@ def _dgauss_one(word: Callable[[], int], a: int, k: int) -> int:
         y = (v * a + u) >> k
         if negative and y == 0:
             continue
-        q, r = divmod(abs((y << k) - a), a)
+        return -y if negative else y
+
+
+def _dgauss_one(word: Callable[[], int], a: int, k: int) -> int:
+    """One exact discrete Gaussian sample with σ' = a/2^k, a ∈ [2^40, 2^41] (Algorithm 3).
+
+    Algorithm 3 with t = σ' (any t > 0 is valid; t = σ' makes σ'²/t = σ'): Y ← DLap(t); accept
+    with probability exp(−(|Y| − σ')²/(2σ'²)). Algorithm 2, DLap(t): U ← Unif[0, a) kept with
+    probability exp(−U/a); V ← number of Bernoulli(e^-1) successes before a failure;
+    |Y| = ⌊(V·a + U) / 2^k⌋; a sign bit; reject (−, 0). With D = |2^k|Y| − a| = q·a + r the
+    bias is D²/(2a²) = q²/2 + qr/a + r²/(2a²), three non-negative terms: accept iff
+    Bernoulli(exp(−(q²a + 2qr)/(2a))) and Bernoulli(exp(−r²/(2a²))). q ≤ V + 1 < 2^14 (the
+    word cap), so every integer stays below 2^63.
+    """
+    while True:
+        y = dlap_one(word, a, k)
+        q, r = divmod(abs((abs(y) << k) - a), a)
         if _bexp_one(word, q * q * a + 2 * q * r, 2 * a) and _square_one(word, r, a):
-            return -y if negative else y
+            return y
 
 
 def _below(word: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

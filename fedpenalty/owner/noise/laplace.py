@@ -19,13 +19,12 @@ reference on each sample's own words (a release has w numbers per owner, drawn o
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from fractions import Fraction
 
 import numpy as np
 import numpy.typing as npt
 
-from .exact import _addresses, _alg1_one, _below_one, _scale_parts, _Streams, lattice_scale
+from .exact import _addresses, _scale_parts, _Streams, dlap_one, lattice_scale
 from .lattice import _check_gamma, from_lattice, to_lattice
 from .sources import WordSource
 
@@ -33,26 +32,6 @@ from .sources import WordSource
 #: data-independent bound under which the released n·γ (|n| < 2⁵³ with overwhelming
 #: probability at b/γ ≤ 2⁴⁰) stays an exact float.
 LIMIT = 2.0**52
-
-
-def _dlap_one(word: Callable[[], int], a: int, k: int) -> int:
-    """One exact sample y, P(y) ∝ exp(−|y|·2^k/a) on ℤ (CKS 2020 Algorithm 2, t = a, s = 2^k):
-    U ← Unif[0, a) kept with probability exp(−U/a); V ← the number of Bernoulli(e^-1) successes
-    before a failure; |y| = ⌊(V·a + U)/2^k⌋; a sign bit; (−, 0) is rejected. V < 2^14 (the
-    word cap) and a < 2^41 keep V·a + U below 2^63."""
-    while True:
-        while True:
-            u = _below_one(word, a)
-            if _alg1_one(word, u, a):
-                break
-        v = 0
-        while _alg1_one(word, 1, 1, first=2):
-            v += 1
-        negative = word() >> 63
-        y = (v * a + u) >> k
-        if negative and y == 0:
-            continue
-        return -y if negative else y
 
 
 def discrete_laplace(
@@ -75,7 +54,7 @@ def discrete_laplace(
     streams = _Streams(source, "laplace", session, kind, [o, c, it, co])
     a_list, k_list = a.tolist(), k.tolist()
     rows = list(range(o.size))
-    values = streams.scalar(rows, lambda word, i: _dlap_one(word, a_list[i], k_list[i]))
+    values = streams.scalar(rows, lambda word, i: dlap_one(word, a_list[i], k_list[i]))
     return np.array(values, dtype=np.int64).reshape(shape)
 
 
