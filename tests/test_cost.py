@@ -11,15 +11,16 @@ import pytest
 
 from fedpenalty.common import Policy
 from fedpenalty.config import load_scenario
-from fedpenalty.coordinator.cost import MeteredOracle, cost_report
+from fedpenalty.coordinator.cost import MeteredOracle, cost_report, request_bytes
 from fedpenalty.coordinator.grpc_oracle import GrpcOracle
 from fedpenalty.coordinator.inprocess import InProcessOracle
 from fedpenalty.coordinator.network import Network, network_of
 from fedpenalty.errors import ConfigError
 from fedpenalty.models import build_model
-from fedpenalty.owner import Ledger, OwnerNode
+from fedpenalty.owner import Ledger, OwnerNode, wire
 from fedpenalty.owner.host import OwnerHost
 from fedpenalty.owner.server import ServerThread
+from fedpenalty.proto import owner_pb2 as pb
 from fedpenalty.simulation import simulate
 
 MODEL = build_model({"name": "gaussian_mean", "dim": 2, "data_bound": 3.0, "theta_bound": 2.0})
@@ -70,7 +71,7 @@ def test_bytes_computed_in_process_equal_what_grpc_serialises(tmp_path):
         for oracle in (local, remote):
             ask(oracle, 150)  # ids past 127 take a two-byte varint
         a, b = local.meter, remote.meter
-        assert a.requests.tolist() == b.requests.tolist() == [150, 150]
+        assert a.requests == b.requests == 150
         assert a.bytes_received.tolist() == b.bytes_received.tolist()
         assert a.bytes_sent.tolist() == b.bytes_sent.tolist()
         measured = remote.measured_bytes()
@@ -185,3 +186,24 @@ def test_the_simulated_clock_predicts_grpc_runs_with_the_delays_imposed(tmp_path
                 server.close()
     print("predicted / measured wall clock by latency (ms):", ratios)
     assert all(0.8 <= r <= 1.2 for r in ratios.values()), ratios
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_request_sizes_follow_the_protobuf_encoding(seed):
+    """``request_bytes`` sizes the message without building it: equal to ``ByteSize`` of the
+    message ``wire.kind_query`` builds, for float and integer arrays, scalars, large and
+    negative integers, sub-steps and ids of several varint lengths."""
+    rng = np.random.default_rng(seed)
+    chains = rng.integers(0, 10 ** rng.integers(1, 6), size=rng.integers(1, 40))
+    arrays = {
+        "theta": rng.normal(size=(len(chains), int(rng.integers(1, 6)))),
+        "clip": float(rng.uniform(0.1, 5)),
+        "block": int(rng.integers(-300, 300)),
+        "index": rng.integers(-(2**62), 2**62, size=int(rng.integers(0, 5))),
+    }
+    iteration, substep, request_id = (int(10 ** rng.uniform(0, 7)) for _ in range(3))
+    for args in ((iteration, substep), (0, 0)):
+        message = wire.kind_query("log_ratio", "session-x", args[0], chains, arrays, args[1])
+        expected = pb.QueryRequest(id=request_id, kind_query=message).ByteSize()
+        size = request_bytes("log_ratio", "session-x", args[0], chains, arrays, args[1], request_id)
+        assert size == expected

@@ -10,6 +10,8 @@ gRPC with one owner per host they equal the bytes gRPC serialises, ``grpc_networ
 
 from __future__ import annotations
 
+import functools
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,17 +30,74 @@ from .oracle import Answers, Oracle, SecureAggregation, Unreported
 
 
 def varint_bytes(n: int) -> int:
-    """Bytes of the protobuf varint of ``n`` ≥ 0."""
-    return max(1, (int(n).bit_length() + 6) // 7)
+    """Bytes of the protobuf varint of the int64 ``n`` (negative: ten)."""
+    return 10 if n < 0 else max(1, (int(n).bit_length() + 6) // 7)
+
+
+def _varints(values: np.ndarray) -> int:
+    """Bytes of the varints of the integers ``values`` (int64: negative ones take ten; uint64
+    as they are), packed, without tag and length."""
+    flat = np.asarray(values).ravel()
+    if not flat.size or (flat.min() >= 0 and flat.max() < 128):
+        return int(flat.size)
+    return sum(varint_bytes(int(v)) for v in flat)
+
+
+def _field(payload: int) -> int:
+    """A length-delimited field of ``payload`` bytes with its one-byte tag."""
+    return 1 + varint_bytes(payload) + payload
+
+
+def _packed(payload: int) -> int:
+    """A packed repeated field: nothing when empty (proto3), else ``_field``."""
+    return _field(payload) if payload else 0
+
+
+def _array_bytes(name: str, value: Any) -> int:
+    """Bytes of ``wire._named_array(name, value)`` inside its ``KindQuery`` (tag and length
+    included): integer arrays as zigzag varints, the rest as float64 (whose size depends only
+    on the name and shape: cached)."""
+    if isinstance(value, float):
+        return _float_array_bytes(name, ())
+    arr = np.asarray(value)
+    if arr.dtype.kind not in "iu":
+        return _float_array_bytes(name, arr.shape)
+    flat = arr.astype(np.int64).ravel()
+    size = _field(len(name.encode())) + _packed(_varints(np.asarray(arr.shape)))
+    size += _packed(_varints(((flat << 1) ^ (flat >> 63)).view(np.uint64)))  # zigzag
+    return _field(size)
+
+
+@functools.lru_cache(maxsize=256)
+def _float_array_bytes(name: str, shape: tuple[int, ...]) -> int:
+    payload = 8 * math.prod(shape)
+    return _field(
+        _field(len(name.encode())) + _packed(_varints(np.asarray(shape))) + _packed(payload)
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _chain_bytes(chains: bytes) -> int:
+    """Bytes of the packed chain ids (``chains``: their int64 buffer)."""
+    return _packed(_varints(np.frombuffer(chains, dtype=np.int64)))
 
 
 def request_bytes(
     kind: str, session: str, iteration: int, chains: np.ndarray, arrays: Mapping[str, Any],
     substep: int, request_id: int,
 ) -> int:  # fmt: skip
-    """Bytes of the ``QueryRequest`` (id ``request_id`` ≥ 1) carrying this query to one owner."""
-    message = wire.kind_query(kind, session, iteration, chains, arrays, substep)
-    return pb.QueryRequest(id=request_id, kind_query=message).ByteSize()
+    """Bytes of the ``QueryRequest`` (id ``request_id`` ≥ 1) carrying this query to one owner:
+    ``wire.kind_query``'s message, sized by the protobuf encoding rules without building it
+    (tests/test_cost.py checks it against ``ByteSize``)."""
+    query = (
+        _packed(len(kind.encode()))
+        + _packed(len(session.encode()))
+        + (1 + varint_bytes(iteration) if iteration else 0)
+        + _chain_bytes(np.asarray(chains, dtype=np.int64).tobytes())
+        + sum(_array_bytes(name, value) for name, value in arrays.items())
+        + (1 + varint_bytes(substep) if substep else 0)
+    )
+    return 1 + varint_bytes(request_id) + _field(query)
 
 
 def reply_bytes(row_shape: tuple[int, ...], keys: int, secure: bool, request_id: int) -> int:
@@ -57,20 +116,21 @@ def reply_bytes(row_shape: tuple[int, ...], keys: int, secure: bool, request_id:
 
 @dataclass
 class CostMeter:
-    """Counters of one run's protocol cost for ``owners`` owners packed ``host_sizes`` per
-    host (owner order). Per owner ``(K,)``: ``requests`` (queries), ``answers`` (keys),
-    ``bytes_received``/``bytes_sent``; ``compute_seconds`` its share of its host's answer
-    time (the host's seconds / its owners); ``session_calls``: open, report and close round
-    trips (each to every owner). Per query (for the network model): the slowest host's
-    seconds net of imposed delays and one owner's bytes in and out."""
+    """Counters of one run's protocol cost for owners packed ``host_sizes`` per host (owner
+    order). Every owner receives every query, so ``requests`` and ``answers`` (keys) are
+    one count for all; bytes are counted once for all owners when a query is the same for
+    each (``uniform_*``) and per owner otherwise (``owner_*``, θ rows per owner);
+    ``session_calls``: open and report round trips (each to every owner). Per query (for the
+    network model): the slowest host's seconds net of imposed delays and one owner's bytes in
+    and out (the most any owner had)."""
 
     host_sizes: list[int]
-    requests: np.ndarray = field(init=False)
-    answers: np.ndarray = field(init=False)
-    bytes_received: np.ndarray = field(init=False)
-    bytes_sent: np.ndarray = field(init=False)
-    compute_seconds: np.ndarray = field(init=False)
+    requests: int = 0
+    answers: int = 0
     session_calls: int = 0
+    uniform_received: int = 0
+    uniform_sent: int = 0
+    owner_received: np.ndarray = field(init=False)
     query_seconds: list[float] = field(default_factory=list)
     query_in: list[int] = field(default_factory=list)
     query_out: list[int] = field(default_factory=list)
@@ -79,14 +139,24 @@ class CostMeter:
     ended: float | None = None
 
     def __post_init__(self) -> None:
-        owners = sum(self.host_sizes)
-        self.requests = np.zeros(owners, np.int64)
-        self.answers = np.zeros(owners, np.int64)
-        self.bytes_received = np.zeros(owners, np.int64)
-        self.bytes_sent = np.zeros(owners, np.int64)
-        self.compute_seconds = np.zeros(owners)
+        self.owner_received = np.zeros(sum(self.host_sizes), np.int64)
         #: each owner's share of its host's time (1 / its host's owners)
         self.share = np.repeat([1.0 / n for n in self.host_sizes], self.host_sizes)
+
+    @property
+    def bytes_received(self) -> np.ndarray:
+        """Query bytes each owner received ``(K,)``."""
+        return self.uniform_received + self.owner_received
+
+    @property
+    def bytes_sent(self) -> np.ndarray:
+        """Reply bytes each owner sent ``(K,)``."""
+        return np.full(len(self.share), self.uniform_sent, np.int64)
+
+    @property
+    def compute_seconds(self) -> np.ndarray:
+        """Each owner's share of its host's answer time ``(K,)``, s."""
+        return sum(self.query_seconds) * self.share
 
     def mark(self) -> None:
         """A call ended now (the first one also starts the wall clock)."""
@@ -95,19 +165,23 @@ class CostMeter:
         self.ended = now
 
     def record(
-        self, received: np.ndarray, sent: np.ndarray, keys: int, seconds: float, imposed: float
+        self, received: int | np.ndarray, sent: int, keys: int, seconds: float, imposed: float
     ) -> None:
-        """One query: each owner's bytes ``received`` and ``sent`` ``(K,)``, its ``keys``
-        answers, in ``seconds`` of which ``imposed`` were network delays imposed for real."""
+        """One query: the bytes each owner ``received`` (one number for all, or ``(K,)``) and
+        ``sent``, its ``keys`` answers, in ``seconds`` of which ``imposed`` were network
+        delays imposed for real."""
         net = max(seconds - imposed, 0.0)
         self.requests += 1
         self.answers += keys
-        self.bytes_received += received
-        self.bytes_sent += sent
-        self.compute_seconds += net * self.share
+        if isinstance(received, np.ndarray):
+            self.owner_received += received
+            self.query_in.append(int(received.max()))
+        else:
+            self.uniform_received += received
+            self.query_in.append(received)
+        self.uniform_sent += sent
         self.query_seconds.append(net)
-        self.query_in.append(int(received.max()))
-        self.query_out.append(int(sent.max()))
+        self.query_out.append(sent)
         self.imposed_seconds += imposed
 
     @property
@@ -168,19 +242,20 @@ class MeteredOracle(Oracle):
         answers = self.inner.query(kind, iteration, chains, substep, **arrays)
         seconds = time.perf_counter() - start
         asked = query_kind(kind)
-        owners, request_id = len(self.meter.requests), int(self.meter.requests[0]) + 1
+        owners, request_id = len(self.meter.share), self.meter.requests + 1
+        received: int | np.ndarray
         if has_owner_axis(arrays, owners):
-            rows: Sequence[Mapping[str, Any]] = owner_rows(arrays, owners)
+            rows = owner_rows(arrays, owners)
+            received = np.array(
+                [request_bytes(asked.name, self.session, iteration, chains, r, substep, request_id)
+                for r in rows]
+            )  # fmt: skip
         else:
-            rows = [arrays]
-        size = [
-            request_bytes(asked.name, self.session, iteration, chains, r, substep, request_id)
-            for r in rows
-        ]
-        received = np.broadcast_to(np.asarray(size, np.int64), (owners,))
+            received = request_bytes(
+                asked.name, self.session, iteration, chains, arrays, substep, request_id
+            )
         keys = len(chains) * asked.keys_per_chain(arrays)
-        row_shape = tuple(answers.values.shape[1:])
-        sent = np.full(owners, self._reply_size(row_shape, keys, request_id), np.int64)
+        sent = self._reply_size(tuple(answers.values.shape[1:]), keys, request_id)
         imposed = self.inner.injected_seconds() if self.imposed else 0.0
         self.meter.record(received, sent, keys, seconds, imposed)
         self.meter.mark()
@@ -250,22 +325,22 @@ def cost_report(
     parameters; None: no ESS), the wall clock, and with a network the simulated one (in-process
     and Ray; straggling drawn from ``seed``) or the delays imposed for real (gRPC)."""
     m = oracle.meter
-    trips = m.requests + m.session_calls
+    received, sent, compute = m.bytes_received, m.bytes_sent, m.compute_seconds
     rows: list[dict[str, Any]] = [
         {
             "owner": name,
-            "requests": int(m.requests[k]),
-            "round_trips": int(trips[k]),
-            "answers": int(m.answers[k]),
-            "bytes_received": int(m.bytes_received[k]),
-            "bytes_sent": int(m.bytes_sent[k]),
-            "compute_seconds": float(m.compute_seconds[k]),
+            "requests": m.requests,
+            "round_trips": m.requests + m.session_calls,
+            "answers": m.answers,
+            "bytes_received": int(received[k]),
+            "bytes_sent": int(sent[k]),
+            "compute_seconds": float(compute[k]),
         }
         for k, name in enumerate(names)
     ]
     keys = ("requests", "round_trips", "answers", "bytes_received", "bytes_sent")
     totals: dict[str, Any] = {key: sum(r[key] for r in rows) for key in keys}
-    totals["compute_seconds"] = float(m.compute_seconds.sum())
+    totals["compute_seconds"] = float(compute.sum())
     owners = max(len(rows), 1)
     megabytes = (totals["bytes_received"] + totals["bytes_sent"]) / 1e6 / owners
     wall = m.wall_seconds
