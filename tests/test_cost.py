@@ -160,30 +160,36 @@ def test_every_owner_run_writes_cost_json(tmp_path):
     assert cost["simulated_wall_seconds"] is None and cost["network"] is None
 
 
-@pytest.mark.slow
 def test_the_simulated_clock_predicts_grpc_runs_with_the_delays_imposed(tmp_path):
-    """The model's prediction from a gRPC run without delays (its measured host times, then
+    """The model's prediction from gRPC runs without delays (their measured host times, then
     2L per query added by ``Network``) against gRPC runs with latency L imposed for real on
-    each host's stream: within 20% at 5, 20 and 50 ms (a ratio of two times of this run)."""
-    queries = 40
-    base, servers = grpc_oracle(tmp_path, "base", 2)
-    ask(base, queries)
-    base.close()
-    for server in servers:
-        server.close()
+    each host's stream: within 20% at 5, 20 and 50 ms. Each side is the fastest of three runs
+    (as ``timeit`` takes the minimum): load from other processes on this shared machine only
+    ever adds time, to one run or another, and the fastest run is the one it disturbed least.
+    Bugs move every run alike: latency priced once per query instead of twice, or imposed
+    owner after owner, gives ratios near 0.5 at 50 ms."""
+    queries = 20
+
+    def wall(tag: str, network: Network | None) -> MeteredOracle:
+        oracle, servers = grpc_oracle(tmp_path, tag, 2, network)
+        try:
+            ask(oracle, queries)
+        finally:
+            oracle.close()
+            for server in servers:
+                server.close()
+        return oracle
+
     ratios = {}
     for ms in (5.0, 20.0, 50.0):
         network = Network.uniform(ms, 2)
-        real, servers = grpc_oracle(tmp_path, f"at-{ms:g}", 2, network)
-        try:
-            ask(real, queries)
-            assert real.imposed and real.meter.imposed_seconds >= queries * 2 * ms / 1e3
-            predicted = base.meter.simulated_wall(network, seed=0)
-            ratios[ms] = predicted / real.meter.wall_seconds
-        finally:
-            real.close()
-            for server in servers:
-                server.close()
+        bases, reals = [], []
+        for repeat in range(3):
+            bases.append(wall(f"base-{ms:g}-{repeat}", None))
+            reals.append(wall(f"at-{ms:g}-{repeat}", network))
+        assert all(r.imposed and r.meter.imposed_seconds >= queries * 2 * ms / 1e3 for r in reals)
+        predicted = min(b.meter.simulated_wall(network, seed=0) for b in bases)
+        ratios[ms] = predicted / min(r.meter.wall_seconds for r in reals)
     print("predicted / measured wall clock by latency (ms):", ratios)
     assert all(0.8 <= r <= 1.2 for r in ratios.values()), ratios
 
