@@ -28,7 +28,7 @@ owner: its compute share, 2L, the transfer of its request and reply), the MB and
 per owner. Reported per (K, L, configuration): ESS per simulated hour (least bulk ESS over the
 parameters), its ratio to ``penalty ×4`` on the same network, MB and round trips per owner per
 1,000 ESS, the largest ledger ε per owner, the error of the posterior mean in posterior sd and
-the largest split R-hat. Only configurations whose R-hat is at most 1.05 count as mixed (the
+the largest split R-hat. Only configurations whose R-hat is at most 1.1 count as mixed (the
 ``best`` table): a short many-chain run that has not mixed reports an ESS nobody should use.
 
 Writes ``protocol_cost.json`` and ``protocol_cost.png`` (ESS per simulated hour against
@@ -81,8 +81,9 @@ CONFIGS = (
     Config("sgld ×4", "sgld", 4),
 )
 #: the largest split R-hat of a configuration counted as mixed (short many-chain runs are
-#: checked against it before their ESS is believed)
-MIXED_RHAT = 1.05
+#: checked against it before their ESS is believed): Gelman & Rubin's classic 1.1, looser
+#: than the 1.01 of the run's own warnings, which runs this short rarely reach
+MIXED_RHAT = 1.1
 
 
 @dataclass(frozen=True)

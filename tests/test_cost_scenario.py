@@ -39,11 +39,13 @@ def test_protocol_cost_quick_run_hides_latency_with_blocks_and_chains(tmp_path):
     # the same draws on both networks: only the clock differs
     assert rows[(base, 1.0)]["ess_bulk"] == rows[(base, 150.0)]["ess_bulk"]
     # 16 chains × blocks of 16 ask 1/64 of the round trips: at 150 ms latency dominates, so
-    # the gain is far above 1 (a meter or clock that ignored round trips gives about 1, one
-    # that priced latency once per request instead of per round trip gives the same ratio on
-    # both networks); measured 30–60×, checked at 10× with R-hat ≤ 1.05 (both mixed)
+    # the gain is far above the issue's goal of 20× (a clock that ignored round trips gives
+    # about the 1 ms ratio on both networks); measured 200× at 150 ms and 38× at 1 ms (where
+    # the in-process owners' compute, also 16 copies a request, dominates), with R-hat 1.06
+    # and 1.03 (both mixed by the scenario's gate, 1.1)
     wan = rows[(blocks, 150.0)]
     assert wan["mixed"] and rows[(base, 150.0)]["mixed"]
-    assert wan["vs_baseline"] > 10.0
-    assert wan["vs_baseline"] > 1.5 * rows[(blocks, 1.0)]["vs_baseline"]
-    assert wan["round_trips_per_owner"] < rows[(base, 150.0)]["round_trips_per_owner"] / 40
+    assert wan["vs_baseline"] > 20.0
+    assert wan["vs_baseline"] > 2.0 * rows[(blocks, 1.0)]["vs_baseline"]
+    # round trips: 19 block requests + the session calls against 1,200 + the same
+    assert wan["round_trips_per_owner"] < rows[(base, 150.0)]["round_trips_per_owner"] / 20
