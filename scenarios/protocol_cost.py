@@ -189,16 +189,19 @@ def best(rows: list[dict]) -> list[dict]:
 
 def figure(rows: list[dict], setup: Setup) -> Any:
     """ESS per simulated hour against latency (log–log), one line per configuration, a panel
-    per K."""
+    per K; configurations that did not mix (R-hat > MIXED_RHAT) dashed with open markers."""
     fig, axes = reporting.figure(1, len(setup.owners), width=5.5, height=4.2)
     for ax, owners in zip(np.ravel(axes), setup.owners):
         for label in setup.configs:
             mine = [r for r in rows if r["owners"] == owners and r["config"] == label]
+            mixed = all(r["mixed"] for r in mine)
             ax.plot(
                 [r["latency_ms"] for r in mine],
                 [r["ess_per_hour"] for r in mine],
                 marker="o",
-                label=label,
+                linestyle="-" if mixed else "--",
+                markerfacecolor=None if mixed else "none",
+                label=label if mixed else f"{label} (R-hat > {MIXED_RHAT:g})",
             )
         ax.set(xscale="log", yscale="log", xlabel="one-way latency (ms)")
         ax.set(ylabel="ESS per simulated hour", title=f"K = {owners} owners, ε = {EPSILON:g}")
