@@ -5,9 +5,10 @@ real on it.
 ``MeasuredChannel`` wraps a ``grpc.aio.Channel`` so that the ``Query`` stream's serialiser and
 deserialiser count every message's bytes (the protobuf encoding, without gRPC's 5-byte frame
 prefix). ``HostDelays`` draws, per query and host, what ``Network`` says its slowest owner
-waits: the request waits one-way latency + straggling + its download before it is written,
-the reply one-way latency + its upload after it is read — on each host's own stream, so the
-hosts' delays overlap as an iteration's owners' do.
+waits — latency both ways, straggling, the request's download and the reply's upload — and
+the host's stream sleeps that long once its reply is read (one wake-up a query: each extra
+one costs a scheduling delay on a loaded machine), on each host's own stream, so the hosts'
+delays overlap with each other's work as an iteration's owners' do.
 """
 
 from __future__ import annotations
@@ -83,20 +84,14 @@ class HostDelays:
         self._starts = np.cumsum([0, *self.sizes])
         self.waited = [0.0] * len(self.sizes)
 
-    def before(self, host: int, request_bytes: int) -> float:
-        """Seconds the request to ``host`` waits before it is written: its slowest owner's
-        one-way latency and straggling, and the download of ``request_bytes``."""
+    def seconds(self, host: int, request_bytes: int, reply_bytes: int) -> float:
+        """Seconds ``host``'s exchange waits besides the host's own time: its slowest owner's
+        latency both ways and straggling, the download of ``request_bytes`` and the upload
+        of ``reply_bytes``."""
         net = self.network
         owners = slice(self._starts[host], self._starts[host + 1])
         late = self.rng.random(self.sizes[host]) < net.probability if net.probability else 0.0
-        delay = float(np.max(net.latency[owners] + late * net.delay)) + request_bytes / net.down
+        delay = float(np.max(2 * net.latency[owners] + late * net.delay))
+        delay += request_bytes / net.down + reply_bytes / net.up
         self.waited[host] = delay
-        return delay
-
-    def after(self, host: int, reply_bytes: int) -> float:
-        """Seconds the reply from ``host`` waits after it is read: the latency back and the
-        upload of ``reply_bytes``."""
-        owners = slice(self._starts[host], self._starts[host + 1])
-        delay = float(np.max(self.network.latency[owners])) + reply_bytes / self.network.up
-        self.waited[host] += delay
         return delay

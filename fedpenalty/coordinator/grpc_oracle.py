@@ -386,12 +386,11 @@ class GrpcOracle(Oracle):
             host.next_id += 1
             request = pb.QueryRequest(id=host.next_id)
             fill(request, host)
-            await self._delay(host, request.ByteSize())
             await host.stream.write(request)
             reply = await host.stream.read()
             if reply is grpc.aio.EOF:
                 raise _Dropped("the owner host ended the stream")
-            await self._delay(host, None)
+            await self._delay(host, request)
             if reply.id != request.id:
                 raise OwnerError(
                     f"{host.label()} answered request {reply.id} to request {request.id}"
@@ -406,16 +405,12 @@ class GrpcOracle(Oracle):
         host.answers += keys
         return reply
 
-    async def _delay(self, host: _Host, request_bytes: int | None) -> None:
-        """An imposed network's delay (``impose_network``): before a request of
-        ``request_bytes`` is written, or (None) after its reply was read."""
-        if self._delays is None:
-            return
-        index = self._hosts.index(host)
-        if request_bytes is None:
-            await asyncio.sleep(self._delays.after(index, host.count.last_reply))
-        else:
-            await asyncio.sleep(self._delays.before(index, request_bytes))
+    async def _delay(self, host: _Host, request: pb.QueryRequest) -> None:
+        """An imposed network's delay (``impose_network``) for ``request``, whose reply was
+        just read: ``grpc_network.HostDelays.seconds``."""
+        if self._delays is not None:
+            index, size = self._hosts.index(host), request.ByteSize()
+            await asyncio.sleep(self._delays.seconds(index, size, host.count.last_reply))
 
     async def _reopen(self, host: _Host, refusal: pb.Refusal) -> bool:
         """Re-open the run's session at ``host`` when ``refusal`` says it does not know it (it
