@@ -9,6 +9,8 @@ import math
 import statistics
 from typing import Any
 
+from .coordinator.cost import cost_line
+
 
 def fmt(x: float | None, digits: int = 4) -> str:
     """``x`` to ``digits`` significant digits; "n/a" for None, NaN and ±inf."""
@@ -345,6 +347,8 @@ def print_run(title: str, result) -> None:
         else:
             print(f"\nIndependent draws ({privacy.get('algorithm', '')}):")
         print(mixing_table(diag))
+    if getattr(result, "cost", None):
+        print(cost_line(result.cost))
     print(f"\nrun directory: {result.out}")
 
 

@@ -27,6 +27,7 @@ from pydantic import ConfigDict, Field, create_model, field_validator
 
 from .coordinator.algorithms import ALGORITHMS, Algorithm
 from .coordinator.base import ChainAlgorithm
+from .coordinator.network import NetworkSection
 from .coordinator.transports import TRANSPORTS
 from .errors import ConfigError
 from .kinds import KINDS, query_kind
@@ -247,6 +248,7 @@ _SECTIONS: dict[str, Any] = {
         ("privacy", PrivacySection),
         ("sampler", SamplerSection),
         ("run", RunSection),
+        ("network", NetworkSection),
     )
 }
 #: A scenario file: its sections, each with every key.

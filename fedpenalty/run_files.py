@@ -54,6 +54,8 @@ class RunResult:
     theta: np.ndarray
     stopped: OwnerError | Interrupted | None = None
     tree: xr.DataTree | None = None
+    #: cost.json's content (``coordinator/cost.py``); None for runs that ask no owner
+    cost: dict[str, Any] | None = None
 
 
 def default_out_dir(scenario: Scenario) -> Path:

@@ -46,8 +46,10 @@ from .config import Scenario, load_scenario
 from .coordinator import checkpoint
 from .coordinator.algorithms import ALGORITHMS, Algorithm
 from .coordinator.base import ChainAlgorithm, ChainData, ReleaseAlgorithm
+from .coordinator.cost import MeteredOracle
 from .coordinator.driver import Progress, sample
 from .coordinator.grpc_oracle import GrpcOracle
+from .coordinator.network import network_of
 from .coordinator.reference import reference_posterior
 from .coordinator.secure_sum import SIMULATED_SECURE_NOISE, requested
 from .coordinator.transport_base import OwnerSetup
@@ -65,6 +67,7 @@ from .models import (
     build_model,
 )
 from .owner.owner_config import TlsFiles
+from .run_cost import with_cost
 from .run_files import (
     CHECKPOINT,
     NEIGHBOUR_MEANING,
@@ -338,6 +341,7 @@ def _run_owners(
     policies = owner_policies(scenario, len(records), None if start is None else start.sigma)
     names = [f"owner-{k}" for k in range(len(records))]
     setup = OwnerSetup(out, model, names, records, policies, seeds, scenario["run"])
+    network = network_of(scenario["network"], len(names), scenario["run"]["seed"])
     try:
         launched = TRANSPORTS[scenario["run"]["transport"]].launch(setup)
     except OSError as exc:  # their records and ledgers go to the run directory
@@ -346,7 +350,8 @@ def _run_owners(
             f"free space or make {out} writable"
         ) from exc
     try:
-        owners = Owners(launched.oracle, names, policies, deployed=False)
+        oracle = MeteredOracle(launched.oracle, network)
+        owners = Owners(oracle, names, policies, deployed=False)
         info = {"mode": "simulate", "transport": scenario["run"]["transport"]}
         info["session"] = SIMULATION_SESSION
         theta0 = world.start if start is None else start.theta
@@ -354,9 +359,9 @@ def _run_owners(
             scenario, algorithm, model, owners, out, world.n_total, info, resume, theta0,
             world.sampled,
         )  # fmt: skip
-        with settling(launched.oracle, out, info, stopped):
+        with settling(oracle, out, info, stopped):
             extra = chain_diagnostics(chains, algorithm)
-            simulated = launched.oracle.simulation_diagnostics()
+            simulated = oracle.simulation_diagnostics()
             # log-ratio counters, kept for runs of Gaussian answers
             asked = [query_kind(kind) for kind in algorithm.asks(scenario["sampler"])]
             if simulated is not None and any(isinstance(k, GaussianKind) for k in asked):
@@ -372,9 +377,10 @@ def _run_owners(
                 start.privacy(privacy)
             named = model if world.sampled is None else world.sampled
             outputs = Outputs(named, algorithm.name, world.reference, dict(chains.stats))
-            return finish(
+            result = finish(
                 out, chains.theta, chains.accepted, privacy, outputs, extra, stopped, spend
             )
+            return with_cost(result, oracle, names, scenario["run"]["seed"], info["transport"])
     finally:
         launched.stop()
 
@@ -538,14 +544,16 @@ def _deployed(
     counts = [d.n for d in described]
     n_total = None if None in counts else sum(n for n in counts if n is not None)
     policies = [d.policy for d in described]
-    owners = Owners(oracle, [d.name for d in described], policies, deployed=True)
+    metered = MeteredOracle(oracle)
+    names = [d.name for d in described]
+    owners = Owners(metered, names, policies, deployed=True)
     chains, reports, stopped, spend = sample_owners(
         scenario, algorithm, model, owners, out, n_total, info, resume
     )
-    with settling(oracle, out, info, stopped):
+    with settling(metered, out, info, stopped):
         privacy = privacy_summary(reports, policies, algorithm, scenario)
         outputs = Outputs(model, algorithm.name, None, dict(chains.stats))
-        return finish(
+        result = finish(
             out,
             chains.theta,
             chains.accepted,
@@ -555,3 +563,4 @@ def _deployed(
             stopped,
             spend,
         )
+        return with_cost(result, metered, names, scenario["run"]["seed"], "grpc")

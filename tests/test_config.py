@@ -209,7 +209,8 @@ def test_values_come_back_as_plain_python():
     assert s["data"]["n_per_owner"] == [5, 6, 7, 8] and s["data"]["true_theta"] == 1.0
     assert all(type(v) is float for v in s["privacy"]["sigma"])
     assert type(s["sampler"]["step"]) is float
-    assert SECTIONS == tuple(s.sections) == ("model", "data", "privacy", "sampler", "run")
+    sections = ("model", "data", "privacy", "sampler", "run", "network")
+    assert SECTIONS == tuple(s.sections) == sections
     assert all(type(keys) is dict for keys in s.sections.values())
     s["run"]["progress"] = False
     assert s["run"]["progress"] is False

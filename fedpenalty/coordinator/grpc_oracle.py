@@ -57,6 +57,8 @@ from ..owner.owner_config import TlsFiles
 from ..owner.session_request import SessionRequest
 from ..proto import owner_pb2 as pb
 from ..proto import owner_pb2_grpc as pb_grpc
+from .grpc_network import ByteCount, HostDelays, MeasuredChannel
+from .network import Network
 from .oracle import Answers, Oracle, SecureAggregation, Unreported
 from .secure_sum import combine, owner_noise_sd, secure_open
 from .tls_names import is_name_mismatch, mismatch_message
@@ -99,6 +101,8 @@ class _Host:
     next_id: int = 0
     answers: int = 0
     lost: bool = False
+    #: the bytes of its Query stream (``grpc_network.MeasuredChannel``)
+    count: ByteCount = field(default_factory=ByteCount)
 
     def drop_stream(self) -> None:
         if self.stream is not None:
@@ -149,7 +153,11 @@ class GrpcOracle(Oracle):
         self._hosts: list[_Host] = []
         for address in addresses:
             channel = self._run(self._open_channel(address, creds, options))
-            self._hosts.append(_Host(address, channel, pb_grpc.OwnerStub(channel)))
+            count = ByteCount()
+            stub = pb_grpc.OwnerStub(MeasuredChannel(channel, count))
+            self._hosts.append(_Host(address, channel, stub, count=count))
+        #: a modelled network's delays, imposed on every query (``impose_network``)
+        self._delays: HostDelays | None = None
         try:
             replies = self._run(
                 self._each(lambda h: self._unary(h, h.stub.Describe, pb.DescribeRequest()))
@@ -291,6 +299,22 @@ class GrpcOracle(Oracle):
         """Owners behind a transport never release data-dependent counters."""
         return None
 
+    def host_sizes(self) -> list[int]:
+        return [len(h.owners) for h in self._hosts]
+
+    def impose_network(self, network: Network) -> bool:
+        """Delay every later query on each host's stream as ``network`` says (straggling
+        drawn from a fixed seed): ``grpc_network.HostDelays``."""
+        rng = np.random.default_rng(np.random.SeedSequence([0, 0x44454C41]))
+        self._delays = HostDelays(network, self.host_sizes(), rng)
+        return True
+
+    def injected_seconds(self) -> float:
+        return 0.0 if self._delays is None else max(self._delays.waited, default=0.0)
+
+    def measured_bytes(self) -> list[tuple[int, int]]:
+        return [(h.count.sent, h.count.received) for h in self._hosts]
+
     # --- machinery --------------------------------------------------------------------------
     def _require_session(self) -> str:
         if self.session is None:
@@ -366,6 +390,7 @@ class GrpcOracle(Oracle):
             reply = await host.stream.read()
             if reply is grpc.aio.EOF:
                 raise _Dropped("the owner host ended the stream")
+            await self._delay(host, request)
             if reply.id != request.id:
                 raise OwnerError(
                     f"{host.label()} answered request {reply.id} to request {request.id}"
@@ -379,6 +404,13 @@ class GrpcOracle(Oracle):
             raise wire.error_from_refusal(reply.refusal, host.address)
         host.answers += keys
         return reply
+
+    async def _delay(self, host: _Host, request: pb.QueryRequest) -> None:
+        """An imposed network's delay (``impose_network``) for ``request``, whose reply was
+        just read: ``grpc_network.HostDelays.seconds``."""
+        if self._delays is not None:
+            index, size = self._hosts.index(host), request.ByteSize()
+            await asyncio.sleep(self._delays.seconds(index, size, host.count.last_reply))
 
     async def _reopen(self, host: _Host, refusal: pb.Refusal) -> bool:
         """Re-open the run's session at ``host`` when ``refusal`` says it does not know it (it

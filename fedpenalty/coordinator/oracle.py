@@ -18,6 +18,7 @@ import numpy as np
 
 from ..common import OwnerDescription, PrivacyReport
 from ..kinds import KindTerms
+from .network import Network
 
 
 @dataclass(frozen=True)
@@ -142,3 +143,22 @@ class Oracle(Protocol):
     def simulation_diagnostics(self) -> dict[str, Any] | None:
         """Data-dependent counters of simulated owners (clip binds), or None where owners never
         release them (every deployed owner)."""
+
+    # --- protocol cost (``cost.py``, docs/design.md §5) -------------------------------------
+    def host_sizes(self) -> list[int]:
+        """Owners per host, in ``describe`` order (one host: every owner)."""
+        return [len(self.describe())]
+
+    def impose_network(self, network: Network) -> bool:
+        """Impose ``network``'s delays for real on every later query; False: this transport
+        cannot (the cost meter then only prices them)."""
+        return False
+
+    def injected_seconds(self) -> float:
+        """Seconds of imposed network delay the last query waited for (its slowest host's)."""
+        return 0.0
+
+    def measured_bytes(self) -> list[tuple[int, int]] | None:
+        """Per host, the query bytes the transport itself serialised (sent to the host,
+        received from it); None where nothing is serialised (in-process) or counted."""
+        return None

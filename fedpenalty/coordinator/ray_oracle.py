@@ -151,6 +151,9 @@ class RayOracle(Oracle):
             "clip_hits": clip_hits([c[3] for c in counters]),
         }
 
+    def host_sizes(self) -> list[int]:
+        return [len(names) for names in self.hosts.names]
+
     # --- machinery --------------------------------------------------------------------------
     def _require_session(self) -> str:
         if self.session is None:

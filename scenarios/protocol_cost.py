@@ -1,0 +1,282 @@
+"""Which protocol for K owners on this network? What each method costs an owner — round trips,
+megabytes, hours — at equal per-owner ε, on a WAN of 1, 20 and 150 ms one-way latency.
+
+    python scenarios/protocol_cost.py [--quick] [--out DIR] [--seed 0] [--owners 4,100]
+                                      [--no-progress]
+
+Data: the mean of Gaussian records (``gaussian_mean``, |x| ≤ 2, Θ = [−1, 1], true θ = 0),
+n = 200,000 records split equally over K owners (K = 4 and 100; ``--owners``). Every
+configuration is calibrated by the project's accountants (the calibrations of
+``privacy_mixing.py``) so that each owner's worst case is ε = 4 at δ = 1e-5 for the answers
+it plans, and every configuration asks the same number of answers of each owner (chains ×
+iterations = 9,600; 4,800 in ``--quick``), so their noise is the same and only how the
+answers are asked differs:
+
+* ``penalty ×4``: penalty MH, 4 chains (the baseline: one round trip per iteration);
+* ``penalty ×16``, ``penalty ×64``: the same answers spread over 16 or 64 chains, each
+  request carrying all of them (the answer path is vectorised over chains): 4× or 16× fewer
+  round trips, but each chain is shorter and pays its own burn-in;
+* ``expfam ×C BB``: penalty MH on the owners' sufficient statistics (docs/design.md §2.2)
+  with C chains, one reply carrying B iterations' copies (the block mode, a ``suff_stats``
+  query like any other, so it runs over every transport);
+* ``sgld ×4``: DP-SGLD at q = 0.02 with tight (PLD) accounting, one round trip per iteration.
+
+Each run goes through ``fedpenalty simulate``'s own path with in-process owners and a
+``[network]`` section (one-way latency L for every owner, 10 Mbit/s up and 50 Mbit/s down, no
+stragglers): its cost.json gives the simulated wall clock (each query waits for the slowest
+owner: its compute share, 2L, the transfer of its request and reply), the MB and round trips
+per owner. Reported per (K, L, configuration): ESS per simulated hour (least bulk ESS over the
+parameters), its ratio to ``penalty ×4`` on the same network, MB and round trips per owner per
+1,000 ESS, the largest ledger ε per owner, the error of the posterior mean in posterior sd and
+the largest split R-hat. Only configurations whose R-hat is at most 1.1 count as mixed (the
+``best`` table): a short many-chain run that has not mixed reports an ESS nobody should use.
+
+Writes ``protocol_cost.json`` and ``protocol_cost.png`` (ESS per simulated hour against
+latency, one panel per K).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the calibrations of privacy_mixing
+import privacy_mixing as pm
+
+from fedpenalty import reporting
+
+NAME = "protocol_cost"
+EPSILON = 4.0
+BANDWIDTH = {"bandwidth_up_mbps": 10.0, "bandwidth_down_mbps": 50.0}
+BASELINE = "penalty ×4"
+#: chains start uniform in ±INIT_SCALE × Θ (Θ = [−1, 1])
+INIT_SCALE = 0.005
+
+
+@dataclass(frozen=True)
+class Config:
+    """One way of asking: ``method`` (privacy_mixing's calibration) with ``chains`` chains and
+    ``block`` copies per reply (exp-family only)."""
+
+    label: str
+    method: str
+    chains: int
+    block: int | None = None
+
+
+CONFIGS = (
+    Config(BASELINE, "penalty", 4),
+    Config("penalty ×16", "penalty", 16),
+    Config("penalty ×64", "penalty", 64),
+    Config("expfam ×4 B1", "penalty_expfam", 4, 1),
+    Config("expfam ×4 B32", "penalty_expfam", 4, 32),
+    Config("expfam ×16 B16", "penalty_expfam", 16, 16),
+    Config("expfam ×64 B16", "penalty_expfam", 64, 16),
+    Config("sgld ×4", "sgld", 4),
+)
+#: the largest split R-hat of a configuration counted as mixed (short many-chain runs are
+#: checked against it before their ESS is believed): Gelman & Rubin's classic 1.1, looser
+#: than the 1.01 of the run's own warnings, which runs this short rarely reach
+MIXED_RHAT = 1.1
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Records ``n``, owner counts, answers per owner, latencies (ms), configurations."""
+
+    n: int
+    owners: tuple[int, ...]
+    answers: int
+    latencies: tuple[float, ...]
+    configs: tuple[str, ...]
+
+
+FULL = Setup(200_000, (4, 100), 9_600, (1.0, 20.0, 150.0), tuple(c.label for c in CONFIGS))
+QUICK = Setup(200_000, (4,), 4_800, (1.0, 150.0), (BASELINE, "penalty ×16", "expfam ×16 B16"))
+
+
+def raw_scenario(setup: Setup, config: Config, owners: int, seed: int) -> dict[str, Any]:
+    """The calibrated scenario (unresolved) of ``config`` at K = ``owners``: each chain runs
+    answers/chains iterations (whole blocks), a third of them warmup; chains start uniform
+    within ±0.005 of the true θ = 0 (data independent; ±2.2 posterior sd at n = 200,000), so
+    that every chain pays its own burn-in, as many chains do in practice."""
+    steps = setup.answers // config.chains
+    if config.block:
+        steps = steps // config.block * config.block
+    warmup = steps // 3
+    pm_setup = pm.Setup(setup.n, config.chains, warmup, steps - warmup, (EPSILON,), 1, ("equal",))
+    n_k = [setup.n // owners] * owners
+    crowd = pm.Owners(pm_setup, n_k, np.ones(owners), config.chains * steps, 1 / math.sqrt(setup.n))
+    algorithm, calibrate = pm.CALIBRATE[config.method]
+    raw = calibrate(crowd, EPSILON, pm.scenario(crowd, algorithm, seed))
+    raw["data"]["true_theta"] = 0.0
+    raw["sampler"]["init_scale"] = INIT_SCALE
+    if config.block:
+        raw["sampler"]["block"] = config.block
+    return raw
+
+
+def measure(sim: reporting.Simulated, config: Config, owners: int, latency: float) -> dict:
+    """One run's figures from its cost.json, diagnostics and the owners' ledgers."""
+    d, cost = sim.result.diagnostics, sim.result.cost
+    assert cost is not None  # every owner-asking run has one
+    ess = float(min(d["ess_bulk"]))
+    return {
+        "config": config.label,
+        "method": config.method,
+        "chains": config.chains,
+        "block": config.block,
+        "owners": owners,
+        "latency_ms": latency,
+        "ess_bulk": ess,
+        "simulated_hours": cost["simulated_wall_seconds"] / 3600,
+        "ess_per_hour": cost["ess_per_hour"],
+        "round_trips_per_owner": cost["totals"]["round_trips"] / owners,
+        "megabytes_per_owner": (cost["totals"]["bytes_received"] + cost["totals"]["bytes_sent"])
+        / 1e6
+        / owners,
+        "round_trips_per_1000_ess": cost["per_1000_ess"]["round_trips_per_owner"],
+        "megabytes_per_1000_ess": cost["per_1000_ess"]["megabytes_per_owner"],
+        "epsilon_max": max(o["epsilon"] for o in sim.result.privacy["owners"]),
+        "mean_error_in_sd": d["error"]["mean_in_sd"][0],
+        "rhat": max(d["rhat"]) if d["rhat"] else None,
+        "mixed": bool(d["rhat"]) and max(d["rhat"]) <= MIXED_RHAT,
+    }
+
+
+def runs(setup: Setup, seed: int, folder: Path, bar: Any) -> list[dict]:
+    """Every configuration at every K and latency (the same seed: the same draws on every
+    network, only the clock differs)."""
+    rows = []
+    for owners in setup.owners:
+        for config in (c for c in CONFIGS if c.label in setup.configs):
+            for latency in setup.latencies:
+                raw = raw_scenario(setup, config, owners, seed)
+                raw["network"] = {"latency_ms": latency, **BANDWIDTH}
+                where = folder / f"{owners}-{config.method}-{config.chains}-{config.block}"
+                sim = reporting.simulate(raw, where / f"{latency:g}")
+                rows.append(measure(sim, config, owners, latency))
+                bar.update()
+    for row in rows:
+        base = next(
+            r
+            for r in rows
+            if r["config"] == BASELINE
+            and (r["owners"], r["latency_ms"]) == (row["owners"], row["latency_ms"])
+        )
+        row["vs_baseline"] = row["ess_per_hour"] / base["ess_per_hour"]
+    return rows
+
+
+def best(rows: list[dict]) -> list[dict]:
+    """Per (K, latency) the configuration with the most ESS per simulated hour among those
+    that mixed (split R-hat ≤ MIXED_RHAT; an unmixed run's ESS is not believed)."""
+    out = []
+    for key in dict.fromkeys((r["owners"], r["latency_ms"]) for r in rows):
+        mine = [r for r in rows if (r["owners"], r["latency_ms"]) == key and r["mixed"]]
+        if not mine:
+            continue
+        top = max(mine, key=lambda r: r["ess_per_hour"])
+        out.append({"owners": key[0], "latency_ms": key[1], "best": top["config"], **top})
+    return out
+
+
+def figure(rows: list[dict], setup: Setup) -> Any:
+    """ESS per simulated hour against latency (log–log), one line per configuration, a panel
+    per K; configurations that did not mix (R-hat > MIXED_RHAT) dashed with open markers."""
+    fig, axes = reporting.figure(1, len(setup.owners), width=5.5, height=4.2)
+    for ax, owners in zip(np.ravel(axes), setup.owners):
+        for label in setup.configs:
+            mine = [r for r in rows if r["owners"] == owners and r["config"] == label]
+            mixed = all(r["mixed"] for r in mine)
+            ax.plot(
+                [r["latency_ms"] for r in mine],
+                [r["ess_per_hour"] for r in mine],
+                marker="o",
+                linestyle="-" if mixed else "--",
+                markerfacecolor=None if mixed else "none",
+                label=label if mixed else f"{label} (R-hat > {MIXED_RHAT:g})",
+            )
+        ax.set(xscale="log", yscale="log", xlabel="one-way latency (ms)")
+        ax.set(ylabel="ESS per simulated hour", title=f"K = {owners} owners, ε = {EPSILON:g}")
+        ax.legend(fontsize=7)
+    return fig
+
+
+COLUMNS = (
+    ("owners", "K"),
+    ("latency_ms", "ms"),
+    ("config", "configuration"),
+    ("ess_per_hour", "ESS/h"),
+    ("vs_baseline", "× penalty×4"),
+    ("megabytes_per_1000_ess", "MB/1k ESS"),
+    ("round_trips_per_1000_ess", "trips/1k ESS"),
+    ("epsilon_max", "ε max"),
+    ("mean_error_in_sd", "|err|/sd"),
+    ("rhat", "R-hat"),
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = reporting.scenario_parser(
+        __doc__ or NAME,
+        "n = 4,000, K = 4, 4,800 answers per owner, latencies 1 and 150 ms, three configurations",
+    )
+    parser.add_argument("--owners", help="owner counts K, comma-separated (default 4,100)")
+    args = parser.parse_args(argv)
+    setup = QUICK if args.quick else FULL
+    if args.owners:
+        try:
+            counts = tuple(int(k) for k in args.owners.split(","))
+        except ValueError:
+            counts = ()
+        if not counts or min(counts) < 1:
+            parser.error("--owners: positive whole numbers, comma-separated (4,100)")
+        setup = replace(setup, owners=counts)
+    total = len(setup.owners) * len(setup.configs) * len(setup.latencies)
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        reporting.progress(total, NAME, not args.no_progress) as bar,
+    ):
+        rows = runs(setup, args.seed, Path(tmp), bar)
+    results = {"runs": rows, "best": best(rows)}
+    settings = {
+        "setup": setup.__dict__,
+        "epsilon": EPSILON,
+        "delta": pm.DELTA,
+        "neighbour": pm.NEIGHBOUR,
+        "model": pm.MODEL,
+        "network": BANDWIDTH,
+        "configs": [c.__dict__ for c in CONFIGS if c.label in setup.configs],
+        "seed": args.seed,
+    }
+    notes = [
+        "every configuration asks each owner the same answers (chains × iterations), "
+        "calibrated to the same worst-case ε: only how they are asked differs",
+        "simulated wall clock: the run's own coordinator time plus, per query, the slowest "
+        "owner's compute share, two one-way latencies and its transfer (coordinator/network.py)",
+        "one seed per configuration: the draws are the same on every network",
+        "in-process owners at every K (Ray for K = 1,000 not run here)",
+    ]
+    json_path, png_path = reporting.write_report(
+        args.out,
+        NAME,
+        argv=list(argv if argv is not None else sys.argv[1:]),
+        settings=settings,
+        results=results,
+        notes=notes,
+        fig=figure(rows, setup),
+    )
+    print(reporting.headline("Protocol cost at equal per-owner ε", rows, COLUMNS))
+    print(f"wrote {json_path} and {png_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
