@@ -51,6 +51,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from ..common import Policy, SecureTerms
 from ..errors import InvalidRequest, NotPermitted
+from .mask_graph import MaskGraph
 from .noise.lattice import LATTICE_BITS
 from .noise.seeded import keyed_words
 
@@ -225,6 +226,20 @@ def transcript(session: str, algorithm: str, terms: SecureTerms, peers: Sequence
     return hashlib.sha256(fields(*parts)).digest()
 
 
+#: The label that stands for the query kind in the masking graph's seed: one graph a session.
+GRAPH_LABEL = "\x00masking graph"
+
+
+def masking_graph(session: str, terms: SecureTerms, peers: Sequence[PeerKey]) -> MaskGraph:
+    """The session's masking graph (``mask_graph.MaskGraph``, owners in name order): seeded by
+    the transcript of the session, s, t, K and every (name, key) under ``GRAPH_LABEL``, so every
+    owner derives it — and its own neighbours — from what it was shown, and all kinds of a
+    session share it (docs/design.md §2.6, "The masking graph")."""
+    names = sorted(p.owner for p in peers)
+    seed = transcript(session, GRAPH_LABEL, terms, peers)
+    return MaskGraph.of(seed, names, terms.colluders)
+
+
 def lattice_step(terms: SecureTerms) -> float:
     """The session's lattice step γ, shared by every owner: a power of two 2²⁰ to 2²¹ times
     below each owner's noise sd s/√(K − t) (docs/design.md §2.7)."""
@@ -240,22 +255,18 @@ def pair_secrets(
     peers: Sequence[PeerKey],
     digest: bytes,
     exchanged: dict[tuple[int, int], bytes] | None = None,
+    graph: MaskGraph | None = None,
 ) -> tuple[np.ndarray, np.ndarray, list[bytes]]:
-    """The pairs (low, high) ``(P,)`` of positions in ``peers`` (name order) with at least one
-    end hosted (``hosted``: position → its private key), and each pair's 32-byte secret
-    HKDF-SHA256(X25519, salt = ``digest``, info = both names). One exchange per pair, also
-    when both ends are hosted; ``exchanged`` (pair → X25519 output) keeps them for the other
-    kinds of a session of several kinds, whose transcripts (``digest``) differ.
-    ``InvalidRequest`` for a peer key X25519 refuses."""
+    """The pairs (low, high) ``(P,)`` of positions in ``peers`` (name order) that are edges of
+    the masking ``graph`` (None: the complete graph) with at least one end hosted (``hosted``:
+    position → its private key), and each pair's 32-byte secret HKDF-SHA256(X25519, salt =
+    ``digest``, info = both names). One exchange per pair, also when both ends are hosted;
+    ``exchanged`` (pair → X25519 output) keeps them for the other kinds of a session of several
+    kinds, whose transcripts (``digest``) differ. ``InvalidRequest`` for a peer key X25519
+    refuses."""
     exchanged = {} if exchanged is None else exchanged
-    count = len(peers)
-    low_parts, high_parts = [], []
-    for p in sorted(hosted):
-        others = np.delete(np.arange(count), p)
-        low_parts.append(np.minimum(others, p))
-        high_parts.append(np.maximum(others, p))
-    code = np.unique(np.concatenate(low_parts) * count + np.concatenate(high_parts))
-    low, high = code // count, code % count
+    graph = graph if graph is not None else MaskGraph(len(peers), len(peers) - 1, 0.0, None)
+    low, high = graph.pairs(np.array(sorted(hosted), dtype=np.int64))
     publics: dict[int, X25519PublicKey] = {}
     secrets: list[bytes] = []
     for a, b in zip(low.tolist(), high.tolist()):
@@ -422,7 +433,8 @@ class SecureSession:
         ordered = sorted(peers, key=lambda p: p.owner)
         position = {p.owner: i for i, p in enumerate(ordered)}
         keys = {position[name]: key for name, key in hosted}
-        low, high, secrets = pair_secrets(keys, ordered, self.digest, exchanged)
+        self.graph = masking_graph(session, terms, peers)
+        low, high, secrets = pair_secrets(keys, ordered, self.digest, exchanged, self.graph)
         row = np.full(len(ordered), -1, dtype=np.int64)
         row[[position[name] for name, _ in hosted]] = np.arange(len(hosted))
         self._low, self._high = row[low], row[high]  # host index of each end (−1: elsewhere)
