@@ -6,15 +6,21 @@ from __future__ import annotations
 
 import math
 
+import dp_accounting
 import numpy as np
 import pytest
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
-from fedpenalty.common import SecureTerms
+from fedpenalty.common import Policy, SecureTerms
+from fedpenalty.coordinator.inprocess import InProcessOracle
+from fedpenalty.coordinator.oracle import SecureAggregation
+from fedpenalty.models import build_model
+from fedpenalty.owner import Ledger, OwnerNode
 from fedpenalty.owner.aggregation import (
     PeerKey,
     SecureSession,
+    lattice_step,
     masking_graph,
     public_bytes,
     session_private_key,
@@ -27,6 +33,7 @@ from fedpenalty.owner.mask_graph import (
     graph_failure,
     log_disconnect_bound,
 )
+from fedpenalty.owner.noise.sources import NoiseKey
 
 U64 = np.uint64
 
@@ -138,3 +145,48 @@ def test_sparse_masks_cancel_across_hosts_and_each_owner_masks_only_with_its_nei
         assert session.graph.degree == 2 and session._low.size <= 2 * part.size
     assert np.array_equal(total[:, :2].view(np.int64), values.sum(axis=0))
     assert np.all(total[:, 2] == 0)
+
+
+# --------------------------------------------------------------------------- the δ it costs
+
+
+def by_hand_failure(owners: int, colluders: int, degree: int) -> float:
+    """The union bound with exact binomials: K(K − k − 1)/2 · C(t, k)/C(K, k)."""
+    pairs = owners * (owners - degree - 1) / 2
+    return pairs * math.comb(colluders, degree) / math.comb(owners, degree)
+
+
+def test_the_ledger_reports_epsilon_at_delta_less_the_graph_failure():
+    """70 simulated owners, t = 35, δ = 1e-12 (so that the graph's failure bound, ~2e-13, is
+    a visible part of δ): each owner's ε is the RDP ε (dp-accounting) of its answers at
+    δ − p, p by exact binomials (tolerance 1e-9 relative, float rounding) — 0.19% above ε at
+    δ, which a ledger forgetting the graph would report (> 10⁶ times the tolerance)."""
+    count, t, s, delta = 70, 35, 1.0, 1e-12
+    degree, failure = graph_degree(count, t)
+    assert degree < count - 1
+    assert failure == pytest.approx(by_hand_failure(count, t, degree), rel=1e-9)
+    model = build_model({"name": "gaussian_mean", "dim": 1, "data_bound": 4.0, "theta_bound": 3.0})
+    ledger = Ledger(":memory:")
+    policy = Policy(total_noise_sd=s, colluders=t, budget_epsilon=1e9, max_step=0.2,
+                    delta=delta, max_answers_per_request=10**6)  # fmt: skip
+    nodes = [
+        OwnerNode(f"o{k:02d}", model, model.simulate_records(np.random.default_rng(k),
+                  np.array([0.4]), 20), policy, ledger, noise_key=NoiseKey.derive(b"g", f"{k}"),
+                  simulated_peers=True)
+        for k in range(count)
+    ]  # fmt: skip
+    oracle = InProcessOracle(nodes)
+    oracle.open_session("penalty", 100, secure=SecureAggregation(s, t))
+    theta = np.zeros((10, 1))
+    oracle.log_ratio(0, np.arange(10), theta, theta + 0.02)
+    report = oracle.privacy_reports()[0]
+    gamma = lattice_step(SecureTerms(count, t, s))
+    mu = math.sqrt(10) * (2 * model.lipschitz * 0.02 + gamma) / s
+    assert report.session is not None and report.session.mu == pytest.approx(mu, rel=1e-12)
+    rdp = dp_accounting.rdp.RdpAccountant()
+    rdp.compose(dp_accounting.GaussianDpEvent(1 / mu))
+    assert report.delta == delta
+    assert report.session.epsilon == pytest.approx(rdp.get_epsilon(delta - failure), rel=1e-9)
+    assert report.total.epsilon == pytest.approx(rdp.get_epsilon(delta - failure), rel=1e-9)
+    assert report.session.epsilon > 1.001 * rdp.get_epsilon(delta)
+    oracle.close()

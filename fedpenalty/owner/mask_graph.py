@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from .ledger_records import PART_SEPARATOR, SecureSpend
 
 #: The sparse graph's failure bound is at most 2⁻⁴⁰ a session (as SecAgg+'s parameters).
 FAILURE_BITS = 40
@@ -120,3 +123,31 @@ class MaskGraph:
         count = self.owners
         code = np.unique(np.minimum(mine, ends) * count + np.maximum(mine, ends))
         return code // count, code % count
+
+
+def sessions_failure(sessions: Iterable[tuple[str, int, int]]) -> float:
+    """Σ ``graph_failure`` over an owner's secure sessions given as (ledger session, K, t
+    charged); the parts of a session of several kinds (``session\\x1fkind``) share one graph,
+    counted once."""
+    distinct = {name.partition(PART_SEPARATOR)[0]: (k, t) for name, k, t in sessions}
+    return math.fsum(graph_failure(k, t) for k, t in distinct.values())
+
+
+def accounting_delta(delta: float, failure: float) -> float:
+    """The δ an owner's accountant is asked for so that ε holds at ``delta`` overall: its
+    releases are (ε, δ')-DP given connected honest subgraphs, which fail with probability at
+    most ``failure`` (``sessions_failure``), so (ε, δ' + failure)-DP: δ' = δ − failure.
+    ``ValueError`` naming privacy.delta when nothing is left."""
+    left = delta - failure
+    if not left > 0:
+        raise ValueError(
+            f"the masking graphs' failure bound {failure:.3g} uses up privacy.delta = {delta:g}"
+        )
+    return left
+
+
+def secure_delta(delta: float, secure: Sequence[SecureSpend]) -> float:
+    """``accounting_delta`` of an owner whose ledger recorded the secure sessions ``secure``
+    (their charged terms: the graph claim is void at t = K − 1, charged at its own noise)."""
+    rows = ((r.session, r.terms.owners, r.terms.colluders) for r in secure)
+    return accounting_delta(delta, sessions_failure(rows))
