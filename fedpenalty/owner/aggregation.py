@@ -173,9 +173,10 @@ def agree(
             f"privacy.colluders = {t}",
             owner,
         )
-    _check_keys(owner, request.peers)
-    mine = [p for p in request.peers if p.owner == owner]
-    if len(mine) != 1 or mine[0].public_key != own_key:
+    view = _peers_view(request.peers)
+    if view.problem:
+        raise InvalidRequest(view.problem, owner)
+    if view.keys.get(owner) != own_key:
         raise InvalidRequest("the peer keys lack this owner's own key for the session", owner)
     others = len(request.peers) - 1
     if others < policy.min_peers:
@@ -194,16 +195,41 @@ def agree(
     return Agreed(terms, terms if trusted else terms.own_noise_only())
 
 
-def _check_keys(owner: str, peers: Sequence[PeerKey]) -> None:
-    """Names and keys must be distinct (a repeated key would inflate K) and keys 32 bytes."""
+@dataclass(frozen=True)
+class _PeersView:
+    """What every owner of a host checks of one key list, computed once: each name's key and
+    the list's ``problem`` ("" when well formed)."""
+
+    keys: dict[str, bytes]
+    problem: str
+
+
+#: One key list's view per list object (identity; the tuple of frozen keys never changes), so
+#: the K owners of one host check a list of K keys once, not K times (O(K) rather than O(K²)).
+_VIEWS: dict[int, tuple[Sequence[PeerKey], _PeersView]] = {}
+
+
+def _peers_view(peers: Sequence[PeerKey]) -> _PeersView:
+    """``_PeersView`` of ``peers``: names and keys distinct (a repeated key would inflate K),
+    keys 32 bytes."""
+    kept = _VIEWS.get(id(peers))
+    if kept is not None and kept[0] is peers:
+        return kept[1]
     names = [p.owner for p in peers]
     keys = [p.public_key for p in peers]
+    problem = ""
     if len(set(names)) != len(names) or not all(names):
-        raise InvalidRequest("the peer keys name some owner twice (or none)", owner)
-    if len(set(keys)) != len(keys):
-        raise InvalidRequest("two peers present one public key; every owner has its own", owner)
-    if any(not isinstance(k, bytes) or len(k) != PUBLIC_KEY_BYTES for k in keys):
-        raise InvalidRequest(f"a peer's public key is not {PUBLIC_KEY_BYTES} bytes", owner)
+        problem = "the peer keys name some owner twice (or none)"
+    elif len(set(keys)) != len(keys):
+        problem = "two peers present one public key; every owner has its own"
+    elif any(not isinstance(k, bytes) or len(k) != PUBLIC_KEY_BYTES for k in keys):
+        problem = f"a peer's public key is not {PUBLIC_KEY_BYTES} bytes"
+    view = _PeersView(dict(zip(names, keys)), problem)
+    if isinstance(peers, tuple):  # immutable: safe to remember by identity
+        if len(_VIEWS) >= 8:
+            _VIEWS.clear()
+        _VIEWS[id(peers)] = (peers, view)
+    return view
 
 
 def fields(*parts: bytes) -> bytes:
@@ -213,7 +239,27 @@ def fields(*parts: bytes) -> bytes:
 
 def transcript(session: str, algorithm: str, terms: SecureTerms, peers: Sequence[PeerKey]) -> bytes:
     """SHA-256 of everything the owners must agree on: the protocol, session, query kind, s, t,
-    K and every (name, key) in name order (32 bytes)."""
+    K and every (name, key) in name order (32 bytes). Memoised per key list (``_TRANSCRIPTS``)."""
+    memo = (session, algorithm, terms, id(peers))
+    kept = _TRANSCRIPTS.get(memo)
+    if kept is not None and kept[0] is peers:
+        return kept[1]
+    digest = _transcript(session, algorithm, terms, peers)
+    if isinstance(peers, tuple):  # immutable: safe to remember by identity
+        if len(_TRANSCRIPTS) >= 64:
+            _TRANSCRIPTS.clear()
+        _TRANSCRIPTS[memo] = (peers, digest)
+    return digest
+
+
+#: ``transcript`` by (session, kind, terms, key list identity): the owners of a host hash K keys
+#: once per kind, not once each.
+_TRANSCRIPTS: dict[tuple[str, str, SecureTerms, int], tuple[Sequence[PeerKey], bytes]] = {}
+
+
+def _transcript(
+    session: str, algorithm: str, terms: SecureTerms, peers: Sequence[PeerKey]
+) -> bytes:
     ordered = sorted(peers, key=lambda p: p.owner)
     parts = [
         PROTOCOL,

@@ -18,6 +18,7 @@ with probability (t)_k/(K)_k under a uniform order, bounds the failure probabili
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from collections.abc import Iterable, Sequence
@@ -50,6 +51,7 @@ def log_disconnect_bound(owners: int, colluders: int, degree: int) -> float:
     return pairs + filled
 
 
+@functools.lru_cache(maxsize=256)
 def graph_degree(owners: int, colluders: int) -> tuple[int, float]:
     """(degree k, failure bound) of a session of ``owners`` K with ``colluders`` t: the
     complete graph (K − 1, 0) for K ≤ ``COMPLETE_UP_TO`` or when no even k < K − 1 meets the
