@@ -15,6 +15,7 @@ from scipy.sparse.csgraph import connected_components
 from fedpenalty.common import Policy, SecureTerms
 from fedpenalty.coordinator.inprocess import InProcessOracle
 from fedpenalty.coordinator.oracle import SecureAggregation
+from fedpenalty.errors import BudgetExhausted
 from fedpenalty.models import build_model
 from fedpenalty.owner import Ledger, OwnerNode
 from fedpenalty.owner.aggregation import (
@@ -156,6 +157,22 @@ def by_hand_failure(owners: int, colluders: int, degree: int) -> float:
     return pairs * math.comb(colluders, degree) / math.comb(owners, degree)
 
 
+MODEL = build_model({"name": "gaussian_mean", "dim": 1, "data_bound": 4.0, "theta_bound": 3.0})
+
+
+def seventy_owners(count: int, t: int, delta: float, budget: float) -> list[OwnerNode]:
+    """``count`` simulated lattice owners of one in-memory ledger, secure at s = 1 and t."""
+    ledger = Ledger(":memory:")
+    policy = Policy(total_noise_sd=1.0, colluders=t, budget_epsilon=budget, max_step=0.2,
+                    delta=delta, max_answers_per_request=10**6)  # fmt: skip
+    rng = np.random.default_rng(5)
+    return [
+        OwnerNode(f"o{k:02d}", MODEL, MODEL.simulate_records(rng, np.array([0.4]), 20), policy,
+                  ledger, noise_key=NoiseKey.derive(b"g", f"{k}"), simulated_peers=True)
+        for k in range(count)
+    ]  # fmt: skip
+
+
 def test_the_ledger_reports_epsilon_at_delta_less_the_graph_failure():
     """70 simulated owners, t = 35, δ = 1e-12 (so that the graph's failure bound, ~2e-13, is
     a visible part of δ): each owner's ε is the RDP ε (dp-accounting) of its answers at
@@ -165,23 +182,14 @@ def test_the_ledger_reports_epsilon_at_delta_less_the_graph_failure():
     degree, failure = graph_degree(count, t)
     assert degree < count - 1
     assert failure == pytest.approx(by_hand_failure(count, t, degree), rel=1e-9)
-    model = build_model({"name": "gaussian_mean", "dim": 1, "data_bound": 4.0, "theta_bound": 3.0})
-    ledger = Ledger(":memory:")
-    policy = Policy(total_noise_sd=s, colluders=t, budget_epsilon=1e9, max_step=0.2,
-                    delta=delta, max_answers_per_request=10**6)  # fmt: skip
-    nodes = [
-        OwnerNode(f"o{k:02d}", model, model.simulate_records(np.random.default_rng(k),
-                  np.array([0.4]), 20), policy, ledger, noise_key=NoiseKey.derive(b"g", f"{k}"),
-                  simulated_peers=True)
-        for k in range(count)
-    ]  # fmt: skip
+    nodes = seventy_owners(count, t, delta, budget=1e9)
     oracle = InProcessOracle(nodes)
     oracle.open_session("penalty", 100, secure=SecureAggregation(s, t))
     theta = np.zeros((10, 1))
     oracle.log_ratio(0, np.arange(10), theta, theta + 0.02)
     report = oracle.privacy_reports()[0]
     gamma = lattice_step(SecureTerms(count, t, s))
-    mu = math.sqrt(10) * (2 * model.lipschitz * 0.02 + gamma) / s
+    mu = math.sqrt(10) * (2 * MODEL.lipschitz * 0.02 + gamma) / s
     assert report.session is not None and report.session.mu == pytest.approx(mu, rel=1e-12)
     rdp = dp_accounting.rdp.RdpAccountant()
     rdp.compose(dp_accounting.GaussianDpEvent(1 / mu))
@@ -189,4 +197,27 @@ def test_the_ledger_reports_epsilon_at_delta_less_the_graph_failure():
     assert report.session.epsilon == pytest.approx(rdp.get_epsilon(delta - failure), rel=1e-9)
     assert report.total.epsilon == pytest.approx(rdp.get_epsilon(delta - failure), rel=1e-9)
     assert report.session.epsilon > 1.001 * rdp.get_epsilon(delta)
+    oracle.close()
+
+
+@pytest.mark.parametrize("above", [True, False], ids=["above", "between"])
+def test_the_plan_check_asks_the_accountant_at_delta_less_the_graph_failure(above):
+    """The same 70 owners (δ = 1e-12) with a budget between the plan's worst-case ε at δ and
+    at δ − p: the owners refuse it; a budget just above ε(δ − p) is admitted. A plan check at
+    δ would admit both."""
+    count, t, delta, plan = 70, 35, 1e-12, 50
+    failure = graph_degree(count, t)[1]
+    nodes = seventy_owners(count, t, delta, budget=1e9)
+    mu = math.sqrt(plan) * nodes[0].worst_case_mu("penalty", secure=SecureTerms(count, t, 1.0))
+    rdp = dp_accounting.rdp.RdpAccountant()
+    rdp.compose(dp_accounting.GaussianDpEvent(1 / mu))
+    at_delta, folded_eps = rdp.get_epsilon(delta), rdp.get_epsilon(delta - failure)
+    assert folded_eps > (1 + 1e-4) * at_delta
+    budget = folded_eps * 1.0001 if above else (at_delta + folded_eps) / 2
+    oracle = InProcessOracle(seventy_owners(count, t, delta, budget))
+    if above:
+        oracle.open_session("penalty", plan, secure=SecureAggregation(1.0, t))
+    else:
+        with pytest.raises(BudgetExhausted, match="past the budget"):
+            oracle.open_session("penalty", plan, secure=SecureAggregation(1.0, t))
     oracle.close()

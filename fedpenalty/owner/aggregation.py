@@ -16,8 +16,11 @@ units. The masks cancel in the sum over the K owners, so the coordinator learns 
   the query kind, s, t, K and every (name, key) into a transcript hash (``transcript``). Owners
   shown different peers or terms derive different pair secrets, so their masks do not cancel
   and nothing decodes.
-* **Pair secrets.** For owners a < b (in name order): HKDF-SHA256 of X25519(sk_a, pk_b), salted
-  with the transcript, with both names as info (``pair_secrets``).
+* **Masking graph.** Owners mask only with their neighbours in the session's graph: the complete
+  graph for small K, else the SecAgg+ Harary graph over a ring order hashed from the session's
+  keys and terms, which every owner derives itself (``masking_graph``, ``mask_graph``).
+* **Pair secrets.** For neighbours a < b (in name order): HKDF-SHA256 of X25519(sk_a, pk_b),
+  salted with the transcript, with both names as info (``pair_secrets``).
 * **Masks.** Owner a adds +m_ab and owner b adds −m_ab (mod 2⁶⁴). The words of m_ab for
   (chain, iteration, component) are ChaCha20 keystream under the pair secret (``ChaChaMasks``),
   or — SIMULATION ONLY, where one user runs every owner (in one process, packed host
