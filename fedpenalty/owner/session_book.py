@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from dataclasses import replace
 
 import numpy as np
 
@@ -257,7 +258,6 @@ class SessionBook:
                 (session,),
             )
         }
-        graphs = self._graph_failures(owners, ids, session.partition(PART_SEPARATOR)[0])
         views = []
         for k, (opening, owner_id) in enumerate(zip(owners, ids.tolist())):
             rows = sampled.get(owner_id, [])
@@ -282,15 +282,15 @@ class SessionBook:
             gaussian_open = any(not query_kind(p.algorithm).takes_rate for p in parts) or any(
                 not query_kind(kind).takes_rate for _, kind, *_ in mine
             )
-            views.append(
-                PlanView(current, total, events_of(rows), reserved, gaussian_open, graphs[k])
-            )
-        return views
+            views.append(PlanView(current, total, events_of(rows), reserved, gaussian_open))
+        return self._with_graphs(views, owners, ids, session.partition(PART_SEPARATOR)[0])
 
-    def _graph_failures(self, owners: list[Opening], ids: np.ndarray, base: str) -> list[float]:
-        """Each owner's masking-graph failure bound over its recorded secure sessions other
-        than ``base`` (the session being opened) and, when secure, ``base`` at the terms it is
-        opened with (docs/design.md §2.6; call inside the transaction)."""
+    def _with_graphs(
+        self, views: list[PlanView], owners: list[Opening], ids: np.ndarray, base: str
+    ) -> list[PlanView]:
+        """``views`` with each owner's masking-graph failure bound over its recorded secure
+        sessions other than ``base`` (the session being opened) and, when secure, ``base`` at
+        the terms it is opened with (docs/design.md §2.6; call inside the transaction)."""
         recorded: dict[int, list[tuple[str, int, int]]] = defaultdict(list)
         for kept in self.keys.secure_sessions(set(ids.tolist())).values():
             for owner_id, name, terms in kept:
@@ -302,7 +302,7 @@ class SessionBook:
             if opening.secure is not None:
                 rows = [*rows, (base, opening.secure.terms.owners, opening.secure.terms.colluders)]
             out.append(sessions_failure(rows))
-        return out
+        return [replace(v, graph_failure=g) for v, g in zip(views, out)]
 
     def session_opener(self, owners: list[str], session: str) -> str | None:
         """The client that opened ``session`` (or, with several kinds, its parts) for some of
