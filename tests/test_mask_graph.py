@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
+from test_ray import samples, simulate
 
 from fedpenalty.common import Policy, SecureTerms
 from fedpenalty.coordinator.inprocess import InProcessOracle
@@ -221,3 +222,26 @@ def test_the_plan_check_asks_the_accountant_at_delta_less_the_graph_failure(abov
         with pytest.raises(BudgetExhausted, match="past the budget"):
             oracle.open_session("penalty", plan, secure=SecureAggregation(1.0, t))
     oracle.close()
+
+
+@pytest.mark.slow
+def test_a_sparse_secure_ray_run_equals_the_in_process_run_and_counts_the_graph(
+    tmp_path, ray_session
+):
+    """80 owners, t = 40 (degree 34 < 79): two Ray actors, each masking along the edges that
+    touch its owners, decode the same sums as one in-process host — equal draws — and every
+    owner's ledger ε (privacy.json) is the same, at δ less the one session's bound."""
+    sparse = ["data.owners=80", "data.n_per_owner=100", "privacy.aggregation='secure'",
+              "privacy.total_noise_sd=1.0", "privacy.colluders=40"]  # fmt: skip
+    assert graph_degree(80, 40)[0] < 79
+    ray = simulate(tmp_path, "ray", "run.transport='ray'", *sparse)
+    local = simulate(tmp_path, "local", "run.transport='inprocess'", *sparse)
+    assert ray.stopped is None and local.stopped is None
+    for key, value in samples(local.out).items():
+        np.testing.assert_array_equal(samples(ray.out)[key], value)
+    assert ray.privacy["owners"] == local.privacy["owners"]
+    assert all(o["owners_counted"] == 80 for o in ray.privacy["owners"])
+    owner, failure = ray.privacy["owners"][0], graph_degree(80, 40)[1]
+    rdp = dp_accounting.rdp.RdpAccountant()
+    rdp.compose(dp_accounting.GaussianDpEvent(1 / owner["mu"]))
+    assert owner["epsilon"] == pytest.approx(rdp.get_epsilon(owner["delta"] - failure), rel=1e-9)
