@@ -16,7 +16,7 @@ from test_ray import samples, simulate
 from fedpenalty.common import Policy, SecureTerms
 from fedpenalty.coordinator.inprocess import InProcessOracle
 from fedpenalty.coordinator.oracle import SecureAggregation
-from fedpenalty.errors import BudgetExhausted
+from fedpenalty.errors import BudgetExhausted, InvalidRequest
 from fedpenalty.models import build_model
 from fedpenalty.owner import Ledger, OwnerNode
 from fedpenalty.owner.aggregation import (
@@ -175,7 +175,7 @@ def seventy_owners(count: int, t: int, delta: float, budget: float) -> list[Owne
 
 
 def test_the_ledger_reports_epsilon_at_delta_less_the_graph_failure():
-    """70 simulated owners, t = 35, δ = 1e-12 (so that the graph's failure bound, ~2e-13, is
+    """70 simulated owners, t = 35, δ = 1e-12 (so that the graph's failure bound, 9.7e-14, is
     a visible part of δ): each owner's ε is the RDP ε (dp-accounting) of its answers at
     δ − p, p by exact binomials (tolerance 1e-9 relative, float rounding) — 0.19% above ε at
     δ, which a ledger forgetting the graph would report (> 10⁶ times the tolerance)."""
@@ -245,3 +245,17 @@ def test_a_sparse_secure_ray_run_equals_the_in_process_run_and_counts_the_graph(
     rdp = dp_accounting.rdp.RdpAccountant()
     rdp.compose(dp_accounting.GaussianDpEvent(1 / owner["mu"]))
     assert owner["epsilon"] == pytest.approx(rdp.get_epsilon(owner["delta"] - failure), rel=1e-9)
+
+
+def test_an_owner_refuses_a_graph_that_may_fail_more_often_than_its_delta_and_records_nothing():
+    """δ = 5e-14 below the bound of 70 owners with t = 35 (9.7e-14): every owner refuses, naming
+    privacy.delta; nothing is recorded. At t = 5 (k = 6 > t: bound 0) the same owners agree."""
+    nodes = seventy_owners(70, 35, 5e-14, budget=1e9)
+    oracle = InProcessOracle(nodes)
+    with pytest.raises(InvalidRequest, match=r"privacy\.delta"):
+        oracle.open_session("penalty", 10, secure=SecureAggregation(1.0, 35))
+    assert nodes[0].ledger.sessions(nodes[0].name) == []
+    oracle.close()
+    oracle = InProcessOracle(seventy_owners(70, 5, 5e-14, budget=1e9))
+    oracle.open_session("penalty", 10, secure=SecureAggregation(1.0, 5))
+    oracle.close()

@@ -54,7 +54,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from ..common import Policy, SecureTerms
 from ..errors import InvalidRequest, NotPermitted
-from .mask_graph import MaskGraph
+from .mask_graph import MaskGraph, graph_failure
 from .noise.lattice import LATTICE_BITS
 from .noise.seeded import keyed_words
 
@@ -152,7 +152,8 @@ def agree(
     it received; ``InvalidRequest`` (naming what to change) unless its policy allows secure
     sessions, the coordinator asks for the owner's own s and t, the keys are well formed and
     distinct, the owner's own key is among them, and there are at least ``min_peers`` others
-    and more than t owners.
+    and more than t owners, and the session's masking graph fails with a probability below its δ
+    (``mask_graph.graph_failure``, when the other owners' noise counts).
 
     The other owners' noise counts (charged at s) only when the peers are authenticated
     (``request.authenticated``) or ``simulated`` (SIMULATION ONLY: the simulation's own
@@ -195,6 +196,14 @@ def agree(
             owner,
         )
     terms = SecureTerms(others + 1, t, s)
+    failure = graph_failure(terms.owners, t) if trusted else 0.0
+    if failure >= policy.delta:
+        raise InvalidRequest(
+            f"the masking graph of {terms.owners} owners with {t} colluders stays connected "
+            f"only up to a probability {failure:.3g}, not below this owner's privacy.delta = "
+            f"{policy.delta:g} (docs/design.md §2.6)",
+            owner,
+        )
     return Agreed(terms, terms if trusted else terms.own_noise_only())
 
 
