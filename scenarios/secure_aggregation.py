@@ -1,11 +1,11 @@
-"""Secure aggregation against the number of owners (issue 12, docs/design.md §2.6).
+"""Secure aggregation against the number of owners (issues 12 and 26, docs/design.md §2.6).
 
-    python scenarios/secure_aggregation.py [--owners 1,10,100,1000] [--ray-from 1000] [--out DIR]
-        [--quick] [--seed 0] [--no-progress]
+    python scenarios/secure_aggregation.py [--owners 1,10,100,1000,10000] [--ray-from 1000]
+        [--out DIR] [--quick] [--seed 0] [--no-progress]
 
 Penalty MH on one Gaussian mean (d = 1, Θ = [−1, 1]), n = 1,000,000 records split evenly among
-K owners, K = 1, 10, 100, 1,000, 4 chains started from draws of the exact posterior, in three
-modes at the same per-owner privacy:
+K owners, K = 1, 10, 100, 1,000, 10,000, 4 chains started from draws of the exact posterior, in
+three modes at the same per-owner privacy:
 
 * ``none``: every owner adds noise of sd σ and the coordinator sees every answer; the sum it
   uses carries variance K·σ²;
@@ -16,21 +16,30 @@ modes at the same per-owner privacy:
 Every owner is a simulated lattice owner (seeded exact discrete-Gaussian noise; with secure
 aggregation also X25519 session keys and SplitMix64 masks), so every mode is accounted the
 same way (Rényi DP) and each answer costs the owner the same μ = (Δ + γ√w)/σ: the per-owner ε
-is equal across modes up to the lattice term γ/σ ≈ 2⁻²⁰. Transport: in-process below
-``--ray-from`` owners (default 1,000) — one host computes every owner's masked answer, all
-K(K − 1)/2 pair masks per key — and the Ray transport from there on: the owners packed into
+is equal across modes up to the lattice term γ/σ ≈ 2⁻²⁰. Owners mask along the session's masking
+graph (``graph_degree`` k: the complete graph, k = K − 1, up to 64 owners; above, the SecAgg+
+Harary graph whose degree keeps the honest owners connected but for 2⁻⁴⁰). Transport:
+in-process below ``--ray-from`` owners (default 1,000) — one host computes every owner's masked
+answer, Kk/2 pair masks per key — and the Ray transport from there on: the owners packed into
 one actor per CPU (``run.ray_actors = 0``) of a local Ray started once for the whole script,
 each actor computing its owners' masked sum (the masks of every pair with an end among its
 owners) in parallel, the coordinator adding the actors' sums and decoding. The transport
 changes no number but the timings: the owners' seeded noise and keys are the same. ``--quick``
 runs in-process only, for K = 1, 10, 100 by default (under a minute). Larger K run fewer
 iterations (the table says how many); ESS/s divides the kept draws' bulk ESS by the wall time
-of warmup and kept draws; the session's open (X25519 agreement of every pair) is timed apart.
+of warmup and kept draws, ``iterations_per_second`` the iterations per chain; the session's open
+(X25519 agreement of every pair of neighbours) is timed apart (``open_seconds``).
 
 Also measured: the per-request cost of masking for one deployed owner (ChaCha20 noise and
-masks, its own ledger file) in a session of K owners: requests of 4 chains, secure against
-plain lattice answers, interleaved rounds, the median ratio over rounds (absolute times drift
-on a shared machine).
+masks, its own ledger file) in a session of K owners at t = 0 and t = ⌊K/2⌋: requests of 4
+chains, secure against plain lattice answers, interleaved rounds, the median ratio over rounds
+(absolute times drift on a shared machine), and ``mask_seconds_per_answer``, the median seconds
+its masking alone (ChaCha20 words of every neighbour, summed in) takes per 4-chain answer.
+
+The goals (issue 26), each a ratio within this run: the masking seconds per answer at the
+largest K within 2× of K = 100's; secure iterations/s at least 0.3× the same K's without
+aggregation; secure acceptance at the largest K within 10% of K = 1's; the session's open at
+the largest K (seconds).
 
 Prints the tables (chains per K and mode, masking cost, the goal) and writes
 ``secure_aggregation.json`` and ``secure_aggregation.png`` into ``--out`` (default
@@ -51,7 +60,7 @@ import numpy as np
 
 from fedpenalty import reporting
 from fedpenalty.cluster.ray_hosts import connect_ray
-from fedpenalty.common import Policy
+from fedpenalty.common import Policy, SecureTerms
 from fedpenalty.config import resolve
 from fedpenalty.coordinator.algorithms import ALGORITHMS
 from fedpenalty.coordinator.base import ChainData
@@ -62,7 +71,14 @@ from fedpenalty.coordinator.transports import TRANSPORTS
 from fedpenalty.diagnostics import summarize
 from fedpenalty.models import build_model
 from fedpenalty.owner import Ledger, OwnerHost, OwnerNode
-from fedpenalty.owner.aggregation import PeerKey, SecureOpen, public_bytes, session_private_key
+from fedpenalty.owner.aggregation import (
+    PeerKey,
+    SecureOpen,
+    SecureSession,
+    public_bytes,
+    session_private_key,
+)
+from fedpenalty.owner.mask_graph import graph_degree
 from fedpenalty.owner.noise.sources import NoiseKey
 
 MODEL = build_model({"name": "gaussian_mean", "dim": 1, "theta_bound": 1.0})
@@ -70,7 +86,7 @@ N_TOTAL, TRUE_THETA, SIGMA, STEP, CHAINS = 1_000_000, 0.3, 1.0, 0.002, 4
 MODES = ("none", "secure t=0", "secure t=K/2")
 
 NAME = "secure_aggregation"
-FULL = {"owners": "1,10,100,1000", "cost_owners": "2,10,100,1000"}
+FULL = {"owners": "1,10,100,1000,10000", "cost_owners": "2,10,100,1000,10000"}
 QUICK = {"owners": "1,10,100", "cost_owners": "2,10"}
 NOTES = [
     "every owner is a simulated lattice owner: each mode is accounted by Rényi DP at the same "
@@ -91,6 +107,8 @@ def iterations_for(owners: int, quick: bool) -> tuple[int, int]:
     """(warmup, kept) per chain: fewer for the largest K, whose iterations cost most."""
     if quick:
         return 100, 300
+    if owners >= 10000:
+        return 100, 400
     return (200, 600) if owners >= 1000 else (500, 2500)
 
 
@@ -145,11 +163,14 @@ def run_mode(
         launched.stop()
     own = [r.own_noise.session.epsilon for r in reports if r.own_noise and r.own_noise.session]
     sum_sd = SIGMA * (np.sqrt(owners) if t is None else np.sqrt(owners / (owners - t)))
+    degree, failure = (None, None) if t is None else graph_degree(owners, t)
     return {
         "owners": owners,
         "mode": mode,
         "transport": transport,
         "colluders": t,
+        "graph_degree": degree,
+        "graph_failure": failure,
         "sum_noise_sd": float(sum_sd),
         "warmup": warmup,
         "kept": kept,
@@ -160,6 +181,7 @@ def run_mode(
         "mean_error_in_sd": diagnostics["error"]["mean_in_sd"][0],
         "sd_ratio": diagnostics["error"]["sd_ratio"][0],
         "sampling_seconds": seconds,
+        "iterations_per_second": (warmup + kept) / seconds,
         "open_seconds": opened,
         "epsilon_per_owner": statistics.median(r.session.epsilon for r in reports if r.session),
         "epsilon_own_noise_only": statistics.median(own) if own else None,
@@ -170,12 +192,17 @@ def run_mode(
 # --------------------------------------------------------------------------- masking cost
 
 
-def masking_cost(owners: int, seconds: float, rounds: int, folder: Path) -> dict[str, Any]:
+def masking_cost(
+    owners: int, colluders: int, seconds: float, rounds: int, folder: Path
+) -> dict[str, Any]:
     """Requests/s of one deployed owner's 4-chain log-ratio answers: plain lattice vs secure
-    among ``owners`` owners (its K − 1 peers' keys are random), interleaved, median ratio."""
+    among ``owners`` owners with ``colluders`` t (its K − 1 peers' keys are random; it masks
+    with its neighbours in the session's graph), interleaved, median ratio; and the seconds its
+    masking alone takes per answer (``mask_seconds``)."""
     records = MODEL.simulate_records(np.random.default_rng(0), np.array([TRUE_THETA]), 1000)
-    policy = Policy(sigma=SIGMA, max_step=STEP, budget_epsilon=1e9, total_noise_sd=SIGMA)
-    ledger = Ledger(folder / f"cost-{owners}.sqlite")
+    policy = Policy(sigma=SIGMA, max_step=STEP, budget_epsilon=1e9, total_noise_sd=SIGMA,
+                    colluders=colluders, min_peers=0)  # fmt: skip
+    ledger = Ledger(folder / f"cost-{owners}-{colluders}.sqlite")
     node = OwnerNode("owner-0", MODEL, records, policy, ledger, noise_key=NoiseKey.from_os())
     host = OwnerHost([node])
     peers = [node.session_key("secure")] + [
@@ -184,7 +211,7 @@ def masking_cost(owners: int, seconds: float, rounds: int, folder: Path) -> dict
     ]
     host.open_session("plain", "penalty", 10**7)
     # as its server passes the request on once it authenticated the peers (PeerAuth.check)
-    opening = SecureOpen(tuple(peers), SIGMA, 0, authenticated=True)
+    opening = SecureOpen(tuple(peers), SIGMA, colluders, authenticated=True)
     host.open_session("secure", "penalty", 10**7, secure=opening)
     theta = np.zeros((CHAINS, 1))
     counters = {"plain": 0, "secure": 0}
@@ -205,10 +232,32 @@ def masking_cost(owners: int, seconds: float, rounds: int, folder: Path) -> dict
     ratio = statistics.median(p / s for p, s in zip(rates["plain"], rates["secure"], strict=True))
     return {
         "owners": owners,
+        "colluders": colluders,
+        "graph_degree": graph_degree(owners, colluders)[0],
+        "mask_seconds_per_answer": mask_seconds(node, opening, seconds, rounds),
         "plain_requests_per_second": statistics.median(rates["plain"]),
         "secure_requests_per_second": statistics.median(rates["secure"]),
         "secure_cost_vs_plain": ratio,
     }
+
+
+def mask_seconds(node: OwnerNode, opening: SecureOpen, seconds: float, rounds: int) -> float:
+    """Median over ``rounds`` of the seconds ``node``'s ChaCha20 masks of one 4-chain answer
+    take (``SecureSession.mask``: every neighbour's words, summed in), each round ~``seconds /
+    rounds / 2`` of answers at fresh iterations."""
+    terms = SecureTerms(len(opening.peers), opening.colluders, opening.total_noise_sd)
+    hosted = [(node.name, node.session_private_key("secure"))]
+    session = SecureSession("secure", "log_ratio", terms, opening.peers, hosted)
+    multiples, chains = np.zeros((1, CHAINS, 1), dtype=np.int64), np.arange(CHAINS)
+    iteration, times = 0, []
+    for _ in range(rounds):
+        done, start = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - start) < seconds / rounds / 2 or done < 3:
+            iteration += 1
+            session.mask(multiples, np.zeros(1, dtype=np.int64), chains, np.full(CHAINS, iteration))
+            done += 1
+        times.append(elapsed / done)
+    return statistics.median(times)
 
 
 # --------------------------------------------------------------------------- output
@@ -280,12 +329,14 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     bar.update()
             for owners in cost_counts:
-                costs.append(masking_cost(owners, seconds, 5, Path(tmp)))
+                for t in sorted({0, owners // 2}):
+                    costs.append(masking_cost(owners, t, seconds, 5, Path(tmp)))
                 bar.update()
     finally:
         if runtime is not None:
             runtime.stop()
-    results = {"chains": rows, "masking_cost": costs, "goal": goal(rows)}
+    results = {"chains": rows, "masking_cost": costs, "goal": goal(rows),
+               "scaling": scaling(rows, costs)}  # fmt: skip
     settings = {"owners": owner_counts, "cost_owners": cost_counts, "ray_from": ray_from,
                 "seconds": seconds, "n": N_TOTAL, "true_theta": TRUE_THETA, "sigma": SIGMA,
                 "step": STEP, "chains": CHAINS, "seed": args.seed}  # fmt: skip
@@ -322,10 +373,18 @@ def headlines(results: dict[str, Any]) -> str:
                 results["masking_cost"],
                 [
                     ("owners", "K"),
+                    ("colluders", "t"),
+                    ("graph_degree", "degree"),
+                    ("mask_seconds_per_answer", "mask s/answer"),
                     ("plain_requests_per_second", "plain req/s"),
                     ("secure_requests_per_second", "secure req/s"),
                     ("secure_cost_vs_plain", "secure cost ÷ plain"),
                 ],
+            ),
+            reporting.headline(
+                "Scaling (goals: mask s/answer within 2× of K = 100's, secure it/s ≥ 0.3× none):",
+                results["scaling"],
+                [(c, c.replace("_", " ")) for c in SCALING],
             ),
             reporting.headline(
                 "Acceptance as owners join (goal: secure within 10% of K = 1):",
@@ -341,9 +400,9 @@ def headlines(results: dict[str, Any]) -> str:
     )
 
 
-COLUMNS = ["owners", "mode", "transport", "sum_noise_sd", "kept", "acceptance", "ess_per_second",
-           "rhat", "mean_error_in_sd", "sd_ratio", "epsilon_per_owner", "epsilon_own_noise_only",
-           "open_seconds"]  # fmt: skip
+COLUMNS = ["owners", "mode", "transport", "graph_degree", "sum_noise_sd", "kept", "acceptance",
+           "ess_per_second", "iterations_per_second", "rhat", "mean_error_in_sd", "sd_ratio",
+           "epsilon_per_owner", "epsilon_own_noise_only", "open_seconds"]  # fmt: skip
 
 
 def goal(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -358,6 +417,39 @@ def goal(rows: list[dict[str, Any]]) -> dict[str, Any]:
                 "acceptance": [first["acceptance"], last["acceptance"]],
                 "relative_change": last["acceptance"] / first["acceptance"] - 1,
             }
+    return out
+
+
+SCALING = ["mode", "owners", "graph_degree", "open_seconds", "mask_cost_vs_k100",
+           "iterations_per_second_vs_none"]  # fmt: skip
+
+
+def scaling(rows: list[dict[str, Any]], costs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Issue 26's ratios per secure mode at the largest K: the session's open (s), one owner's
+    masking seconds per answer against K = 100's (None without K = 100 in both), and the
+    chains' iterations/s against the same K without aggregation."""
+    out = []
+    for mode in MODES[1:]:
+        mine = [r for r in rows if r["mode"] == mode]
+        if not mine:
+            continue
+        last = max(mine, key=lambda r: r["owners"])
+        plain = [r for r in rows if r["mode"] == "none" and r["owners"] == last["owners"]]
+        half = mode.endswith("K/2")
+        cost = {c["owners"]: c["mask_seconds_per_answer"] for c in costs
+                if (c["colluders"] > 0) == half}  # fmt: skip
+        top = max(cost, default=None)
+        out.append({
+            "mode": mode,
+            "owners": last["owners"],
+            "graph_degree": last["graph_degree"],
+            "open_seconds": last["open_seconds"],
+            "mask_cost_vs_k100": cost[top] / cost[100] if 100 in cost and top else None,
+            "mask_cost_owners": [100, top],
+            "iterations_per_second_vs_none": (
+                last["iterations_per_second"] / plain[0]["iterations_per_second"] if plain else None
+            ),
+        })  # fmt: skip
     return out
 
 

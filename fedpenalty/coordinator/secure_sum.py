@@ -15,6 +15,7 @@ from ..common import PEERS_AUTHENTICATED, PEERS_OWN_NOISE, PEERS_SIMULATED, Priv
 from ..errors import AggregationFailed, OwnerError
 from ..kinds import query_kind
 from ..owner.aggregation import PeerKey, Reply, SecureOpen
+from ..owner.mask_graph import COMPLETE_UP_TO, FAILURE_BITS
 from ..owner.noise.lattice import FLOAT_EXACT_LIMIT, from_lattice
 from .oracle import Answers, SecureAggregation
 
@@ -152,8 +153,12 @@ def assumption(
         f"carries variance K·s²/(K − t), which the sampler accounts for.{_clipped(clips)} "
         f"'epsilon' rests on, "
         f"by the owners' own reports: {bases}. 'epsilon_own_noise_only' is what an owner's own "
-        f"noise alone gives (every other owner colluding or invented). An owner that drops out "
-        f"stops the run (the sum cannot be decoded); recovery by secret sharing is not "
+        f"noise alone gives (every other owner colluding or invented). Above "
+        f"{COMPLETE_UP_TO} owners each owner masks only with its neighbours in a graph derived "
+        f"from the session's keys and terms (SecAgg+), whose honest owners stay connected "
+        f"except with probability at most 2^-{FAILURE_BITS} a session; each owner's delta "
+        f"includes that (its epsilon is its accountant's at delta less it). An owner that drops "
+        f"out stops the run (the sum cannot be decoded); recovery by secret sharing is not "
         f"implemented"
     )
 

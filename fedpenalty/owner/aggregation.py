@@ -16,8 +16,11 @@ units. The masks cancel in the sum over the K owners, so the coordinator learns 
   the query kind, s, t, K and every (name, key) into a transcript hash (``transcript``). Owners
   shown different peers or terms derive different pair secrets, so their masks do not cancel
   and nothing decodes.
-* **Pair secrets.** For owners a < b (in name order): HKDF-SHA256 of X25519(sk_a, pk_b), salted
-  with the transcript, with both names as info (``pair_secrets``).
+* **Masking graph.** Owners mask only with their neighbours in the session's graph: the complete
+  graph for small K, else the SecAgg+ Harary graph over a ring order hashed from the session's
+  keys and terms, which every owner derives itself (``masking_graph``, ``mask_graph``).
+* **Pair secrets.** For neighbours a < b (in name order): HKDF-SHA256 of X25519(sk_a, pk_b),
+  salted with the transcript, with both names as info (``pair_secrets``).
 * **Masks.** Owner a adds +m_ab and owner b adds −m_ab (mod 2⁶⁴). The words of m_ab for
   (chain, iteration, component) are ChaCha20 keystream under the pair secret (``ChaChaMasks``),
   or — SIMULATION ONLY, where one user runs every owner (in one process, packed host
@@ -51,6 +54,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from ..common import Policy, SecureTerms
 from ..errors import InvalidRequest, NotPermitted
+from .mask_graph import MaskGraph, graph_failure
 from .noise.lattice import LATTICE_BITS
 from .noise.seeded import keyed_words
 
@@ -148,7 +152,8 @@ def agree(
     it received; ``InvalidRequest`` (naming what to change) unless its policy allows secure
     sessions, the coordinator asks for the owner's own s and t, the keys are well formed and
     distinct, the owner's own key is among them, and there are at least ``min_peers`` others
-    and more than t owners.
+    and more than t owners, and the session's masking graph fails with a probability below its δ
+    (``mask_graph.graph_failure``, when the other owners' noise counts).
 
     The other owners' noise counts (charged at s) only when the peers are authenticated
     (``request.authenticated``) or ``simulated`` (SIMULATION ONLY: the simulation's own
@@ -172,9 +177,10 @@ def agree(
             f"privacy.colluders = {t}",
             owner,
         )
-    _check_keys(owner, request.peers)
-    mine = [p for p in request.peers if p.owner == owner]
-    if len(mine) != 1 or mine[0].public_key != own_key:
+    view = _peers_view(request.peers)
+    if view.problem:
+        raise InvalidRequest(view.problem, owner)
+    if view.keys.get(owner) != own_key:
         raise InvalidRequest("the peer keys lack this owner's own key for the session", owner)
     others = len(request.peers) - 1
     if others < policy.min_peers:
@@ -190,19 +196,52 @@ def agree(
             owner,
         )
     terms = SecureTerms(others + 1, t, s)
+    failure = graph_failure(terms.owners, t) if trusted else 0.0
+    if failure >= policy.delta:
+        raise InvalidRequest(
+            f"the masking graph of {terms.owners} owners with {t} colluders stays connected "
+            f"only up to a probability {failure:.3g}, not below this owner's privacy.delta = "
+            f"{policy.delta:g} (docs/design.md §2.6)",
+            owner,
+        )
     return Agreed(terms, terms if trusted else terms.own_noise_only())
 
 
-def _check_keys(owner: str, peers: Sequence[PeerKey]) -> None:
-    """Names and keys must be distinct (a repeated key would inflate K) and keys 32 bytes."""
+@dataclass(frozen=True)
+class _PeersView:
+    """What every owner of a host checks of one key list, computed once: each name's key and
+    the list's ``problem`` ("" when well formed)."""
+
+    keys: dict[str, bytes]
+    problem: str
+
+
+#: One key list's view per list object (identity; the tuple of frozen keys never changes), so
+#: the K owners of one host check a list of K keys once, not K times (O(K) rather than O(K²)).
+_VIEWS: dict[int, tuple[Sequence[PeerKey], _PeersView]] = {}
+
+
+def _peers_view(peers: Sequence[PeerKey]) -> _PeersView:
+    """``_PeersView`` of ``peers``: names and keys distinct (a repeated key would inflate K),
+    keys 32 bytes."""
+    kept = _VIEWS.get(id(peers))
+    if kept is not None and kept[0] is peers:
+        return kept[1]
     names = [p.owner for p in peers]
     keys = [p.public_key for p in peers]
+    problem = ""
     if len(set(names)) != len(names) or not all(names):
-        raise InvalidRequest("the peer keys name some owner twice (or none)", owner)
-    if len(set(keys)) != len(keys):
-        raise InvalidRequest("two peers present one public key; every owner has its own", owner)
-    if any(not isinstance(k, bytes) or len(k) != PUBLIC_KEY_BYTES for k in keys):
-        raise InvalidRequest(f"a peer's public key is not {PUBLIC_KEY_BYTES} bytes", owner)
+        problem = "the peer keys name some owner twice (or none)"
+    elif len(set(keys)) != len(keys):
+        problem = "two peers present one public key; every owner has its own"
+    elif any(not isinstance(k, bytes) or len(k) != PUBLIC_KEY_BYTES for k in keys):
+        problem = f"a peer's public key is not {PUBLIC_KEY_BYTES} bytes"
+    view = _PeersView(dict(zip(names, keys)), problem)
+    if isinstance(peers, tuple):  # immutable: safe to remember by identity
+        if len(_VIEWS) >= 8:
+            _VIEWS.clear()
+        _VIEWS[id(peers)] = (peers, view)
+    return view
 
 
 def fields(*parts: bytes) -> bytes:
@@ -212,7 +251,27 @@ def fields(*parts: bytes) -> bytes:
 
 def transcript(session: str, algorithm: str, terms: SecureTerms, peers: Sequence[PeerKey]) -> bytes:
     """SHA-256 of everything the owners must agree on: the protocol, session, query kind, s, t,
-    K and every (name, key) in name order (32 bytes)."""
+    K and every (name, key) in name order (32 bytes). Memoised per key list (``_TRANSCRIPTS``)."""
+    memo = (session, algorithm, terms, id(peers))
+    kept = _TRANSCRIPTS.get(memo)
+    if kept is not None and kept[0] is peers:
+        return kept[1]
+    digest = _transcript(session, algorithm, terms, peers)
+    if isinstance(peers, tuple):  # immutable: safe to remember by identity
+        if len(_TRANSCRIPTS) >= 64:
+            _TRANSCRIPTS.clear()
+        _TRANSCRIPTS[memo] = (peers, digest)
+    return digest
+
+
+#: ``transcript`` by (session, kind, terms, key list identity): the owners of a host hash K keys
+#: once per kind, not once each.
+_TRANSCRIPTS: dict[tuple[str, str, SecureTerms, int], tuple[Sequence[PeerKey], bytes]] = {}
+
+
+def _transcript(
+    session: str, algorithm: str, terms: SecureTerms, peers: Sequence[PeerKey]
+) -> bytes:
     ordered = sorted(peers, key=lambda p: p.owner)
     parts = [
         PROTOCOL,
@@ -223,6 +282,20 @@ def transcript(session: str, algorithm: str, terms: SecureTerms, peers: Sequence
     for p in ordered:
         parts += [p.owner.encode(), p.public_key]
     return hashlib.sha256(fields(*parts)).digest()
+
+
+#: The label that stands for the query kind in the masking graph's seed: one graph a session.
+GRAPH_LABEL = "\x00masking graph"
+
+
+def masking_graph(session: str, terms: SecureTerms, peers: Sequence[PeerKey]) -> MaskGraph:
+    """The session's masking graph (``mask_graph.MaskGraph``, owners in name order): seeded by
+    the transcript of the session, s, t, K and every (name, key) under ``GRAPH_LABEL``, so every
+    owner derives it — and its own neighbours — from what it was shown, and all kinds of a
+    session share it (docs/design.md §2.6, "The masking graph")."""
+    names = sorted(p.owner for p in peers)
+    seed = transcript(session, GRAPH_LABEL, terms, peers)
+    return MaskGraph.of(seed, names, terms.colluders)
 
 
 def lattice_step(terms: SecureTerms) -> float:
@@ -240,22 +313,18 @@ def pair_secrets(
     peers: Sequence[PeerKey],
     digest: bytes,
     exchanged: dict[tuple[int, int], bytes] | None = None,
+    graph: MaskGraph | None = None,
 ) -> tuple[np.ndarray, np.ndarray, list[bytes]]:
-    """The pairs (low, high) ``(P,)`` of positions in ``peers`` (name order) with at least one
-    end hosted (``hosted``: position → its private key), and each pair's 32-byte secret
-    HKDF-SHA256(X25519, salt = ``digest``, info = both names). One exchange per pair, also
-    when both ends are hosted; ``exchanged`` (pair → X25519 output) keeps them for the other
-    kinds of a session of several kinds, whose transcripts (``digest``) differ.
-    ``InvalidRequest`` for a peer key X25519 refuses."""
+    """The pairs (low, high) ``(P,)`` of positions in ``peers`` (name order) that are edges of
+    the masking ``graph`` (None: the complete graph) with at least one end hosted (``hosted``:
+    position → its private key), and each pair's 32-byte secret HKDF-SHA256(X25519, salt =
+    ``digest``, info = both names). One exchange per pair, also when both ends are hosted;
+    ``exchanged`` (pair → X25519 output) keeps them for the other kinds of a session of several
+    kinds, whose transcripts (``digest``) differ. ``InvalidRequest`` for a peer key X25519
+    refuses."""
     exchanged = {} if exchanged is None else exchanged
-    count = len(peers)
-    low_parts, high_parts = [], []
-    for p in sorted(hosted):
-        others = np.delete(np.arange(count), p)
-        low_parts.append(np.minimum(others, p))
-        high_parts.append(np.maximum(others, p))
-    code = np.unique(np.concatenate(low_parts) * count + np.concatenate(high_parts))
-    low, high = code // count, code % count
+    graph = graph if graph is not None else MaskGraph(len(peers), len(peers) - 1, 0.0, None)
+    low, high = graph.pairs(np.array(sorted(hosted), dtype=np.int64))
     publics: dict[int, X25519PublicKey] = {}
     secrets: list[bytes] = []
     for a, b in zip(low.tolist(), high.tolist()):
@@ -422,7 +491,8 @@ class SecureSession:
         ordered = sorted(peers, key=lambda p: p.owner)
         position = {p.owner: i for i, p in enumerate(ordered)}
         keys = {position[name]: key for name, key in hosted}
-        low, high, secrets = pair_secrets(keys, ordered, self.digest, exchanged)
+        self.graph = masking_graph(session, terms, peers)
+        low, high, secrets = pair_secrets(keys, ordered, self.digest, exchanged, self.graph)
         row = np.full(len(ordered), -1, dtype=np.int64)
         row[[position[name] for name, _ in hosted]] = np.arange(len(hosted))
         self._low, self._high = row[low], row[high]  # host index of each end (−1: elsewhere)

@@ -71,6 +71,9 @@ class PlanView:
     sampled: list[SubsampledGaussian]
     reserved: list[SubsampledGaussian]
     gaussian_open: bool
+    #: the masking graphs' failure bound of its secure sessions, this one included: the
+    #: accountant is asked at δ less it (``mask_graph.accounting_delta``)
+    graph_failure: float = 0.0
 
     def committed(self, neighbour: Neighbour, lattice: bool = False) -> OwnerAccountant:
         """Everything spent and reserved, as privacy events composed by the owner's accountant:

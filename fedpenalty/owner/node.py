@@ -55,6 +55,7 @@ from .ledger import (
     SessionPart,
 )
 from .ledger_records import PART_SEPARATOR, part_name
+from .mask_graph import accounting_delta, secure_delta
 from .noise.lattice import LATTICE_BITS, lattice_gradient_multiplier
 from .noise.seeded import seed_material
 from .noise.sources import NoiseKey
@@ -321,7 +322,7 @@ class OwnerNode:
         if any(v.gaussian_open for v in views) and committed:
             return max_gdp_mu_squared(
                 self.policy.budget_epsilon,
-                self.policy.delta,
+                accounting_delta(self.policy.delta, views[0].graph_failure),
                 self.policy.neighbour,
                 committed,
                 lattice=self.renyi_accounting,
@@ -376,10 +377,11 @@ class OwnerNode:
         committed = [*view.sampled, *view.reserved]
         committed += [e for e in planned if not isinstance(e, GaussianSpend)]
         admitted = view.committed(policy.neighbour, self.renyi_accounting).compose(*planned)
-        worst = admitted.epsilon(policy.delta)
+        delta = accounting_delta(policy.delta, view.graph_failure)  # §2.6, the masking graph
+        worst = admitted.epsilon(delta)
         if worst > policy.budget_epsilon:
             now, _ = owner_epsilon(
-                view.total, view.sampled, policy.delta, policy.neighbour, self.renyi_accounting
+                view.total, view.sampled, delta, policy.neighbour, self.renyi_accounting
             )
             raise BudgetExhausted(
                 f"refusing a plan of {self._plan_words(opened)}: in the worst "
@@ -426,8 +428,8 @@ class OwnerNode:
         return privacy_reports([self], session)[0]
 
     def _report(self, record: Report, session: str | None) -> PrivacyReport:
-        """This owner's report from what its ledger recorded (``record``)."""
-        delta, neighbour = self.policy.delta, self.policy.neighbour
+        """This owner's report from ``record``, ε at δ less its graphs' failures (§2.6)."""
+        delta, neighbour = secure_delta(self.policy.delta, record.secure), self.policy.neighbour
         session_report = None
         if session is not None:
             if record.session is None:
@@ -440,7 +442,7 @@ class OwnerNode:
         return PrivacyReport(
             self.name,
             self.public_n,
-            delta,
+            self.policy.delta,
             self.policy.budget_epsilon,
             neighbour,
             total,

@@ -18,6 +18,8 @@ from ..common import SpendReport
 from ..data import read_records
 from ..errors import DataError
 from .ledger import Ledger, Session
+from .ledger_records import PART_SEPARATOR, SecureSpend
+from .mask_graph import secure_delta
 from .node import own_noise_report
 from .owner_config import OwnerConfig, clipped_line
 
@@ -31,14 +33,15 @@ def owner_report(config: OwnerConfig) -> dict[str, Any]:
     ledger = Ledger(config.ledger, read_only=True)  # no lock: works while a server runs
     try:
         lattice = ledger.answered_on_lattice(config.name)
+        secure = ledger.reports([config.name], None)[0].secure
         spend = SpendReport.of(
             ledger.total(config.name),
             ledger.sampled(config.name),
-            policy.delta,
+            secure_delta(policy.delta, secure),
             policy.neighbour,
             lattice=lattice,
         )
-        sessions = [_session_row(s, config, lattice) for s in ledger.sessions(config.name)]
+        sessions = [_session_row(s, config, lattice, secure) for s in ledger.sessions(config.name)]
         own = own_noise_report(ledger, config.name, config.model.dim, policy)
     finally:
         ledger.close()
@@ -59,12 +62,15 @@ def owner_report(config: OwnerConfig) -> dict[str, Any]:
     }
 
 
-def _session_row(session: Session, config: OwnerConfig, lattice: bool) -> dict[str, Any]:
-    """One session's own spend: ε of its answers alone, at the owner's δ."""
+def _session_row(
+    session: Session, config: OwnerConfig, lattice: bool, secure: list[SecureSpend]
+) -> dict[str, Any]:
+    """One session's own spend: ε of its answers alone, at the owner's δ less the session's
+    masking-graph failure bound (``secure``: the owner's secure sessions; docs/design.md §2.6)."""
     policy = config.policy
-    spend = SpendReport.of(
-        session.spend, session.sampled, policy.delta, policy.neighbour, lattice=lattice
-    )
+    mine = [r for r in secure if r.session.partition(PART_SEPARATOR)[0] == session.session]
+    delta = secure_delta(policy.delta, mine)
+    spend = SpendReport.of(session.spend, session.sampled, delta, policy.neighbour, lattice=lattice)
     opened = session.opened_at
     return {
         "session": session.session,

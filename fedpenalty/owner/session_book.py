@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from dataclasses import replace
 
 import numpy as np
 
@@ -26,6 +27,7 @@ from .ledger_records import (
     events_of,
 )
 from .ledger_store import LedgerStore
+from .mask_graph import sessions_failure
 from .spend_book import SpendBook
 from .spend_totals import SpendTotals
 
@@ -281,7 +283,26 @@ class SessionBook:
                 not query_kind(kind).takes_rate for _, kind, *_ in mine
             )
             views.append(PlanView(current, total, events_of(rows), reserved, gaussian_open))
-        return views
+        return self._with_graphs(views, owners, ids, session.partition(PART_SEPARATOR)[0])
+
+    def _with_graphs(
+        self, views: list[PlanView], owners: list[Opening], ids: np.ndarray, base: str
+    ) -> list[PlanView]:
+        """``views`` with each owner's masking-graph failure bound over its recorded secure
+        sessions other than ``base`` (the session being opened) and, when secure, ``base`` at
+        the terms it is opened with (docs/design.md §2.6; call inside the transaction)."""
+        recorded: dict[int, list[tuple[str, int, int]]] = defaultdict(list)
+        for kept in self.keys.secure_sessions(set(ids.tolist())).values():
+            for owner_id, name, terms in kept:
+                if name.partition(PART_SEPARATOR)[0] != base:
+                    recorded[owner_id].append((name, terms.owners, terms.colluders))
+        out = []
+        for opening, owner_id in zip(owners, ids.tolist()):
+            rows = recorded.get(owner_id, [])
+            if opening.secure is not None:
+                rows = [*rows, (base, opening.secure.terms.owners, opening.secure.terms.colluders)]
+            out.append(sessions_failure(rows))
+        return [replace(v, graph_failure=g) for v, g in zip(views, out)]
 
     def session_opener(self, owners: list[str], session: str) -> str | None:
         """The client that opened ``session`` (or, with several kinds, its parts) for some of
