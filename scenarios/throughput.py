@@ -112,7 +112,7 @@ def run(
     if transport == "numpy-floor":
         return numpy_floor(model, records, seconds)
     if transport == "inprocess":
-        ledger = Ledger(folder / "ledger.sqlite", synchronous="NORMAL")
+        ledger = Ledger.simulation(folder / "ledger.sqlite")
         oracle = InProcessOracle(
             [
                 OwnerNode(f"owner-{k}", model, r, p, ledger, np.random.default_rng(s))

@@ -115,7 +115,7 @@ def clip_hits(by_owner: list[dict[str, list[int]]]) -> dict[str, dict[str, Any]]
 
 def launch(setup: OwnerSetup) -> Launched:
     """The simulation's owners in this process, on one ledger in the run directory."""
-    ledger = Ledger(setup.folder / "ledger.sqlite", synchronous="NORMAL")
+    ledger = Ledger.simulation(setup.folder / "ledger.sqlite")
     nodes = [
         OwnerNode.simulated(name, setup.model, records, policy, ledger, seed)
         for name, records, policy, seed in zip(
