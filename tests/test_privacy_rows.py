@@ -61,8 +61,9 @@ def test_a_run_past_the_threshold_writes_the_columns_the_console_names(
     tmp_path, monkeypatch, capsys
 ):
     """A simulated run of 25 owners with the threshold at 21: privacy.json has the summary of
-    the run's own reports, privacy_owners.npz every owner's, and the console's summary names
-    the file and says no owner is over its budget."""
+    the run's own reports, privacy_owners.npz every owner's, diagnostics.json's simulation
+    counters are totals over the owners, and the console's summary names the file and says no
+    owner is over its budget."""
     monkeypatch.setattr(privacy_rows, "MAX_JSON_OWNERS", 21)
     monkeypatch.setattr(cli_print, "MAX_JSON_OWNERS", 21)
     result = simulate(
@@ -80,6 +81,9 @@ def test_a_run_past_the_threshold_writes_the_columns_the_console_names(
         assert columns["answers"].tolist() == [o["answers"] for o in owners]
     assert on_disk["owners_summary"]["epsilon_max"] == max(o["epsilon"] for o in owners)
     assert len(on_disk["owners"]) == WORST_OWNERS
+    simulation_only = result.diagnostics["simulation_only"]  # totals, not per-owner lists
+    assert simulation_only["per_owner"] is False and simulation_only["owners"] == 25
+    assert simulation_only["answered_from_sufficient_statistics"] == 25
     said = cli_print.privacy_overview(result.privacy)
     assert f"(every owner's row is in {OWNERS_FILE})" in said and "over their budget" not in said
     capsys.readouterr()
