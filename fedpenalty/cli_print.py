@@ -10,6 +10,7 @@ import statistics
 from typing import Any
 
 from .coordinator.cost import cost_line
+from .privacy_rows import MAX_JSON_OWNERS, OWNERS_FILE, over_budget
 
 
 def fmt(x: float | None, digits: int = 4) -> str:
@@ -175,7 +176,11 @@ def privacy_overview(privacy: dict[str, Any]) -> str:
         left = [o["budget_left"] for o in owners if o.get("budget_left") is not None]
         spare = f", least left {fmt(min(left))}" if left else ""
         lines.append(f"budgets: min {fmt(min(budgets))}, max {fmt(max(budgets))}{spare}")
-    return "\n".join([*lines, "(every owner's row is in privacy.json)"])
+    over = over_budget(owners)
+    if over:
+        lines.append(f"{len(over)} owners over their budget: {', '.join(over[:5])}")
+    where = OWNERS_FILE if len(owners) > MAX_JSON_OWNERS else "privacy.json"
+    return "\n".join([*lines, f"(every owner's row is in {where})"])
 
 
 def kinds_lines(privacy: dict[str, Any]) -> list[str]:

@@ -249,10 +249,25 @@ def _attribute(value: Any) -> str | int | float:
 
 
 def write_posterior(path: Path, tree: xr.DataTree) -> None:
-    """Write ``tree`` to ``path`` (NetCDF4 through h5netcdf), replacing it atomically."""
+    """Write ``tree`` to ``path`` (NetCDF4 through h5netcdf), replacing it atomically; numbers
+    and text zlib-compressed (per-owner groups of many owners repeat one value and names:
+    10⁵ owners' 32 MB, docs/design.md §5), read back unchanged."""
     tmp = path.with_name(path.name + ".tmp")
-    tree.to_netcdf(tmp, engine="h5netcdf")
+    encoding = {
+        node.path: {
+            name: {"zlib": True, "complevel": 4, **_chars(variable.dtype)}
+            for name, variable in node.dataset.variables.items()
+            if variable.dtype.kind in "biufU" and variable.ndim > 0
+        }
+        for node in tree.subtree
+    }
+    tree.to_netcdf(tmp, engine="h5netcdf", encoding=encoding)
     tmp.replace(path)
+
+
+def _chars(dtype: np.dtype) -> dict[str, str]:
+    """Text as fixed-width characters (compressible; read back as text): owner names."""
+    return {"dtype": "S1"} if dtype.kind == "U" else {}
 
 
 def read_spend(path: Path) -> SpendTrace | None:

@@ -33,6 +33,7 @@ from .errors import ConfigError, Interrupted, OutputFailed, OwnerError
 from .inference_data import POSTERIOR_FILE, SpendTrace, posterior_tree, write_posterior
 from .kinds import GaussianKind, query_kind
 from .models import BoundHierarchy, Model, Reference
+from .privacy_rows import privacy_json
 
 CHECKPOINT, RUN_INFO = "checkpoint.npz", "run.json"
 NEIGHBOUR_MEANING = {
@@ -238,7 +239,7 @@ def _write_outputs(
     arrays = {"theta": theta} if accepted is None else {"theta": theta, "accepted": accepted}
     np.savez_compressed(out / "samples.npz", **arrays)  # type: ignore[arg-type]  # numpy's stub
     if privacy:
-        (out / "privacy.json").write_text(json.dumps(privacy, indent=2))
+        (out / "privacy.json").write_text(json.dumps(privacy_json(privacy, out), indent=2))
     attrs = {"algorithm": outputs.algorithm, "model": outputs.model.name, "run": str(out)}
     adaptation = extra.get("step_adaptation", {})
     attrs.update({f"step_adaptation_{k}": v for k, v in adaptation.items() if v is not None})

@@ -17,7 +17,10 @@ resident memory plus the peaks of the owners' processes: gRPC host processes or 
 own processes — raylet, GCS, agents — are printed separately on stderr, not counted),
 ``acceptance_rate``, ``epsilon_min``/``epsilon_median``/``epsilon_max`` (each owner's ε at
 δ = 1e-5 for this run, from its own ledger) and ``error_in_sd`` (|posterior mean − exact| /
-exact sd, the largest over dimensions).
+exact sd, the largest over dimensions). With ``--footprint`` rows add ``run_directory_mb``
+(the owners' files the run left: their ledgers, in MB of 10⁶ bytes) and
+``ratio_to_numpy_floor`` (iterations/s over ``throughput.py``'s numpy floor for K owners,
+measured in the same process after the run).
 
 Every row opens the session ``scaling``: the simulated owners' noise is addressed by session,
 so the rows of one model and K are the same chain on every transport (same acceptance, ε and
@@ -153,6 +156,7 @@ def measure(model_name: str, owners: int, transport: str, args: argparse.Namespa
             oracle.close()
         finally:
             launched.stop()
+        files = sum(f.stat().st_size for f in Path(folder).rglob("*") if f.is_file())
     print(
         f"{model_name:>13} K={owners:<6} {transport:<9} peak RSS: coordinator "
         f"{driver / 2**20:.0f} MiB + owner processes {hosts / 2**20:.0f} MiB"
@@ -160,6 +164,7 @@ def measure(model_name: str, owners: int, transport: str, args: argparse.Namespa
         file=sys.stderr,
         flush=True,
     )
+    extra = footprint(model, owners, args.n_per_owner, row["rate"], files) if args.footprint else {}
     return {
         "model": model_name,
         "owners": owners,
@@ -172,7 +177,20 @@ def measure(model_name: str, owners: int, transport: str, args: argparse.Namespa
         "epsilon_median": float(np.median(epsilons)),
         "epsilon_max": float(np.max(epsilons)),
         "error_in_sd": row["error"],
+        **extra,
     }
+
+
+def footprint(model: Model, owners: int, n: int, rate: float, files: int) -> dict[str, float]:
+    """The ``--footprint`` columns: the run's ``files`` (bytes) in MB and ``rate`` over the
+    numpy floor of ``throughput.py`` for ``owners`` owners of ``n`` records (3 timed seconds)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # throughput.py
+    from throughput import floor_rate
+
+    width = model.suff_stat(model.prepare_records(model.simulate_records(
+        np.random.default_rng(0), np.zeros(model.dim), 2))).shape[1]  # fmt: skip
+    floor = floor_rate(model, np.zeros((owners, width)), np.full(owners, float(n)), 3.0)
+    return {"run_directory_mb": files / 1e6, "ratio_to_numpy_floor": rate / floor}
 
 
 def _sample(model: Model, oracle, reference, n_total: int, sampler: dict, seed) -> dict:
@@ -248,6 +266,7 @@ def _child(row: tuple[str, int, str], args: argparse.Namespace) -> dict:
         f"--iterations={args.iterations}",
         f"--warmup={args.warmup}",
         f"--seed={args.seed}",
+        *(["--footprint"] if args.footprint else []),
     ]
     done = subprocess.run(
         [sys.executable, __file__, "--row", ",".join(map(str, row)), *flags],
@@ -258,6 +277,36 @@ def _child(row: tuple[str, int, str], args: argparse.Namespace) -> dict:
     if done.returncode != 0:
         raise SystemExit(f"scaling: the row {row} failed (exit {done.returncode})")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def rows_table(rows: list[dict]) -> str:
+    """The rows as the printed table (with the ``--footprint`` columns when the rows have
+    them)."""
+    extra = bool(rows) and "run_directory_mb" in rows[0]
+    headers = ["model", "K", "transport", "it/s", "start s", "peak RSS MiB", "accept"]
+    headers += ["ε median", "err/sd", *(["run dir MB", "× numpy floor"] if extra else [])]
+    return table(
+        headers,
+        [
+            [
+                r["model"],
+                str(r["owners"]),
+                r["transport"],
+                f"{r['iterations_per_second']:.1f}",
+                f"{r['startup_seconds']:.1f}",
+                f"{r['peak_rss_bytes'] / 2**20:.0f}",
+                f"{r['acceptance_rate']:.3f}",
+                f"{r['epsilon_median']:.3g}",
+                f"{r['error_in_sd']:.2f}",
+                *(_footprint_cells(r) if extra else []),
+            ]
+            for r in rows
+        ],
+    )
+
+
+def _footprint_cells(row: dict) -> list[str]:
+    return [f"{row['run_directory_mb']:.1f}", f"{row['ratio_to_numpy_floor']:.3f}"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -274,6 +323,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="write the rows as JSON")
     parser.add_argument("--plot", type=Path, help="write iterations/s and acceptance vs K")
+    parser.add_argument(
+        "--footprint",
+        action="store_true",
+        help="add run_directory_mb and ratio_to_numpy_floor to each row",
+    )
     parser.add_argument("--row", help=argparse.SUPPRESS)  # MODEL,K,TRANSPORT: one row, here
     args = parser.parse_args(argv)
     if args.row:
@@ -290,35 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         for k in args.owners.split(",")
         for transport in args.transports.split(",")
     ]
-    print(
-        table(
-            [
-                "model",
-                "K",
-                "transport",
-                "it/s",
-                "start s",
-                "peak RSS MiB",
-                "accept",
-                "ε median",
-                "err/sd",
-            ],
-            [
-                [
-                    r["model"],
-                    str(r["owners"]),
-                    r["transport"],
-                    f"{r['iterations_per_second']:.1f}",
-                    f"{r['startup_seconds']:.1f}",
-                    f"{r['peak_rss_bytes'] / 2**20:.0f}",
-                    f"{r['acceptance_rate']:.3f}",
-                    f"{r['epsilon_median']:.3g}",
-                    f"{r['error_in_sd']:.2f}",
-                ]
-                for r in rows
-            ],
-        )
-    )
+    print(rows_table(rows))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     if args.plot:

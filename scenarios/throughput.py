@@ -71,7 +71,13 @@ def numpy_floor(model, records: list[np.ndarray], seconds: float) -> float:
         )
     stat = np.stack([model.suff_stat(model.prepare_records(r)).sum(axis=0) for r in records])
     n = np.array([len(r) for r in records], dtype=float)
-    sigma = np.ones(len(records))
+    return floor_rate(model, stat, n, seconds)
+
+
+def floor_rate(model: ExpFamModel, stat: np.ndarray, n: np.ndarray, seconds: float) -> float:
+    """Iterations/s of the numpy floor for K owners' summed statistics ``stat`` ``(K, s)`` and
+    record counts ``n`` ``(K,)`` (its cost depends on K and the shapes, not on the values)."""
+    sigma = np.ones(len(n))
     rng = np.random.default_rng(0)
     theta = np.zeros((CHAINS, model.dim))
 
@@ -112,7 +118,7 @@ def run(
     if transport == "numpy-floor":
         return numpy_floor(model, records, seconds)
     if transport == "inprocess":
-        ledger = Ledger(folder / "ledger.sqlite", synchronous="NORMAL")
+        ledger = Ledger.simulation(folder / "ledger.sqlite")
         oracle = InProcessOracle(
             [
                 OwnerNode(f"owner-{k}", model, r, p, ledger, np.random.default_rng(s))

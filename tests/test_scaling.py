@@ -76,3 +76,16 @@ def test_the_legend_covers_no_data():
     box = legends[0].get_window_extent(renderer)
     for ax in fig.axes:
         assert not box.overlaps(ax.get_tightbbox(renderer)), "the legend overlaps a panel"
+
+
+def test_footprint_adds_the_run_directory_and_the_ratio_to_the_numpy_floor(tmp_path):
+    """``--footprint``: each row also has the owners' files in MB (their ledger: a few pages,
+    non-zero) and its rate over the numpy floor (a positive ratio, below 1: the floor does no
+    validation, ledger or transport)."""
+    out = tmp_path / "rows.json"
+    flags = ["--owners=4", "--transports=inprocess", "--models=gaussian_mean", "--footprint"]
+    tiny = ["--n-per-owner=200", "--sigma=0.25", "--iterations=40", "--warmup=10"]
+    assert scaling.main([*flags, *tiny, "--json", str(out)]) == 0
+    [row] = json.loads(out.read_text())
+    assert set(row) == KEYS | {"run_directory_mb", "ratio_to_numpy_floor"}
+    assert 0 < row["run_directory_mb"] < 5 and 0 < row["ratio_to_numpy_floor"] < 1

@@ -139,7 +139,7 @@ class Failure:
 
 def _build(spec: HostSpec) -> OwnerHost:
     """The actor's host: its ledger opened, its owners' records made or read."""
-    ledger = Ledger(spec.ledger, synchronous=spec.synchronous)
+    ledger = Ledger.simulation(spec.ledger, spec.synchronous)
     try:
         model = build_model(spec.model)
         return OwnerHost([o.node(model, ledger) for o in spec.owners])

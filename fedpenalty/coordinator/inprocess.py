@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import privacy_rows
 from ..common import OwnerDescription, PrivacyReport
 from ..kinds import KindTerms, query_kind
 from ..models import Model
@@ -85,17 +86,55 @@ class InProcessOracle(Oracle):
         nodes = self.host.nodes
         if any(node.diagnostics is None for node in nodes):
             return None
+        counters = [node.simulation_diagnostics() for node in nodes]
+        return simulation_only(
+            [not node.per_record for node in nodes],
+            [c.clip_binds for c in counters],
+            [c.log_ratio_terms for c in counters],
+            [c.by_kind for c in counters],
+        )
+
+
+#: diagnostics.json's ``simulation_only`` note.
+SIMULATION_NOTE = (
+    "data-dependent counters kept by simulated owners only; deployed owners never release them. "
+    "Owners answering from sufficient statistics evaluate no per-record terms: for records "
+    "inside the data domain the per-record clip cannot bind there"
+)
+
+
+def simulation_only(
+    sufficient: list[bool],
+    binds: list[int],
+    terms: list[int],
+    by_kind: list[dict[str, list[int]]],
+) -> dict[str, Any]:
+    """diagnostics.json's ``simulation_only`` block from each owner's counters: whether it
+    answered from sufficient statistics, its clip binds and log-ratio terms, and its clip hits
+    and evaluations per kind (``clip_hits``). Past ``privacy_rows.MAX_JSON_OWNERS`` owners,
+    totals over the owners instead of per-owner lists (``per_owner`` false), so the file does
+    not grow with them (docs/design.md §5)."""
+    hits = clip_hits(by_kind)
+    if len(sufficient) <= privacy_rows.MAX_JSON_OWNERS:
         return {
-            "note": "data-dependent counters kept by simulated owners only; deployed owners never "
-            "release them. "
-            "Owners answering from sufficient statistics evaluate no per-record terms: for records "
-            "inside "
-            "the data domain the per-record clip cannot bind there",
-            "answered_from_sufficient_statistics": [not node.per_record for node in nodes],
-            "clip_binds": [node.simulation_diagnostics().clip_binds for node in nodes],
-            "log_ratio_terms": [node.simulation_diagnostics().log_ratio_terms for node in nodes],
-            "clip_hits": clip_hits([node.simulation_diagnostics().by_kind for node in nodes]),
+            "note": SIMULATION_NOTE,
+            "answered_from_sufficient_statistics": sufficient,
+            "clip_binds": binds,
+            "log_ratio_terms": terms,
+            "clip_hits": hits,
         }
+    return {
+        "note": SIMULATION_NOTE,
+        "per_owner": False,
+        "owners": len(sufficient),
+        "answered_from_sufficient_statistics": sum(sufficient),
+        "clip_binds": sum(binds),
+        "log_ratio_terms": sum(terms),
+        "clip_hits": {
+            kind: {**counts, "hits": sum(counts["hits"]), "evaluations": sum(counts["evaluations"])}
+            for kind, counts in hits.items()
+        },
+    }
 
 
 def clip_hits(by_owner: list[dict[str, list[int]]]) -> dict[str, dict[str, Any]]:
@@ -115,7 +154,7 @@ def clip_hits(by_owner: list[dict[str, list[int]]]) -> dict[str, dict[str, Any]]
 
 def launch(setup: OwnerSetup) -> Launched:
     """The simulation's owners in this process, on one ledger in the run directory."""
-    ledger = Ledger(setup.folder / "ledger.sqlite", synchronous="NORMAL")
+    ledger = Ledger.simulation(setup.folder / "ledger.sqlite")
     nodes = [
         OwnerNode.simulated(name, setup.model, records, policy, ledger, seed)
         for name, records, policy, seed in zip(

@@ -31,17 +31,10 @@ from ..models import Model
 from ..models.compat import ModelIdentity
 from ..owner.aggregation import PeerKey
 from ..owner.session_request import SessionRequest
-from .inprocess import clip_hits
+from .inprocess import simulation_only
 from .oracle import Answers, Oracle, SecureAggregation, Unreported
 from .secure_sum import combine, secure_open
 from .transport_base import Launched, OwnerSetup, Transport
-
-#: The ``note`` of ``simulation_diagnostics`` (the same counters as in-process owners keep).
-SIMULATION_NOTE = (
-    "data-dependent counters kept by simulated owners only; deployed owners never release them. "
-    "Owners answering from sufficient statistics evaluate no per-record terms: for records "
-    "inside the data domain the per-record clip cannot bind there"
-)
 
 
 class RayOracle(Oracle):
@@ -143,13 +136,7 @@ class RayOracle(Oracle):
         if any(block is None for block in blocks):
             return None
         counters = [c for block in blocks for c in block]
-        return {
-            "note": SIMULATION_NOTE,
-            "answered_from_sufficient_statistics": [c[0] for c in counters],
-            "clip_binds": [c[1] for c in counters],
-            "log_ratio_terms": [c[2] for c in counters],
-            "clip_hits": clip_hits([c[3] for c in counters]),
-        }
+        return simulation_only(*(list(column) for column in zip(*counters)))
 
     def host_sizes(self) -> list[int]:
         return [len(names) for names in self.hosts.names]

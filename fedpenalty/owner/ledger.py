@@ -110,6 +110,17 @@ class Ledger:
         self.book = SpendBook(self.store, self.totals)
         self.sessions_book = SessionBook(self.store, self.totals, self.keys, self.book)
 
+    @classmethod
+    def simulation(cls, path: str | Path, synchronous: str = "NORMAL") -> Ledger:
+        """SIMULATION ONLY: the ledger of simulated owners (``OwnerNode.simulated``, whose float
+        noise is a pure function of their seed and the answer's address). It keeps every
+        charge, key and digest in one transaction per charge, but not the float answers
+        themselves, which a replay recomputes (docs/design.md §4, "The ledger's parts").
+        Deployed owners' ledgers store them."""
+        ledger = cls(path, synchronous)
+        ledger.store.simulated = True
+        return ledger
+
     # --- the store ----------------------------------------------------------------------------
     @property
     def path(self) -> str:

@@ -89,6 +89,8 @@ class LedgerStore:
             raise ValueError("synchronous must be 'FULL' or 'NORMAL'")
         self.path = str(path)
         self.read_only = read_only
+        #: float answers are recomputed on replay, not stored (``Ledger.simulation``)
+        self.simulated = False
         #: False after a storage failure, True again after the next successful write
         self.writable = True
         self.lock = threading.Lock()

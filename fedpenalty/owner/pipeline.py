@@ -145,7 +145,10 @@ class AnswerPipeline:
         """The reply ``(K, M, w')`` of ``Mechanism.dtype`` (float64; masked uint64 words in a
         secure session) to the request's keys.
 
-        A key an owner answered before gets its stored answer (nothing drawn, nothing charged).
+        A key an owner answered before gets its stored answer (nothing drawn, nothing charged);
+        a simulated ledger's answered key, stored without its answer, gets it recomputed from
+        the seeded noise, which is a pure function of the owner's seed and the key's address
+        (the same answer; nothing charged).
         For the others, every ledger's charging transaction first decides every refusal that
         does not need the answers — budget, plan, caps, replay — and only then does
         ``fresh.one(k, new)`` compute owner k's noisy answers (``fresh.every()``: every owner
@@ -156,6 +159,8 @@ class AnswerPipeline:
         keys = request.keys
         width, dtype = request.mechanism.width(request.width), request.mechanism.dtype
         new = np.ones((len(self.nodes), len(keys.chains)), dtype=bool)
+        # answered keys whose answers a simulated ledger recomputes instead of storing
+        redo = np.zeros_like(new)
         first, last = span(keys.iterations)
         out: np.ndarray | None = None
         for part in self.parts:
@@ -165,7 +170,7 @@ class AnswerPipeline:
             if stored:
                 if out is None:
                     out = np.empty((len(self.nodes), len(keys.chains), width), dtype=dtype)
-                self._replay(stored, part, request, out, new)
+                self._replay(stored, part, request, out, new, redo)
         charges = [
             (part, self._charge(part, request, new)) for part in self.parts if new[part.rows].any()
         ]
@@ -175,12 +180,13 @@ class AnswerPipeline:
                 for part, charge in charges
             ]
             # every refusal that does not need the answers has been decided: draw them now
-            if out is None:
+            drawn = new | redo
+            if out is None or drawn.all():
                 out = fresh.every()
             else:
                 for k in range(len(self.nodes)):
-                    if new[k].any():
-                        out[k, new[k]] = fresh.one(k, new[k])
+                    if drawn[k].any():
+                        out[k, drawn[k]] = fresh.one(k, drawn[k])
             for part, store in stores:
                 store(out[part.rows])
         return out
@@ -214,10 +220,17 @@ class AnswerPipeline:
         )
 
     def _replay(
-        self, stored: dict, part: LedgerPart, request: Request, out: np.ndarray, new: np.ndarray
+        self,
+        stored: dict,
+        part: LedgerPart,
+        request: Request,
+        out: np.ndarray,
+        new: np.ndarray,
+        redo: np.ndarray,
     ) -> None:
-        """Put the stored answers of ``part``'s owners into ``out`` (and clear ``new``); a key
-        answered for a different query is a ``ReplayConflict``."""
+        """Put the stored answers of ``part``'s owners into ``out`` (and clear ``new``); an
+        answer stored as nothing (a simulated ledger's) is marked in ``redo`` instead, to be
+        recomputed; a key answered for a different query is a ``ReplayConflict``."""
         keys, digests = request.keys, request.digests
         for k, owner_id in zip(part.idx.tolist(), part.owner_ids.tolist()):
             for j, key in enumerate(zip(keys.chains.tolist(), keys.iterations.tolist())):
@@ -233,7 +246,10 @@ class AnswerPipeline:
                         "an owner never gives two independent noisy answers to one query",
                         self.names[k],
                     )
-                out[k, j] = np.frombuffer(row[1], dtype=out.dtype.newbyteorder("<"))
+                if row[1]:
+                    out[k, j] = np.frombuffer(row[1], dtype=out.dtype.newbyteorder("<"))
+                else:
+                    redo[k, j] = True
                 new[k, j] = False
 
 

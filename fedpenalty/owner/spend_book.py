@@ -256,7 +256,8 @@ class SpendBook:
     ) -> None:
         """One answer block per (group id, owners, keys) of ``groups`` with their ``answers``
         ``(K, M, w)``, and its keys' step sums on its spend line (``lines``, in the same
-        order)."""
+        order). A simulated ledger stores float answers as nothing (their keys and digests
+        only)."""
         rows = []
         for (gid, members, keys), (line, sums) in zip(groups, lines):
             digests = (
@@ -264,7 +265,10 @@ class SpendBook:
                 if isinstance(keys, slice)
                 else [c.digests[j] for j in keys.tolist()]
             )
-            payloads = answers[members][:, keys]
+            if self.store.simulated and answers.dtype == np.float64:
+                payloads = answers[:0, :0]  # simulated: recomputed on replay, not stored
+            else:
+                payloads = answers[members][:, keys]
             first, last, *blobs = block_fields(
                 c.chains[keys], c.iterations[keys], digests, payloads
             )
