@@ -9,7 +9,8 @@ import json
 
 import numpy as np
 
-from fedpenalty import cli_print, privacy_rows
+from fedpenalty import cli_print, privacy_rows, run_cost
+from fedpenalty.coordinator.cost import cost_line
 from fedpenalty.privacy_rows import MAX_JSON_OWNERS, OWNERS_FILE, WORST_OWNERS, privacy_json
 from fedpenalty.simulation import simulate
 
@@ -66,6 +67,7 @@ def test_a_run_past_the_threshold_writes_the_columns_the_console_names(
     owner is over its budget."""
     monkeypatch.setattr(privacy_rows, "MAX_JSON_OWNERS", 21)
     monkeypatch.setattr(cli_print, "MAX_JSON_OWNERS", 21)
+    monkeypatch.setattr(run_cost, "MAX_JSON_OWNERS", 21)
     result = simulate(
         None,
         ["data.owners=25", "data.n_per_owner=200", "sampler.iterations=30", "sampler.warmup=10",
@@ -86,4 +88,11 @@ def test_a_run_past_the_threshold_writes_the_columns_the_console_names(
     assert simulation_only["answered_from_sufficient_statistics"] == 25
     said = cli_print.privacy_overview(result.privacy)
     assert f"(every owner's row is in {OWNERS_FILE})" in said and "over their budget" not in said
+    cost = json.loads((result.out / "cost.json").read_text())  # cost rows likewise
+    assert cost["owners"] == [] and cost["owners_summary"]["owners"] == 25
+    with np.load(result.out / run_cost.COST_OWNERS_FILE) as columns:
+        sent = [row["bytes_sent"] for row in result.cost["owners"]]
+        assert columns["bytes_sent"].tolist() == sent
+    assert cost["owners_summary"]["bytes_sent"]["max"] == max(sent)
+    assert cost_line(cost) == cost_line(result.cost)  # the console's figures per owner
     capsys.readouterr()

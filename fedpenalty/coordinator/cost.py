@@ -373,8 +373,8 @@ def cost_report(
 
 def cost_line(cost: Mapping[str, Any]) -> str:
     """The console's one line about ``cost`` (``cost_report``)."""
-    rows, per = cost["owners"], cost["per_1000_ess"]
-    owners = max(len(rows), 1)
+    per = cost["per_1000_ess"]
+    owners = max(len(cost["owners"]), cost.get("owners_summary", {}).get("owners", 0), 1)
     trips = cost["totals"]["round_trips"] / owners
     megabytes = (cost["totals"]["bytes_received"] + cost["totals"]["bytes_sent"]) / 1e6 / owners
     line = f"\nProtocol cost per owner: {trips:,.0f} round trips, {megabytes:.3g} MB"
