@@ -94,7 +94,7 @@ def sample_owners(
     ``settling``. A checkpoint that cannot be written stops the run (``_checkpointer``)."""
     sampler, run, oracle = scenario["sampler"], scenario["run"], owners.oracle
     stopped: OwnerError | Interrupted | None = None
-    save = _checkpointer(out, info, int(sampler["warmup"]) + int(sampler["iterations"]))
+    save = _checkpointer(out, info, int(sampler["warmup"]) + int(sampler["iterations"]), oracle)
     try:
         _open_recorded(scenario, algorithm, model, owners, out, info)
         rng, start = chain_start(scenario, model)
@@ -193,12 +193,16 @@ def _unstarted(cause: OwnerError | Interrupted) -> Exception:
     return ConfigError(policy_refusal(cause)) if isinstance(cause, InvalidRequest) else cause
 
 
-def _checkpointer(out: Path, info: dict[str, Any], total: int) -> Callable[[Progress], None]:
-    """``checkpoint.save`` into ``out``; a write that fails stops the run with ``OutputFailed``
+def _checkpointer(
+    out: Path, info: dict[str, Any], total: int, oracle: Oracle
+) -> Callable[[Progress], None]:
+    """``checkpoint.save`` into ``out``, once the owners' charges so far are durable
+    (``Oracle.persist``); a write that fails stops the run with ``OutputFailed``
     (kept): the owners' ledgers hold what they answered, and ``--resume`` re-asks it from the
     last checkpoint that was written (or the start), replayed uncharged."""
 
     def save(progress: Progress) -> None:
+        oracle.persist()
         try:
             checkpoint.save(out / CHECKPOINT, progress)
         except OSError as exc:

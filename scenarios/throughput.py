@@ -118,7 +118,7 @@ def run(
     if transport == "numpy-floor":
         return numpy_floor(model, records, seconds)
     if transport == "inprocess":
-        ledger = Ledger.simulation(folder / "ledger.sqlite")
+        ledger = Ledger.simulation(folder / "ledger.sqlite", batched=True)
         oracle = InProcessOracle(
             [
                 OwnerNode(f"owner-{k}", model, r, p, ledger, np.random.default_rng(s))

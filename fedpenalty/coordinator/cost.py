@@ -292,6 +292,9 @@ class MeteredOracle(Oracle):
     def simulation_diagnostics(self) -> dict[str, Any] | None:
         return self.inner.simulation_diagnostics()
 
+    def persist(self) -> None:
+        self.inner.persist()
+
     def measured_bytes(self) -> list[tuple[int, int]] | None:
         return self.inner.measured_bytes()
 

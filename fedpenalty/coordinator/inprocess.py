@@ -81,6 +81,12 @@ class InProcessOracle(Oracle):
 
     def disconnect(self) -> None:
         """Nothing to release: the owners live in this process (the session stays open)."""
+        self.persist()
+
+    def persist(self) -> None:
+        """Commit the charges the owners' batched ledgers hold (``Ledger.flush``)."""
+        for ledger in {id(node.ledger): node.ledger for node in self.host.nodes}.values():
+            ledger.flush()
 
     def simulation_diagnostics(self) -> dict[str, Any] | None:
         nodes = self.host.nodes
@@ -154,7 +160,7 @@ def clip_hits(by_owner: list[dict[str, list[int]]]) -> dict[str, dict[str, Any]]
 
 def launch(setup: OwnerSetup) -> Launched:
     """The simulation's owners in this process, on one ledger in the run directory."""
-    ledger = Ledger.simulation(setup.folder / "ledger.sqlite")
+    ledger = Ledger.simulation(setup.folder / "ledger.sqlite", batched=True)
     nodes = [
         OwnerNode.simulated(name, setup.model, records, policy, ledger, seed)
         for name, records, policy, seed in zip(

@@ -144,6 +144,12 @@ class Oracle(Protocol):
         """Data-dependent counters of simulated owners (clip binds), or None where owners never
         release them (every deployed owner)."""
 
+    def persist(self) -> None:
+        """Make every charge so far durable before the run records a checkpoint (owners whose
+        ledgers commit charges in groups, ``Ledger.simulation(batched=True)``); every other
+        ledger has committed each charge before its answers were released."""
+        return None
+
     # --- protocol cost (``cost.py``, docs/design.md §5) -------------------------------------
     def host_sizes(self) -> list[int]:
         """Owners per host, in ``describe`` order (one host: every owner)."""

@@ -111,15 +111,24 @@ class Ledger:
         self.sessions_book = SessionBook(self.store, self.totals, self.keys, self.book)
 
     @classmethod
-    def simulation(cls, path: str | Path, synchronous: str = "NORMAL") -> Ledger:
+    def simulation(
+        cls, path: str | Path, synchronous: str = "NORMAL", batched: bool = False
+    ) -> Ledger:
         """SIMULATION ONLY: the ledger of simulated owners (``OwnerNode.simulated``, whose float
         noise is a pure function of their seed and the answer's address). It keeps every
         charge, key and digest in one transaction per charge, but not the float answers
         themselves, which a replay recomputes (docs/design.md §4, "The ledger's parts").
-        Deployed owners' ledgers store them."""
+        Deployed owners' ledgers store them. ``batched``: Gaussian charges are committed in
+        groups, at ``flush`` at the latest (``LedgerStore``), for a transport that flushes
+        before every checkpoint (``Oracle.persist``)."""
         ledger = cls(path, synchronous)
         ledger.store.simulated = True
+        ledger.store.batched = batched
         return ledger
+
+    def flush(self) -> None:
+        """Commit the charges a batched ledger holds in memory (none otherwise)."""
+        self.store.flush()
 
     # --- the store ----------------------------------------------------------------------------
     @property

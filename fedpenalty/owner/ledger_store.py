@@ -10,6 +10,12 @@ SQLite holds on it in this process. A read-only store takes no lock. A storage f
 full, read-only file, I/O error) rolls the transaction back and raises ``StorageUnavailable``;
 every in-memory cache (the store's and those of the parts that registered with ``on_forget``)
 is then dropped and reloaded from the file on demand.
+
+A *batched* store (simulated owners only, ``Ledger.simulation(batched=True)``) commits its
+Gaussian charges' answer blocks in groups instead of one transaction each: they are kept in
+memory and written in one transaction at ``flush`` — which the transport calls before the run
+records a checkpoint (``Oracle.persist``) — before any other read or write of the file, on
+close, and every ``FLUSH_ROWS`` blocks (docs/design.md §4, "The ledger's parts").
 """
 
 from __future__ import annotations
@@ -69,6 +75,15 @@ CREATE TABLE IF NOT EXISTS secure_sessions (
 CREATE TABLE IF NOT EXISTS agreement (owner_id INTEGER PRIMARY KEY, secret BLOB NOT NULL);
 """
 
+#: a batched store writes its pending answer blocks once it holds this many
+FLUSH_ROWS = 512
+
+_INSERT_BLOCKS = (
+    "INSERT INTO answer_blocks(session_id, first_iteration, last_iteration, group_id, "
+    "line_id, answers, steps, steps_squared, max_step, keys, digests, payload, substep) "
+    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
+)
+
 #: Columns added after a table first shipped: (table, column, declaration) — added on open.
 _ADDED_COLUMNS = (
     ("sessions", "client", "TEXT"),
@@ -91,6 +106,9 @@ class LedgerStore:
         self.read_only = read_only
         #: float answers are recomputed on replay, not stored (``Ledger.simulation``)
         self.simulated = False
+        #: answer blocks are committed in groups (``buffering``; simulated owners only)
+        self.batched = False
+        self._pending: list[tuple] = []  # a batched store's blocks not yet in the file
         #: False after a storage failure, True again after the next successful write
         self.writable = True
         self.lock = threading.Lock()
@@ -168,6 +186,7 @@ class LedgerStore:
 
     def close(self) -> None:
         with self.lock:
+            self._flush()
             self.db.close()
             self._release_file_lock()
 
@@ -181,8 +200,10 @@ class LedgerStore:
     def writing(self) -> Iterator[None]:
         """One write transaction under the lock (``BEGIN IMMEDIATE … COMMIT``). Any exception
         rolls it back; a storage failure becomes ``StorageUnavailable`` and clears
-        ``writable`` until a later write commits."""
+        ``writable`` until a later write commits. A batched store's pending blocks are
+        committed first, in a transaction of their own."""
         with self.lock:
+            self._flush()
             try:
                 self.db.execute("BEGIN IMMEDIATE")
                 try:
@@ -210,10 +231,64 @@ class LedgerStore:
             return False
         return True
 
+    def store_blocks(self, rows: list[tuple]) -> None:
+        """Write answer-block ``rows`` (``_INSERT_BLOCKS``'s columns) in the transaction under
+        way; a batched store keeps them for its next ``flush`` instead (call under the lock)."""
+        if self.batched:
+            self._pending.extend(rows)
+        else:
+            self.db.executemany(_INSERT_BLOCKS, rows)
+
     @contextmanager
-    def reading(self) -> Iterator[None]:
-        """Reads under the lock; a storage failure becomes ``StorageUnavailable``."""
+    def buffering(self) -> Iterator[None]:
+        """A batched store's charge, under the lock with no transaction of its own: its blocks
+        (``store_blocks``) join the pending ones, flushed once there are ``FLUSH_ROWS``. Any
+        exception drops this charge's blocks, commits the earlier ones and drops the caches
+        (as a rolled-back ``writing``)."""
         with self.lock:
+            mark = len(self._pending)
+            try:
+                yield
+            except BaseException:
+                del self._pending[mark:]
+                self._flush()
+                self.forget()
+                raise
+            if len(self._pending) >= FLUSH_ROWS:
+                self._flush()
+
+    def flush(self) -> None:
+        """Commit a batched store's pending answer blocks (nothing else has any)."""
+        with self.lock:
+            self._flush()
+
+    def _flush(self) -> None:
+        """``flush`` under the lock: one transaction; a storage failure keeps the blocks pending
+        and raises ``StorageUnavailable``."""
+        if not self._pending:
+            return
+        try:
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                self.db.executemany(_INSERT_BLOCKS, self._pending)
+                self.db.execute("COMMIT")
+            except BaseException:
+                if self.db.in_transaction:
+                    self.db.execute("ROLLBACK")
+                raise
+        except sqlite3.OperationalError as exc:
+            self.writable = False
+            raise self.unavailable(exc) from exc
+        self._pending = []
+
+    @contextmanager
+    def reading(self, flush: bool = True) -> Iterator[None]:
+        """Reads under the lock (a batched store's pending blocks committed first, unless
+        ``flush`` is false: a read that commits them only if it reads the file); a storage
+        failure becomes ``StorageUnavailable``."""
+        with self.lock:
+            if flush:
+                self._flush()
             try:
                 yield
             except sqlite3.OperationalError as exc:
@@ -321,7 +396,7 @@ class LedgerStore:
     ) -> dict[tuple[int, int, int], tuple[bytes, bytes]]:
         """``stored`` by owner id: (owner id, chain, iteration) → (digest, payload bytes). A
         writer skips the query when ``first`` lies past every answered iteration."""
-        with self.reading():
+        with self.reading(flush=False):  # read_stored flushes when it reads the file
             return self.read_stored(owner_ids, self.id(session), first, last, substep)
 
     def read_stored(
@@ -332,6 +407,7 @@ class LedgerStore:
         found: dict[tuple[int, int, int], tuple[bytes, bytes]] = {}
         if not self.read_only and first > self.highest_iteration(session_id, substep):
             return found
+        self._flush()  # a batched charge's check reads the blocks it has not written yet
         wanted = set(owner_ids.tolist())
         for gid, keys, digests, payload in self._blocks(session_id, first, last, substep):
             for owner_id, chain, it, digest, part in read_block(

@@ -105,7 +105,9 @@ class SpendBook:
         """
         every = bool(c.new.all())
         stored = []
-        with self.store.writing():
+        # a batched simulated ledger commits Gaussian charges in groups (``LedgerStore``)
+        batched = self.store.batched and c.sampled is None
+        with self.store.buffering() if batched else self.store.writing():
             owner_ids = (
                 c.owner_ids
                 if c.owner_ids is not None
@@ -274,12 +276,7 @@ class SpendBook:
             )
             counts = (sums.count, sums.total, sums.squares, sums.largest)
             rows.append((session_id, first, last, gid, line, *counts, *blobs, c.substep))
-        self.store.db.executemany(
-            "INSERT INTO answer_blocks(session_id, first_iteration, last_iteration, group_id, "
-            "line_id, answers, steps, steps_squared, max_step, keys, digests, payload, substep) "
-            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            rows,
-        )
+        self.store.store_blocks(rows)
 
     def _line(self, session_id: int, group_id: int, slope: np.ndarray, offset: np.ndarray) -> int:
         """Id of the spend line (session, group, slope, offset), recorded on first use."""
