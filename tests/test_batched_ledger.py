@@ -10,11 +10,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fedpenalty import run_session
 from fedpenalty.common import Policy
 from fedpenalty.coordinator.inprocess import InProcessOracle
 from fedpenalty.errors import ReplayConflict
 from fedpenalty.models import build_model
 from fedpenalty.owner import Ledger, OwnerNode
+from fedpenalty.simulation import simulate
 
 MODEL = build_model({"name": "gaussian_mean"})
 RECORDS = [MODEL.simulate_records(np.random.default_rng(k), np.array([0.2]), 200) for k in range(3)]
@@ -99,3 +101,44 @@ def test_a_pending_key_is_replayed_uncharged_and_a_different_query_at_it_refused
         ask(oracle, 0, shift=0.02)
     assert [r.session.answers for r in oracle.privacy_reports()] == [2] * 3
     ledger.close()
+
+
+def test_every_checkpoint_of_a_simulation_is_backed_by_its_committed_ledger(tmp_path, monkeypatch):
+    """An in-process ``simulate`` checkpointing every 10 iterations: whenever a checkpoint is
+    written, the ledger file (read by another connection, as after a crash) already holds
+    every owner's 4 chains × the iterations done — a resume from it charges nothing less."""
+    seen = []
+    save = run_session.checkpoint.save
+
+    def checked(path, progress):
+        (ledger,) = (tmp_path / "run").rglob("ledger.sqlite")
+        seen.append((progress.done, committed_of(ledger)))
+        save(path, progress)
+
+    monkeypatch.setattr(run_session.checkpoint, "save", checked)
+    simulate(
+        None,
+        {
+            "run.transport": "inprocess",
+            "sampler.algorithm": "penalty",
+            "sampler.chains": 4,
+            "sampler.iterations": 30,
+            "sampler.warmup": 10,
+            "run.checkpoint_every": 10,
+        },
+        out=tmp_path / "run",
+        progress=False,
+    )
+    assert [done for done, _ in seen] == [10, 20, 30, 40]
+    for done, answers in seen:
+        assert len(answers) == 4 and all(a >= 4 * done for a in answers), (done, answers)
+
+
+def committed_of(path) -> list[int]:
+    """Every owner's answers in the ledger file at ``path`` as another reader sees them."""
+    reader = Ledger(path, read_only=True)
+    try:
+        names = [row[0] for row in reader.store.db.execute("SELECT DISTINCT owner FROM sessions")]
+        return [r.total.answers for r in reader.reports(names, None)]
+    finally:
+        reader.close()

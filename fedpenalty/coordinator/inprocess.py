@@ -81,7 +81,6 @@ class InProcessOracle(Oracle):
 
     def disconnect(self) -> None:
         """Nothing to release: the owners live in this process (the session stays open)."""
-        self.persist()
 
     def persist(self) -> None:
         """Commit the charges the owners' batched ledgers hold (``Ledger.flush``)."""
