@@ -1,6 +1,7 @@
 """Iterations per second of the penalty sampler by transport and number of owners.
 
     python scenarios/throughput.py [--owners 1,4,16,64,256,1024] [--json FILE] [--seconds 3]
+        [--clock wall|cpu] [--repeat 1]
 
 Rows: ``numpy-floor`` — the compute floor, one iteration of K owners' noisy clipped
 log-likelihood ratios from sufficient statistics for 4 chains in pure numpy (proposal, ratios,
@@ -17,6 +18,11 @@ local simulation). Start-up is not timed; it grows with the number of host proce
 imports numpy and gRPC: seconds per host on a loaded 2-core machine), so each host is given
 ``--startup-seconds`` to start. A measurement that fails is reported in one line and left out,
 and the others are still printed and written.
+
+``--clock cpu`` times by this process's CPU time instead of the wall clock (for ``numpy-floor``
+and ``inprocess``, which run in this process only): on a machine shared with other work the
+wall-clock ratio to the floor swings with the load, the CPU-time one much less. ``--repeat N``
+measures every row N times, interleaved, and prints each row's median and range.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import re
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -48,16 +55,22 @@ MODELS = {
 N_PER_OWNER, CHAINS, STEP = 10_000, 4, 0.001
 
 
+#: how a measurement is timed (``--clock``): seconds of the wall clock or of this process's CPU
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
+clock = CLOCKS["wall"]
+
+
 def measure(oracle, model, seconds: float) -> float:
-    """Iterations/s of penalty MH steps for ``seconds`` (after 20 untimed steps)."""
+    """Iterations/s of penalty MH steps for ``seconds`` of ``clock`` (after 20 untimed
+    steps)."""
     rng = np.random.default_rng(0)
     oracle.open_session("penalty", 10**6)
     state = mh.init(np.zeros((CHAINS, model.dim)), model)
     ratio = mh.oracle_ratio(oracle)
     for _ in range(20):
         state, _ = mh.step(rng, state, model, STEP, ratio)
-    done, start = 0, time.perf_counter()
-    while (elapsed := time.perf_counter() - start) < seconds:
+    done, start = 0, clock()
+    while (elapsed := clock() - start) < seconds:
         state, _ = mh.step(rng, state, model, STEP, ratio)
         done += 1
     return done / elapsed
@@ -92,8 +105,8 @@ def floor_rate(model: ExpFamModel, stat: np.ndarray, n: np.ndarray, seconds: flo
 
     for _ in range(20):
         iteration()
-    done, start = 0, time.perf_counter()
-    while (elapsed := time.perf_counter() - start) < seconds:
+    done, start = 0, clock()
+    while (elapsed := clock() - start) < seconds:
         iteration()
         done += 1
     return done / elapsed
@@ -177,13 +190,21 @@ def main(argv: list[str] | None = None) -> int:
         default=20.0,
         help="start-up time allowed per owner host process (default 20 s)",
     )
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall", help="how to time")
+    parser.add_argument("--repeat", type=int, default=1, help="measurements of every row")
     parser.add_argument("--json", type=Path, help="write the rows as JSON")
     args = parser.parse_args(argv)
     if not args.startup_seconds > 0:
         parser.error("--startup-seconds must be positive")
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
+    global clock
+    clock = CLOCKS[args.clock]
     rows = []
     for model_name in args.models.split(","):
-        for owners in [int(k) for k in args.owners.split(",")]:
+        for owners, repeat in [
+            (int(k), r) for k in args.owners.split(",") for r in range(args.repeat)
+        ]:
             for transport in args.transports.split(","):
                 if transport == "grpc-one-per-host" and owners > args.max_processes:
                     continue
@@ -208,8 +229,8 @@ def main(argv: list[str] | None = None) -> int:
                     (
                         r["iterations_per_second"]
                         for r in rows
-                        if (r["model"], r["owners"], r["transport"])
-                        == (model_name, owners, "numpy-floor")
+                        if (r["model"], r["owners"], r["transport"], r["repeat"])
+                        == (model_name, owners, "numpy-floor", repeat)
                     ),
                     None,
                 )
@@ -220,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
                         "model": model_name,
                         "iterations_per_second": rate,
                         "ratio_to_numpy_floor": None if floor is None else rate / floor,
+                        "clock": args.clock,
+                        "repeat": repeat,
                     }
                 )
                 print(
@@ -242,9 +265,30 @@ def main(argv: list[str] | None = None) -> int:
             ],
         )
     )
+    if args.repeat > 1:
+        print(spread_table(rows))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return 0
+
+
+def spread_table(rows: list[dict]) -> str:
+    """Per (model, owners, transport): the median it/s and ratio to the floor over the
+    repeated measurements, and the ratio's range."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["model"], r["owners"], r["transport"]), []).append(r)
+    lines = []
+    for (model, owners, transport), group in groups.items():
+        ratios = [r["ratio_to_numpy_floor"] for r in group if r["ratio_to_numpy_floor"] is not None]
+        rate = float(np.median([r["iterations_per_second"] for r in group]))
+        spread = f"{min(ratios):.3f}–{max(ratios):.3f}" if ratios else ""
+        median = f"{float(np.median(ratios)):.3f}" if ratios else ""
+        lines.append(
+            [model, str(owners), transport, str(len(group)), f"{rate:.1f}", median, spread]
+        )
+    headers = ["model", "owners", "transport", "runs", "median it/s", "median × floor", "range"]
+    return table(headers, lines)
 
 
 def _one_line(exc: Exception) -> str:
