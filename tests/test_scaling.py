@@ -89,3 +89,26 @@ def test_footprint_adds_the_run_directory_and_the_ratio_to_the_numpy_floor(tmp_p
     [row] = json.loads(out.read_text())
     assert set(row) == KEYS | {"run_directory_mb", "ratio_to_numpy_floor"}
     assert 0 < row["run_directory_mb"] < 5 and 0 < row["ratio_to_numpy_floor"] < 1
+
+
+def test_each_throughput_repetition_is_divided_by_its_own_floor(tmp_path, capsys, monkeypatch):
+    """scenarios/throughput.py with ``--repeat`` and ``--clock cpu``: every measurement is
+    divided by the floor of its own repetition (measured just before it), and the spread table
+    lists each row's median and range."""
+    monkeypatch.syspath_prepend(str(_PATH.parent))
+    import throughput
+
+    monkeypatch.setattr(throughput, "clock", throughput.clock)  # main sets it: restored after
+    out = tmp_path / "rows.json"
+    flags = ["--owners", "2", "--models", "gaussian_mean", "--seconds", "0.05"]
+    flags += ["--transports", "numpy-floor,inprocess", "--clock", "cpu", "--repeat", "2"]
+    assert throughput.main([*flags, "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [(r["transport"], r["repeat"]) for r in rows] == [
+        ("numpy-floor", 0), ("inprocess", 0), ("numpy-floor", 1), ("inprocess", 1)
+    ]  # fmt: skip
+    for floor, row in (rows[0:2], rows[2:4]):
+        ratio = row["iterations_per_second"] / floor["iterations_per_second"]
+        assert row["ratio_to_numpy_floor"] == ratio and row["clock"] == "cpu"
+    printed = capsys.readouterr().out
+    assert "median × floor" in printed and "inprocess" in printed.split("median × floor")[1]
