@@ -34,8 +34,17 @@ posterior mean in posterior sd and the largest split R-hat. Only configurations 
 is at most 1.1 count as mixed (the ``best`` table): a short many-chain run that has not
 mixed reports an ESS nobody should use.
 
+Two smaller tables at K = 4 follow. **Many chains per request** (``many_chains``): exp-family
+MH with 4 to 1,024 chains of 96 iterations each, in blocks of 1 and 16, at 150 ms: ESS per
+simulated hour against chains and block size, the real chain-iterations per second against 4
+chains (is 1,024 chains practical?), and from 16 chains on the nested R-hat of superchains of 4
+chains sharing a start (``sampler.superchains``; docs/design.md §5). **Latency distributions**
+(``networks``): the baseline and the best K = 4 configurations on a fixed 20 ms, on a
+log-normal latency (median 20, p95 150 ms, drawn once per owner) and with stragglers (5 % of
+requests 500 ms late).
+
 Writes ``protocol_cost.json`` and ``protocol_cost.png`` (ESS per simulated hour against
-latency, one panel per K).
+latency, one panel per K; a last panel against chains).
 """
 
 from __future__ import annotations
@@ -54,6 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the calibrations of 
 import privacy_mixing as pm
 
 from fedpenalty import reporting
+from fedpenalty.nested_rhat import MIN_CHAINS
 from fedpenalty.privacy.gaussian import epsilon_for_delta, mu_for_epsilon
 
 NAME = "protocol_cost"
@@ -93,17 +103,66 @@ MIXED_RHAT = 1.1
 
 @dataclass(frozen=True)
 class Setup:
-    """Records ``n``, owner counts, answers per owner, latencies (ms), configurations."""
+    """Records ``n``, owner counts, answers per owner, latencies (ms), configurations; the
+    many-chains sweep (``chain_counts`` × ``blocks`` at ``chain_iterations`` per chain, K = 4)
+    and the network sweep (``networks`` names of NETWORKS, configurations ``network_configs``,
+    K = 4)."""
 
     n: int
     owners: tuple[int, ...]
     answers: int
     latencies: tuple[float, ...]
     configs: tuple[str, ...]
+    chain_counts: tuple[int, ...]
+    blocks: tuple[int, ...]
+    chain_iterations: int
+    networks: tuple[str, ...]
+    network_configs: tuple[str, ...]
 
 
-FULL = Setup(200_000, (4, 100), 9_600, (1.0, 20.0, 150.0), tuple(c.label for c in CONFIGS))
-QUICK = Setup(200_000, (4,), 4_800, (1.0, 150.0), (BASELINE, "penalty ×16", "expfam ×16 B16"))
+#: the network sweep: one-way latency (a number, or a log-normal's median and p95 drawn once per
+#: owner) and stragglers (probability of an extra delay per request)
+NETWORKS: dict[str, dict[str, Any]] = {
+    "20 ms": {"latency_ms": 20.0},
+    "20 ms, 5 % +500 ms": {
+        "latency_ms": 20.0,
+        "straggler_probability": 0.05,
+        "straggler_delay_ms": 500.0,
+    },
+    "median 20, p95 150": {"latency_ms": {"median": 20.0, "p95": 150.0}},
+    "median 20, p95 150, 5 % +500 ms": {
+        "latency_ms": {"median": 20.0, "p95": 150.0},
+        "straggler_probability": 0.05,
+        "straggler_delay_ms": 500.0,
+    },
+}
+
+FULL = Setup(
+    200_000,
+    (4, 100),
+    9_600,
+    (1.0, 20.0, 150.0),
+    tuple(c.label for c in CONFIGS),
+    (4, 64, 256, 1024),
+    (1, 16),
+    96,
+    tuple(NETWORKS),
+    (BASELINE, "expfam ×4 B32", "sgld ×4"),
+)
+QUICK = Setup(
+    200_000,
+    (4,),
+    4_800,
+    (1.0, 150.0),
+    (BASELINE, "penalty ×16", "expfam ×16 B16"),
+    (4, 64),
+    (16,),
+    96,
+    ("20 ms", "median 20, p95 150, 5 % +500 ms"),
+    (BASELINE, "expfam ×16 B16"),
+)
+#: chains per superchain (chains sharing a start) in the many-chains sweep
+CHAINS_PER_SUPERCHAIN = 4
 
 
 def raw_scenario(setup: Setup, config: Config, owners: int, seed: int) -> dict[str, Any]:
@@ -181,6 +240,17 @@ def measure(sim: reporting.Simulated, config: Config, owners: int, latency: floa
     }
 
 
+def calibrated(
+    setup: Setup, config: Config, owners: int, seed: int, where: Path
+) -> tuple[dict, float]:
+    """``raw_scenario`` at the target ledger ε (penalty MH: ``at_ledger_target``) and the worst
+    case its owners plan."""
+    raw = raw_scenario(setup, config, owners, seed)
+    if config.method == "penalty":
+        return at_ledger_target(raw, setup.n, where)
+    return raw, EPSILON
+
+
 def runs(setup: Setup, seed: int, folder: Path, bar: Any) -> list[dict]:
     """Every configuration at every K and latency (the same seed: the same draws on every
     network, only the clock differs)."""
@@ -188,9 +258,7 @@ def runs(setup: Setup, seed: int, folder: Path, bar: Any) -> list[dict]:
     for owners in setup.owners:
         for config in (c for c in CONFIGS if c.label in setup.configs):
             where = folder / f"{owners}-{config.method}-{config.chains}-{config.block}"
-            raw, worst = raw_scenario(setup, config, owners, seed), EPSILON
-            if config.method == "penalty":
-                raw, worst = at_ledger_target(raw, setup.n, where)
+            raw, worst = calibrated(setup, config, owners, seed, where)
             for latency in setup.latencies:
                 raw["network"] = {"latency_ms": latency, **BANDWIDTH}
                 sim = reporting.simulate(raw, where / f"{latency:g}")
@@ -203,6 +271,62 @@ def runs(setup: Setup, seed: int, folder: Path, bar: Any) -> list[dict]:
             if r["config"] == BASELINE
             and (r["owners"], r["latency_ms"]) == (row["owners"], row["latency_ms"])
         )
+        row["vs_baseline"] = row["ess_per_hour"] / base["ess_per_hour"]
+    return rows
+
+
+def many_chains(setup: Setup, seed: int, folder: Path, bar: Any) -> list[dict]:
+    """ESS per simulated hour against chains C and block size B (K = 4, 150 ms): exp-family MH,
+    every chain ``chain_iterations`` iterations (C × that answers per owner, each run
+    calibrated to ε = 4 for its own answers: more chains, more noise per answer). From 16
+    chains on, superchains of CHAINS_PER_SUPERCHAIN chains share a start and diagnostics.json
+    has their nested R-hat. ``speed_vs_4`` is the real chain-iterations per second (the run's
+    wall time, owners in process) against the fewest chains at the same B."""
+    rows = []
+    for block in setup.blocks:
+        for chains in setup.chain_counts:
+            config = Config(f"expfam ×{chains} B{block}", "penalty_expfam", chains, block)
+            raw = raw_scenario(
+                replace(setup, answers=chains * setup.chain_iterations), config, 4, seed
+            )
+            many = chains >= MIN_CHAINS
+            raw["sampler"]["superchains"] = chains // CHAINS_PER_SUPERCHAIN if many else 0
+            raw["network"] = {"latency_ms": 150.0, **BANDWIDTH}
+            sim = reporting.simulate(raw, folder / f"chains-{chains}-{block}")
+            nested = sim.result.diagnostics.get("nested_rhat")
+            rows.append(
+                {
+                    **measure(sim, config, 4, 150.0),
+                    "chain_iterations_per_second": chains * setup.chain_iterations / sim.seconds,
+                    "nested_rhat": None if nested is None else max(nested["values"]),
+                    "nested_mixed": None if nested is None else nested["mixed"],
+                }
+            )
+            bar.update()
+    for row in rows:
+        fewest = min(r["chains"] for r in rows if r["block"] == row["block"])
+        base = next(r for r in rows if (r["block"], r["chains"]) == (row["block"], fewest))
+        row["speed_vs_fewest"] = (
+            row["chain_iterations_per_second"] / base["chain_iterations_per_second"]
+        )
+    return rows
+
+
+def network_runs(setup: Setup, seed: int, folder: Path, bar: Any) -> list[dict]:
+    """``network_configs`` at K = 4 on each of ``networks`` (latency distributions and
+    stragglers, NETWORKS; same bandwidth): the same draws on every network."""
+    rows = []
+    for config in (c for c in CONFIGS if c.label in setup.network_configs):
+        where = folder / f"net-{config.method}-{config.chains}-{config.block}"
+        raw, worst = calibrated(setup, config, 4, seed, where)
+        for i, name in enumerate(setup.networks):
+            raw["network"] = {**NETWORKS[name], **BANDWIDTH}
+            sim = reporting.simulate(raw, where / str(i))
+            row = {**measure(sim, config, 4, math.nan), "epsilon_planned": worst}
+            rows.append({**row, "network": name})
+            bar.update()
+    for row in rows:
+        base = next(r for r in rows if r["config"] == BASELINE and r["network"] == row["network"])
         row["vs_baseline"] = row["ess_per_hour"] / base["ess_per_hour"]
     return rows
 
@@ -220,10 +344,12 @@ def best(rows: list[dict]) -> list[dict]:
     return out
 
 
-def figure(rows: list[dict], setup: Setup) -> Any:
+def figure(results: dict[str, list[dict]], setup: Setup) -> Any:
     """ESS per simulated hour against latency (log–log), one line per configuration, a panel
-    per K; configurations that did not mix (R-hat > MIXED_RHAT) dashed with open markers."""
-    fig, axes = reporting.figure(1, len(setup.owners), width=5.5, height=4.2)
+    per K; configurations that did not mix (R-hat > MIXED_RHAT) dashed with open markers. A
+    last panel: ESS per simulated hour against chains at 150 ms, one line per block size."""
+    rows = results["runs"]
+    fig, axes = reporting.figure(1, len(setup.owners) + 1, width=5.5, height=4.2)
     for ax, owners in zip(np.ravel(axes), setup.owners):
         for label in setup.configs:
             mine = [r for r in rows if r["owners"] == owners and r["config"] == label]
@@ -239,6 +365,17 @@ def figure(rows: list[dict], setup: Setup) -> Any:
         ax.set(xscale="log", yscale="log", xlabel="one-way latency (ms)")
         ax.set(ylabel="ESS per simulated hour", title=f"K = {owners} owners, ε = {EPSILON:g}")
         ax.legend(fontsize=7)
+    ax = np.ravel(axes)[-1]
+    for block in setup.blocks:
+        mine = [r for r in results["many_chains"] if r["block"] == block]
+        ax.plot([r["chains"] for r in mine], [r["ess_per_hour"] for r in mine], "o-")
+        ax.lines[-1].set_label(f"expfam B = {block}")
+    ax.set(xscale="log", yscale="log", xlabel="chains (one request carries all)")
+    ax.set(
+        ylabel="ESS per simulated hour",
+        title=f"K = 4, 150 ms, {setup.chain_iterations} iterations per chain",
+    )
+    ax.legend(fontsize=7)
     return fig
 
 
@@ -255,12 +392,61 @@ COLUMNS = (
     ("mean_error_in_sd", "|err|/sd"),
     ("rhat", "R-hat"),
 )
+CHAIN_COLUMNS = (
+    ("chains", "chains"),
+    ("block", "B"),
+    ("ess_per_hour", "ESS/h at 150 ms"),
+    ("round_trips_per_owner", "trips/owner"),
+    ("chain_iterations_per_second", "chain-its/s"),
+    ("speed_vs_fewest", "× 4 chains"),
+    ("epsilon_max", "ε ledger"),
+    ("mean_error_in_sd", "|err|/sd"),
+    ("rhat", "R-hat"),
+    ("nested_rhat", "nested R-hat"),
+)
+NETWORK_COLUMNS = (
+    ("network", "network"),
+    ("config", "configuration"),
+    ("ess_per_hour", "ESS/h"),
+    ("vs_baseline", "× penalty×4"),
+    ("simulated_hours", "sim. hours"),
+    ("epsilon_max", "ε ledger"),
+    ("rhat", "R-hat"),
+)
+NOTES = [
+    "every configuration asks each owner the same answers (chains × iterations), calibrated to "
+    "the same ledger ε (penalty MH rescaled after a pilot run; 'epsilon_planned' its worst "
+    "case): only how they are asked differs",
+    "simulated wall clock: the run's own coordinator time plus, per query, the slowest "
+    "owner's compute share, two one-way latencies and its transfer (coordinator/network.py)",
+    "one seed per configuration: the draws are the same on every network",
+    "many_chains: K = 4 at 150 ms, chains × chain_iterations answers per owner (each run at "
+    "ε = 4 for its own answers), superchains of 4 chains sharing a start from 16 chains on; "
+    "chain-its/s is real time with in-process owners on a shared machine",
+    "networks: K = 4; a latency distribution is drawn once per owner from the run's seed",
+    "in-process owners at every K (Ray for K = 1,000 not run here)",
+]
+
+
+def sweeps(setup: Setup, seed: int, progress: bool) -> dict[str, list[dict]]:
+    """Every run of the scenario: the main table, the many-chains and the network sweeps."""
+    total = (
+        len(setup.owners) * len(setup.configs) * len(setup.latencies)
+        + len(setup.chain_counts) * len(setup.blocks)
+        + len(setup.networks) * len(setup.network_configs)
+    )
+    with tempfile.TemporaryDirectory() as tmp, reporting.progress(total, NAME, progress) as bar:
+        rows = runs(setup, seed, Path(tmp), bar)
+        many = many_chains(setup, seed, Path(tmp), bar)
+        networks = network_runs(setup, seed, Path(tmp), bar)
+    return {"runs": rows, "best": best(rows), "many_chains": many, "networks": networks}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = reporting.scenario_parser(
         __doc__ or NAME,
-        "n = 4,000, K = 4, 4,800 answers per owner, latencies 1 and 150 ms, three configurations",
+        "K = 4, 4,800 answers per owner, latencies 1 and 150 ms, three configurations; 4 and "
+        "64 chains at B = 16; two networks",
     )
     parser.add_argument("--owners", help="owner counts K, comma-separated (default 4,100)")
     args = parser.parse_args(argv)
@@ -273,13 +459,7 @@ def main(argv: list[str] | None = None) -> int:
         if not counts or min(counts) < 1:
             parser.error("--owners: positive whole numbers, comma-separated (4,100)")
         setup = replace(setup, owners=counts)
-    total = len(setup.owners) * len(setup.configs) * len(setup.latencies)
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        reporting.progress(total, NAME, not args.no_progress) as bar,
-    ):
-        rows = runs(setup, args.seed, Path(tmp), bar)
-    results = {"runs": rows, "best": best(rows)}
+    results = sweeps(setup, args.seed, not args.no_progress)
     settings = {
         "setup": setup.__dict__,
         "epsilon": EPSILON,
@@ -287,27 +467,22 @@ def main(argv: list[str] | None = None) -> int:
         "neighbour": pm.NEIGHBOUR,
         "model": pm.MODEL,
         "network": BANDWIDTH,
+        "networks": {name: NETWORKS[name] for name in setup.networks},
         "configs": [c.__dict__ for c in CONFIGS if c.label in setup.configs],
         "seed": args.seed,
     }
-    notes = [
-        "every configuration asks each owner the same answers (chains × iterations), "
-        "calibrated to the same worst-case ε: only how they are asked differs",
-        "simulated wall clock: the run's own coordinator time plus, per query, the slowest "
-        "owner's compute share, two one-way latencies and its transfer (coordinator/network.py)",
-        "one seed per configuration: the draws are the same on every network",
-        "in-process owners at every K (Ray for K = 1,000 not run here)",
-    ]
     json_path, png_path = reporting.write_report(
         args.out,
         NAME,
         argv=list(argv if argv is not None else sys.argv[1:]),
         settings=settings,
         results=results,
-        notes=notes,
-        fig=figure(rows, setup),
+        notes=NOTES,
+        fig=figure(results, setup),
     )
-    print(reporting.headline("Protocol cost at equal per-owner ε", rows, COLUMNS))
+    print(reporting.headline("Protocol cost at equal per-owner ε", results["runs"], COLUMNS))
+    print(reporting.headline("Many chains per request", results["many_chains"], CHAIN_COLUMNS))
+    print(reporting.headline("Latency distributions", results["networks"], NETWORK_COLUMNS))
     print(f"wrote {json_path} and {png_path}")
     return 0
 
