@@ -63,6 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the calibrations of 
 import privacy_mixing as pm
 
 from fedpenalty import reporting
+from fedpenalty.cluster.ray_hosts import connect_ray
 from fedpenalty.nested_rhat import MIN_CHAINS
 from fedpenalty.privacy.gaussian import epsilon_for_delta, mu_for_epsilon
 
@@ -118,6 +119,10 @@ class Setup:
     chain_iterations: int
     networks: tuple[str, ...]
     network_configs: tuple[str, ...]
+    ray_owners: tuple[int, ...] = ()
+    ray_answers: int = 960
+    ray_latencies: tuple[float, ...] = (20.0, 150.0)
+    ray_configs: tuple[str, ...] = (BASELINE, "expfam ×4 B32", "sgld ×4")
 
 
 #: the network sweep: one-way latency (a number, or a log-normal's median and p95 drawn once per
@@ -148,6 +153,7 @@ FULL = Setup(
     96,
     tuple(NETWORKS),
     (BASELINE, "expfam ×4 B32", "sgld ×4"),
+    (1000,),
 )
 QUICK = Setup(
     200_000,
@@ -240,6 +246,17 @@ def measure(sim: reporting.Simulated, config: Config, owners: int, latency: floa
     }
 
 
+def against_baseline(rows: list[dict], same: tuple[str, ...]) -> list[dict]:
+    """``rows`` with ``vs_baseline``: ESS per simulated hour over BASELINE's in the row that
+    agrees on the keys ``same``."""
+    for row in rows:
+        base = next(
+            r for r in rows if r["config"] == BASELINE and all(r[k] == row[k] for k in same)
+        )
+        row["vs_baseline"] = row["ess_per_hour"] / base["ess_per_hour"]
+    return rows
+
+
 def calibrated(
     setup: Setup, config: Config, owners: int, seed: int, where: Path
 ) -> tuple[dict, float]:
@@ -264,15 +281,7 @@ def runs(setup: Setup, seed: int, folder: Path, bar: Any) -> list[dict]:
                 sim = reporting.simulate(raw, where / f"{latency:g}")
                 rows.append({**measure(sim, config, owners, latency), "epsilon_planned": worst})
                 bar.update()
-    for row in rows:
-        base = next(
-            r
-            for r in rows
-            if r["config"] == BASELINE
-            and (r["owners"], r["latency_ms"]) == (row["owners"], row["latency_ms"])
-        )
-        row["vs_baseline"] = row["ess_per_hour"] / base["ess_per_hour"]
-    return rows
+    return against_baseline(rows, ("owners", "latency_ms"))
 
 
 def many_chains(setup: Setup, seed: int, folder: Path, bar: Any) -> list[dict]:
@@ -325,10 +334,33 @@ def network_runs(setup: Setup, seed: int, folder: Path, bar: Any) -> list[dict]:
             row = {**measure(sim, config, 4, math.nan), "epsilon_planned": worst}
             rows.append({**row, "network": name})
             bar.update()
-    for row in rows:
-        base = next(r for r in rows if r["config"] == BASELINE and r["network"] == row["network"])
-        row["vs_baseline"] = row["ess_per_hour"] / base["ess_per_hour"]
-    return rows
+    return against_baseline(rows, ("network",))
+
+
+def ray_runs(setup: Setup, seed: int, folder: Path, bar: Any) -> list[dict]:
+    """``ray_configs`` at each of ``ray_owners`` (K = 1,000) with Ray owners (one local Ray for
+    all, owners grouped on one actor per core), ``ray_answers`` answers per owner (shorter
+    runs: minutes on a shared machine), at ``ray_latencies``; rows as ``runs``."""
+    if not setup.ray_owners:
+        return []
+    short = replace(setup, answers=setup.ray_answers)
+    rows = []
+    runtime = connect_ray("")
+    try:
+        for owners in setup.ray_owners:
+            for config in (c for c in CONFIGS if c.label in setup.ray_configs):
+                where = folder / f"ray-{owners}-{config.method}-{config.chains}-{config.block}"
+                raw, worst = calibrated(short, config, owners, seed, where)
+                raw["run"]["transport"] = "ray"
+                for latency in setup.ray_latencies:
+                    raw["network"] = {"latency_ms": latency, **BANDWIDTH}
+                    sim = reporting.simulate(raw, where / f"{latency:g}")
+                    row = {**measure(sim, config, owners, latency), "epsilon_planned": worst}
+                    rows.append({**row, "transport": "ray", "real_seconds": sim.seconds})
+                    bar.update()
+    finally:
+        runtime.stop()
+    return against_baseline(rows, ("owners", "latency_ms"))
 
 
 def best(rows: list[dict]) -> list[dict]:
@@ -424,7 +456,8 @@ NOTES = [
     "ε = 4 for its own answers), superchains of 4 chains sharing a start from 16 chains on; "
     "chain-its/s is real time with in-process owners on a shared machine",
     "networks: K = 4; a latency distribution is drawn once per owner from the run's seed",
-    "in-process owners at every K (Ray for K = 1,000 not run here)",
+    "in-process owners at K = 4 and 100; Ray owners at K = 1,000 ('ray': shorter runs, "
+    "ray_answers answers per owner, at ray_latencies)",
 ]
 
 
@@ -434,12 +467,31 @@ def sweeps(setup: Setup, seed: int, progress: bool) -> dict[str, list[dict]]:
         len(setup.owners) * len(setup.configs) * len(setup.latencies)
         + len(setup.chain_counts) * len(setup.blocks)
         + len(setup.networks) * len(setup.network_configs)
+        + len(setup.ray_owners) * len(setup.ray_configs) * len(setup.ray_latencies)
     )
     with tempfile.TemporaryDirectory() as tmp, reporting.progress(total, NAME, progress) as bar:
         rows = runs(setup, seed, Path(tmp), bar)
         many = many_chains(setup, seed, Path(tmp), bar)
         networks = network_runs(setup, seed, Path(tmp), bar)
-    return {"runs": rows, "best": best(rows), "many_chains": many, "networks": networks}
+        ray = ray_runs(setup, seed, Path(tmp), bar)
+    return {
+        "runs": rows,
+        "best": best(rows + ray),
+        "many_chains": many,
+        "networks": networks,
+        "ray": ray,
+    }
+
+
+def owner_counts(parser: Any, flag: str, text: str) -> tuple[int, ...]:
+    """Positive whole numbers, comma-separated, or the parser's error naming ``flag``."""
+    try:
+        counts = tuple(int(k) for k in text.split(","))
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < 1:
+        parser.error(f"{flag}: positive whole numbers, comma-separated (4,100)")
+    return counts
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -449,16 +501,15 @@ def main(argv: list[str] | None = None) -> int:
         "64 chains at B = 16; two networks",
     )
     parser.add_argument("--owners", help="owner counts K, comma-separated (default 4,100)")
+    parser.add_argument(
+        "--ray-owners", help="owner counts run with Ray owners (default 1000; none in --quick)"
+    )
     args = parser.parse_args(argv)
     setup = QUICK if args.quick else FULL
     if args.owners:
-        try:
-            counts = tuple(int(k) for k in args.owners.split(","))
-        except ValueError:
-            counts = ()
-        if not counts or min(counts) < 1:
-            parser.error("--owners: positive whole numbers, comma-separated (4,100)")
-        setup = replace(setup, owners=counts)
+        setup = replace(setup, owners=owner_counts(parser, "--owners", args.owners))
+    if args.ray_owners:
+        setup = replace(setup, ray_owners=owner_counts(parser, "--ray-owners", args.ray_owners))
     results = sweeps(setup, args.seed, not args.no_progress)
     settings = {
         "setup": setup.__dict__,
@@ -481,6 +532,9 @@ def main(argv: list[str] | None = None) -> int:
         fig=figure(results, setup),
     )
     print(reporting.headline("Protocol cost at equal per-owner ε", results["runs"], COLUMNS))
+    if results["ray"]:
+        title = f"K = 1,000 with Ray owners ({setup.ray_answers} answers per owner)"
+        print(reporting.headline(title, results["ray"], COLUMNS))
     print(reporting.headline("Many chains per request", results["many_chains"], CHAIN_COLUMNS))
     print(reporting.headline("Latency distributions", results["networks"], NETWORK_COLUMNS))
     print(f"wrote {json_path} and {png_path}")
