@@ -2,10 +2,11 @@
 megabytes, hours — at equal per-owner ε, on a WAN of 1, 20 and 150 ms one-way latency.
 
     python scenarios/protocol_cost.py [--quick] [--out DIR] [--seed 0] [--owners 4,100]
-                                      [--no-progress]
+                                      [--ray-owners 1000] [--no-progress]
 
 Data: the mean of Gaussian records (``gaussian_mean``, |x| ≤ 2, Θ = [−1, 1], true θ = 0),
-n = 200,000 records split equally over K owners (K = 4 and 100; ``--owners``). Every
+n = 200,000 records split equally over K owners (K = 4 and 100, ``--owners``; K = 1,000 with
+Ray owners and shorter runs, ``--ray-owners``, not in ``--quick``). Every
 configuration is calibrated by the project's accountants (the calibrations of
 ``privacy_mixing.py``) so that each owner's ledger reports ε = 4 at δ = 1e-5 (penalty MH,
 whose ledger charges the step taken rather than the full radius, is rescaled after a pilot

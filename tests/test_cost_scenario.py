@@ -57,11 +57,13 @@ def test_protocol_cost_quick_run_hides_latency_with_blocks_and_chains(tmp_path):
     assert wan["round_trips_per_owner"] < rows[(base, 150.0)]["round_trips_per_owner"] / 20
     # many chains per request: from 16 chains on, superchains of 4 sharing a start and their
     # nested R-hat (64 chains of 96 iterations: measured 1.026, above the 1.01 limit, like
-    # the split R-hat 1.26); every run at the target ledger ε; one request per block either way
+    # the split R-hat 1.26); every run at the target ledger ε; 64 chains still one request per
+    # block of 16: 6 requests plus the session calls (whose number depends on timing; 10-16
+    # measured), far below the 96 of one request per iteration
     many = {r["chains"]: r for r in report["results"]["many_chains"]}
     assert many[4]["nested_rhat"] is None and many[64]["nested_rhat"] > 1.0
     assert all(abs(r["epsilon_max"] - 4.0) < 0.01 for r in many.values())
-    assert many[64]["round_trips_per_owner"] == many[4]["round_trips_per_owner"]
+    assert many[64]["round_trips_per_owner"] < 48
     # stragglers and a heavy-tailed latency slow the one-request-per-iteration baseline far
     # more than a fixed 20 ms does (measured 6×: each request waits for the slowest of 4
     # owners); the draws, and so the ESS, are the same on both networks
