@@ -401,8 +401,12 @@ def figure(results: dict[str, list[dict]], setup: Setup) -> Any:
     ax = np.ravel(axes)[-1]
     for block in setup.blocks:
         mine = [r for r in results["many_chains"] if r["block"] == block]
-        ax.plot([r["chains"] for r in mine], [r["ess_per_hour"] for r in mine], "o-")
-        ax.lines[-1].set_label(f"expfam B = {block}")
+        x, y = [r["chains"] for r in mine], [r["ess_per_hour"] for r in mine]
+        (line,) = ax.plot(x, y, "-", label=f"expfam B = {block} (open: not mixed)")
+        for r in mine:  # not mixed: split R-hat above MIXED_RHAT or nested R-hat above its limit
+            mixed = r["mixed"] and r["nested_mixed"] is not False
+            face = line.get_color() if mixed else "none"
+            ax.plot(r["chains"], r["ess_per_hour"], "o", color=line.get_color(), mfc=face)
     ax.set(xscale="log", yscale="log", xlabel="chains (one request carries all)")
     ax.set(
         ylabel="ESS per simulated hour",
