@@ -174,6 +174,11 @@ class GenericSampler(Section):
     init_scale: PositiveFloat = Field(
         default=0.25, description="chains start uniform in init_scale × Θ (data independent)"
     )
+    superchains: NonNegativeInt = Field(
+        default=0,
+        description="S ≥ 2: the chains form S superchains of chains/S consecutive chains that "
+        "share a start (nested R-hat, docs/design.md §5); 0: every chain starts on its own",
+    )
 
 
 class GenericRun(Section):
@@ -479,6 +484,11 @@ def _check_hierarchical(s: dict[str, dict[str, Any]], model: HierarchicalModel) 
         raise ConfigError(f"privacy.sigma lists {len(sigma)} values for {data['owners']} owners")
     if s["sampler"]["init_scale"] > 1:
         raise ConfigError("sampler.init_scale must be at most 1 (chains start inside the box)")
+    if s["sampler"]["superchains"]:
+        raise ConfigError(
+            f"sampler.superchains: the chains of model.name = {model.name!r} (hierarchical) "
+            "start on their own; set sampler.superchains = 0"
+        )
     true_theta = data["true_theta"]
     number = isinstance(true_theta, (int, float))
     z = [[*model.true_shared(true_theta), *[0.0] * model.block_dim]] if number else None
@@ -514,9 +524,20 @@ def _check_consistency(s: dict[str, dict[str, Any]], model: Model) -> None:
         raise ConfigError(f"data.true_theta must lie inside Θ = [-{bound:g}, {bound:g}]^{dim}")
     if sampler["init_scale"] > 1:
         raise ConfigError("sampler.init_scale must be at most 1 (chains start inside Θ)")
+    _check_superchains(sampler)
     _check_aggregation(privacy, owners, ALGORITHMS[sampler["algorithm"]])
     if privacy["aggregation"] == "secure":
         _check_secure_units(ALGORITHMS[sampler["algorithm"]], sampler)
+
+
+def _check_superchains(sampler: dict[str, Any]) -> None:
+    """sampler.superchains: 0, or at least 2 groups that divide sampler.chains."""
+    groups, chains = sampler["superchains"], sampler["chains"]
+    if groups and (groups < 2 or chains % groups):
+        raise ConfigError(
+            f"sampler.superchains = {groups} must be 0 or at least 2 and divide sampler.chains "
+            f"= {chains}: change sampler.superchains"
+        )
 
 
 def _check_aggregation(privacy: dict[str, Any], owners: int, algorithm: Algorithm) -> None:

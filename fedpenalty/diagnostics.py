@@ -12,6 +12,7 @@ import numpy as np
 from arviz_stats.base import array_stats
 
 from .models import Reference
+from .nested_rhat import nested_summary
 
 #: Largest rank-normalised split R-hat of a converged run (Vehtari et al. 2021, §4).
 RHAT_LIMIT = 1.01
@@ -24,6 +25,7 @@ def summarize(
     accepted: np.ndarray | None,
     reference: Reference | None = None,
     names: Sequence[str] | None = None,
+    superchains: int = 0,
 ) -> dict[str, Any]:
     """theta ``(C, T, d)`` draws, accepted ``(C, T)`` → the ``diagnostics.json`` fields.
 
@@ -33,7 +35,8 @@ def summarize(
     ``error`` (with a reference): ``mean_abs`` |mean − ref mean| per dimension,
     ``mean_in_sd`` the same in reference sds, ``sd_ratio`` posterior sd / reference sd.
     ``warnings``: one line per parameter that has not mixed (``mixing_warnings``), labelled
-    by ``names`` (default ``theta[j]``).
+    by ``names`` (default ``theta[j]``). ``nested_rhat`` (16 chains or more): nested R-hat over
+    ``superchains`` (0: the default grouping; ``nested_rhat.nested_summary``).
     """
     mean = theta.mean(axis=(0, 1))
     sd = theta.std(axis=(0, 1), ddof=1)
@@ -56,6 +59,9 @@ def summarize(
             array_stats.mcse(theta, chain_axis=0, draw_axis=1, method="mean")
         ).tolist(),
     }
+    nested = nested_summary(theta, superchains)
+    if nested is not None:
+        out["nested_rhat"] = nested
     labels = list(names) if names is not None else [f"theta[{j}]" for j in range(theta.shape[2])]
     out["warnings"] = mixing_warnings(out["ess_bulk"], out["rhat"], theta.shape[0], labels)
     if reference is not None:

@@ -169,6 +169,7 @@ class Outputs:
     reference: Reference | None
     sample_stats: dict[str, np.ndarray]
     independent: bool = False
+    superchains: int = 0
 
 
 def chain_diagnostics(chains: ChainResult, algorithm: ChainAlgorithm) -> dict[str, Any]:
@@ -230,7 +231,9 @@ def _write_outputs(
     names = outputs.model.param_names
     diagnostics: dict[str, Any] = {"kept_draws": kept, "param_names": names}
     if kept > 1:
-        diagnostics.update(summarize(theta, accepted, outputs.reference, names))
+        diagnostics.update(
+            summarize(theta, accepted, outputs.reference, names, outputs.superchains)
+        )
         if outputs.independent:
             diagnostics.update(warnings=[], independent_draws=True)
     diagnostics.update(extra)

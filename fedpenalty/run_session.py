@@ -50,11 +50,15 @@ def run_seeds(scenario: Scenario) -> list[np.random.SeedSequence]:
 
 
 def chain_start(scenario: Scenario, model: Model) -> tuple[np.random.Generator, np.ndarray]:
-    """The coordinator's chain RNG and initial points ``(chains, d)`` (data independent)."""
+    """The coordinator's chain RNG and initial points ``(chains, d)`` (data independent); with
+    ``sampler.superchains`` = S, S points, each shared by chains/S consecutive chains."""
     sampler = scenario["sampler"]
     rng = np.random.default_rng(run_seeds(scenario)[2])
     scale = sampler["init_scale"] * model.theta_bound
-    return rng, rng.uniform(-scale, scale, size=(sampler["chains"], model.dim))
+    chains, groups = sampler["chains"], sampler["superchains"]
+    if not groups:
+        return rng, rng.uniform(-scale, scale, size=(chains, model.dim))
+    return rng, np.repeat(rng.uniform(-scale, scale, size=(groups, model.dim)), chains // groups, 0)
 
 
 @dataclass(frozen=True)

@@ -376,7 +376,8 @@ def _run_owners(
             if start is not None:
                 start.privacy(privacy)
             named = model if world.sampled is None else world.sampled
-            outputs = Outputs(named, algorithm.name, world.reference, dict(chains.stats))
+            stats, groups = dict(chains.stats), scenario["sampler"]["superchains"]
+            outputs = Outputs(named, algorithm.name, world.reference, stats, superchains=groups)
             result = finish(
                 out, chains.theta, chains.accepted, privacy, outputs, extra, stopped, spend
             )
@@ -411,7 +412,9 @@ def _run_pooled(
         "owners": [],
         "accounting": CURATOR_ACCOUNTING,
     }
-    outputs = Outputs(model, algorithm.name, reference, dict(chains.stats))
+    outputs = Outputs(
+        model, algorithm.name, reference, dict(chains.stats), superchains=sampler["superchains"]
+    )
     return finish(
         out, chains.theta, chains.accepted, privacy, outputs, chain_diagnostics(chains, algorithm)
     )
@@ -552,7 +555,13 @@ def _deployed(
     )
     with settling(metered, out, info, stopped):
         privacy = privacy_summary(reports, policies, algorithm, scenario)
-        outputs = Outputs(model, algorithm.name, None, dict(chains.stats))
+        outputs = Outputs(
+            model,
+            algorithm.name,
+            None,
+            dict(chains.stats),
+            superchains=scenario["sampler"]["superchains"],
+        )
         result = finish(
             out,
             chains.theta,
