@@ -22,6 +22,8 @@ from fedpenalty.owner import Ledger, OwnerNode
 from fedpenalty.owner.aggregation import (
     PeerKey,
     SecureSession,
+    graph_commitment,
+    graph_share,
     lattice_step,
     masking_graph,
     public_bytes,
@@ -107,8 +109,14 @@ def test_small_sessions_use_the_complete_graph():
 
 
 def keys(count: int, session: str = "s") -> tuple[list[PeerKey], list]:
+    """``count`` owners' keys for ``session``, each with its graph commitment and revealed share
+    (a sparse graph's seed hashes the shares, docs/design.md §2.6)."""
     private = [session_private_key(bytes([k % 256, k // 256]) * 16, session) for k in range(count)]
-    peers = [PeerKey(f"o{k:05d}", public_bytes(p)) for k, p in enumerate(private)]
+    peers = []
+    for k, p in enumerate(private):
+        name, public, share = f"o{k:05d}", public_bytes(p), graph_share(p, session)
+        commitment = graph_commitment(session, name, public, share)
+        peers.append(PeerKey(name, public, commitment=commitment, share=share))
     return peers, private
 
 
@@ -122,7 +130,7 @@ def test_every_owner_derives_the_same_regular_graph_from_the_transcript():
     each = [set(masking_graph("s", terms, peers).neighbours(np.array([i]))[0]) for i in range(300)]
     assert all(len(n) == graph.degree and i not in n for i, n in enumerate(each))
     assert all(i in each[j] for i, n in enumerate(each) for j in n)
-    assert not np.array_equal(masking_graph("s2", terms, peers).place, graph.place)
+    assert not np.array_equal(masking_graph("s2", terms, keys(300, "s2")[0]).place, graph.place)
     other = masking_graph("s", SecureTerms(300, 149, 1.0), peers)
     assert not np.array_equal(other.place, graph.place)
 

@@ -261,6 +261,16 @@ class OwnerServicer(pb_grpc.OwnerServicer):
             keys = [self._peers.sign(r.session, k) for k in keys]
         return pb.SessionKeysReply(keys=[wire.peer_key_message(k) for k in keys])
 
+    def _reveal_shares(self, r: pb.RevealSharesRequest, client: str | None) -> pb.RevealSharesReply:
+        """Each hosted owner's graph share, once the relayed keys and commitments are checked
+        (authenticated, with ``peers``: commitments are signed with the keys)."""
+        session = self._own(r.session, client)
+        peers = [wire.peer_key(k) for k in r.peers]
+        if self._peers is not None:
+            self._peers.check(session, peers, self._names)
+        shares = self.host.reveal_shares(session, peers)
+        return pb.RevealSharesReply(shares=[wire.peer_key_message(k) for k in shares])
+
     # --- unary RPCs -----------------------------------------------------------------------
     async def Describe(self, request, context):
         await self._client(context)
@@ -341,6 +351,12 @@ class OwnerServicer(pb_grpc.OwnerServicer):
         client = await self._client(context)
         return await self._unary(
             context, client, request.session, lambda: self._session_keys(request, client)
+        )
+
+    async def RevealShares(self, request, context):
+        client = await self._client(context)
+        return await self._unary(
+            context, client, request.session, lambda: self._reveal_shares(request, client)
         )
 
     async def PrivacyReport(self, request, context):
