@@ -104,9 +104,7 @@ def every_owner_rpc(stub) -> dict[str, Callable]:
         ),
         "PrivacyReport": lambda: stub.PrivacyReport(pb.PrivacyReportRequest(), timeout=10),
         "SessionKeys": lambda: stub.SessionKeys(pb.SessionKeysRequest(session="s"), timeout=10),
-        "RevealShares": lambda: stub.RevealShares(
-            pb.RevealSharesRequest(session="s"), timeout=10
-        ),
+        "RevealShares": lambda: stub.RevealShares(pb.RevealSharesRequest(session="s"), timeout=10),
         "Query": lambda: list(stub.Query(iter([query]), timeout=10)),
         "Ask": lambda: stub.Ask(
             wire.kind_query("log_ratio", "s", 1, [0], {"theta": [[0.0]], "theta_prop": [[0.01]]}),

@@ -338,7 +338,7 @@ def commitments_digest(session: str, peers: Sequence[PeerKey]) -> bytes:
     return hashlib.sha256(fields(*parts)).digest()
 
 
-def check_shares(session: str, peers: Sequence[PeerKey], owner: str = "") -> None:
+def check_shares(session: str, peers: Sequence[PeerKey], owner: str | None = None) -> None:
     """``InvalidRequest`` (naming the peer; ``owner``: who refuses) unless every peer revealed
     a share that matches its commitment."""
     for p in peers:

@@ -112,9 +112,9 @@ class OwnerHost:
         for node in self.nodes:  # a session for another model is refused, naming both
             check_session_model(request.model, node.model, node.name)
         if secure is not None:
-            check_open(self.nodes, session, secure)  # the graph's revealed shares
             kinds = [query_kind(t.kind, self.label).ledger_name for t in terms]
             mechanisms = self._noise.secure_mechanisms(session, kinds, secure)
+            check_open(self.nodes, session, secure)  # the graph's revealed shares
         open_sessions(self.nodes, request)
         if mechanisms is not None:
             self._noise.keep_secure(session, mechanisms)
