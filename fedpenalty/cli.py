@@ -112,6 +112,7 @@ def cmd_owner_serve(args: argparse.Namespace) -> int:
 
     from .owner import Ledger
     from .owner.host import OwnerHost
+    from .owner.key_requests import KeyRequests
     from .owner.owner_config import build_node, load_owner_config
     from .owner.server import check_exposure, serve
 
@@ -127,6 +128,7 @@ def cmd_owner_serve(args: argparse.Namespace) -> int:
             "max_message_bytes",
             "peer_ca",
             "allowed_peers",
+            "secure_sessions_per_day",
         )
         for key in shared:
             if getattr(c, key) != getattr(first, key):
@@ -151,6 +153,7 @@ def cmd_owner_serve(args: argparse.Namespace) -> int:
             allowed_clients=first.allowed_clients,
             insecure=args.insecure,
             peers=first.peer_auth(),
+            key_requests=KeyRequests(first.secure_sessions_per_day),
         )
     finally:
         for ledger in ledgers.values():

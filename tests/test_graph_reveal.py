@@ -7,15 +7,19 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import grpc
 import numpy as np
 import pytest
+from grpc_processes import free_port, write_owner
+from owners import save_csv
+from test_owner_floods import ledger_bytes
 
 from fedpenalty.common import Policy, SecureTerms
 from fedpenalty.coordinator.grpc_oracle import GrpcOracle
 from fedpenalty.coordinator.inprocess import InProcessOracle
 from fedpenalty.coordinator.oracle import SecureAggregation
 from fedpenalty.coordinator.secure_sum import secure_open
-from fedpenalty.errors import InvalidRequest
+from fedpenalty.errors import InvalidRequest, NotPermitted
 from fedpenalty.models import build_model
 from fedpenalty.owner import Ledger, OwnerHost, OwnerNode
 from fedpenalty.owner.aggregation import (
@@ -27,11 +31,15 @@ from fedpenalty.owner.aggregation import (
     public_bytes,
     session_private_key,
 )
+from fedpenalty.owner.key_requests import KeyRequests
 from fedpenalty.owner.mask_graph import COMPLETE_UP_TO, graph_degree
 from fedpenalty.owner.noise.sources import NoiseKey
 from fedpenalty.owner.server import ServerThread
+from fedpenalty.proto import owner_pb2 as pb
+from fedpenalty.proto import owner_pb2_grpc as pb_grpc
 
-MODEL = build_model({"name": "gaussian_mean", "dim": 1, "data_bound": 4.0, "theta_bound": 3.0})
+MODEL_TABLE = {"name": "gaussian_mean", "dim": 1, "data_bound": 4.0, "theta_bound": 3.0}
+MODEL = build_model(MODEL_TABLE)
 #: just above the complete graph: at t = 0 a ring (degree 2), whose order the seed decides
 COUNT, T, S = COMPLETE_UP_TO + 2, 0, 1.0
 
@@ -193,3 +201,63 @@ def test_a_sparse_secure_session_opens_and_decodes_the_same_over_every_transport
         local.close()
         for x in servers:
             x.close()
+
+
+# --------------------------------------------------------------------------- counting key requests
+
+
+def test_key_requests_admit_a_bounded_number_of_new_sessions_per_client_and_window():
+    """3 new sessions per client in a 100 s window (fake clock): a 4th is refused naming the
+    key; asking again for an admitted session is free; another client has its own count; once
+    the window has passed, new sessions are admitted again."""
+    now = [0.0]
+    requests = KeyRequests(3, window=100.0, clock=lambda: now[0])
+    for k in range(3):
+        requests.admit("a", f"s{k}")
+    with pytest.raises(NotPermitted, match=r"server\.secure_sessions_per_day"):
+        requests.admit("a", "s3")
+    requests.admit("a", "s1")  # a retry, the reveal, a resume
+    requests.admit("b", "s3")
+    now[0] = 100.0
+    requests.admit("a", "s3")
+
+
+def keys_request(k: int) -> pb.SessionKeysRequest:
+    return pb.SessionKeysRequest(session=f"s{k}")
+
+
+def test_an_owner_server_refuses_a_flood_of_new_sessions_cheaply_and_writes_nothing(
+    tmp_path, procs
+):
+    """A real ``owner serve`` with secure_sessions_per_day = 3 (in the style of
+    test_owner_floods.py): a client asks SessionKeys for 3 sessions (answered), then for 200
+    more (each refused, PERMISSION_DENIED naming the key, the ledger file unchanged to the byte)
+    and RevealShares for another (refused too); the 3 admitted sessions still get their keys,
+    the same as before."""
+    data = tmp_path / "alice.csv"
+    save_csv(data, MODEL.simulate_records(np.random.default_rng(0), np.array([0.2]), 50), MODEL)
+    port = free_port()
+    policy = {"sigma": 1.0, "total_noise_sd": S}
+    toml = write_owner(tmp_path, "alice", data, port, policy, MODEL_TABLE,
+                       secure_sessions_per_day=3)  # fmt: skip
+    procs.owner(toml, port)
+    ledger = tmp_path / "alice.sqlite"
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = pb_grpc.OwnerStub(channel)
+        keys = [
+            stub.SessionKeys(pb.SessionKeysRequest(session=f"s{k}"), timeout=30) for k in range(3)
+        ]
+        before = ledger_bytes(ledger)
+        for k in range(3, 203):
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.SessionKeys(keys_request(k), timeout=30)
+            assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert "server.secure_sessions_per_day" in refused.value.details()
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.RevealShares(pb.RevealSharesRequest(session="other"), timeout=30)
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert ledger_bytes(ledger) == before
+        again = [
+            stub.SessionKeys(pb.SessionKeysRequest(session=f"s{k}"), timeout=30) for k in range(3)
+        ]
+        assert again == keys
