@@ -53,6 +53,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,8 @@ from fedpenalty.owner.aggregation import (
     PeerKey,
     SecureOpen,
     SecureSession,
+    graph_commitment,
+    graph_share,
     public_bytes,
     session_private_key,
 )
@@ -192,6 +195,14 @@ def run_mode(
 # --------------------------------------------------------------------------- masking cost
 
 
+def peer_key(name: str, k: int) -> PeerKey:
+    """Peer ``name``'s key for session "secure" (random), with its graph commitment and share."""
+    private = session_private_key(k.to_bytes(32, "little"), "secure")
+    public, share = public_bytes(private), graph_share(private, "secure")
+    return PeerKey(name, public, commitment=graph_commitment("secure", name, public, share),
+                   share=share)  # fmt: skip
+
+
 def masking_cost(
     owners: int, colluders: int, seconds: float, rounds: int, folder: Path
 ) -> dict[str, Any]:
@@ -205,13 +216,13 @@ def masking_cost(
     ledger = Ledger(folder / f"cost-{owners}-{colluders}.sqlite")
     node = OwnerNode("owner-0", MODEL, records, policy, ledger, noise_key=NoiseKey.from_os())
     host = OwnerHost([node])
-    peers = [node.session_key("secure")] + [
-        PeerKey(f"peer-{k}", public_bytes(session_private_key(k.to_bytes(32, "little"), "secure")))
-        for k in range(1, owners)
-    ]
+    peers = [peer_key(f"peer-{k}", k) for k in range(1, owners)]
+    # the reveal round (a sparse graph's seed): the owner binds every commitment, then reveals
+    listed = [*host.session_keys("secure"), *(replace(p, share=b"") for p in peers)]
+    own = host.reveal_shares("secure", listed)
     host.open_session("plain", "penalty", 10**7)
     # as its server passes the request on once it authenticated the peers (PeerAuth.check)
-    opening = SecureOpen(tuple(peers), SIGMA, colluders, authenticated=True)
+    opening = SecureOpen((*own, *peers), SIGMA, colluders, authenticated=True)
     host.open_session("secure", "penalty", 10**7, secure=opening)
     theta = np.zeros((CHAINS, 1))
     counters = {"plain": 0, "secure": 0}
