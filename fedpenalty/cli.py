@@ -112,7 +112,6 @@ def cmd_owner_serve(args: argparse.Namespace) -> int:
 
     from .owner import Ledger
     from .owner.host import OwnerHost
-    from .owner.key_requests import KeyRequests
     from .owner.owner_config import build_node, load_owner_config
     from .owner.server import check_exposure, serve
 
@@ -153,7 +152,7 @@ def cmd_owner_serve(args: argparse.Namespace) -> int:
             allowed_clients=first.allowed_clients,
             insecure=args.insecure,
             peers=first.peer_auth(),
-            key_requests=KeyRequests(first.secure_sessions_per_day),
+            key_requests=first.key_requests(),
         )
     finally:
         for ledger in ledgers.values():

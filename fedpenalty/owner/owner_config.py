@@ -38,7 +38,7 @@ from ..errors import ConfigError
 from ..kinds import KINDS
 from ..models import Model, build_model, search_folders
 from ..schema import NonEmptyStr, PositiveInt, Section, one_of, refusal, validate_file
-from .key_requests import DEFAULT_SESSIONS_PER_DAY
+from .key_requests import DEFAULT_SESSIONS_PER_DAY, KeyRequests
 from .ledger import Ledger
 from .node import OwnerNode
 from .peer_auth import PeerAuth
@@ -174,6 +174,10 @@ class OwnerConfig:
                     "from the owner file's folder)"
                 )
 
+    def key_requests(self) -> KeyRequests:
+        """How many new secure sessions a client may ask this owner's keys for, per day."""
+        return KeyRequests(self.secure_sessions_per_day)
+
     def peer_auth(self) -> PeerAuth | None:
         """How this owner authenticates secure-aggregation peers (None: it does not)."""
         if not self.allowed_peers or self.tls is None or self.peer_ca is None:
@@ -231,11 +235,18 @@ def load_owner_config(
         tls=tls,
         allowed_clients=tuple(server.allowed_clients),
         max_message_bytes=server.max_message_bytes,
-        peer_ca=base / server.peer_ca if server.peer_ca else None,
-        allowed_peers=tuple(server.allowed_peers),
         source=path,
-        secure_sessions_per_day=server.secure_sessions_per_day,
+        **_peer_settings(server, base),
     )
+
+
+def _peer_settings(server: ServerSection, base: Path) -> dict[str, Any]:
+    """``OwnerConfig``'s secure-aggregation server settings (``peer_ca`` read from ``base``)."""
+    return {
+        "peer_ca": base / server.peer_ca if server.peer_ca else None,
+        "allowed_peers": tuple(server.allowed_peers),
+        "secure_sessions_per_day": server.secure_sessions_per_day,
+    }
 
 
 #: OWNER.toml's names of the noise level, one per query kind (``QueryKind.noise_key``).
