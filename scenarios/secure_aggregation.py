@@ -73,12 +73,9 @@ from fedpenalty.diagnostics import summarize
 from fedpenalty.models import build_model
 from fedpenalty.owner import Ledger, OwnerHost, OwnerNode
 from fedpenalty.owner.aggregation import (
-    PeerKey,
     SecureOpen,
     SecureSession,
-    graph_commitment,
-    graph_share,
-    public_bytes,
+    revealed_key,
     session_private_key,
 )
 from fedpenalty.owner.mask_graph import graph_degree
@@ -195,14 +192,6 @@ def run_mode(
 # --------------------------------------------------------------------------- masking cost
 
 
-def peer_key(name: str, k: int) -> PeerKey:
-    """Peer ``name``'s key for session "secure" (random), with its graph commitment and share."""
-    private = session_private_key(k.to_bytes(32, "little"), "secure")
-    public, share = public_bytes(private), graph_share(private, "secure")
-    return PeerKey(name, public, commitment=graph_commitment("secure", name, public, share),
-                   share=share)  # fmt: skip
-
-
 def masking_cost(
     owners: int, colluders: int, seconds: float, rounds: int, folder: Path
 ) -> dict[str, Any]:
@@ -216,7 +205,10 @@ def masking_cost(
     ledger = Ledger(folder / f"cost-{owners}-{colluders}.sqlite")
     node = OwnerNode("owner-0", MODEL, records, policy, ledger, noise_key=NoiseKey.from_os())
     host = OwnerHost([node])
-    peers = [peer_key(f"peer-{k}", k) for k in range(1, owners)]
+    peers = [
+        revealed_key(f"peer-{k}", session_private_key(k.to_bytes(32, "little"), "secure"), "secure")
+        for k in range(1, owners)
+    ]
     # the reveal round (a sparse graph's seed): the owner binds every commitment, then reveals
     listed = [*host.session_keys("secure"), *(replace(p, share=b"") for p in peers)]
     own = host.reveal_shares("secure", listed)

@@ -26,9 +26,9 @@ from fedpenalty.owner.aggregation import (
     PeerKey,
     SecureOpen,
     graph_commitment,
-    graph_share,
     masking_graph,
     public_bytes,
+    revealed_key,
     session_private_key,
 )
 from fedpenalty.owner.key_requests import KeyRequests
@@ -91,10 +91,7 @@ def refusal(hosts: list[OwnerHost], session: str, peers) -> str:
 
 def colluder_key(name: str, session: str, seed: int) -> PeerKey:
     """A fresh key, commitment and matching share for owner ``name`` (a colluder grinding)."""
-    private = session_private_key(bytes([seed]) * 32, session)
-    public, share = public_bytes(private), graph_share(private, session)
-    return PeerKey(name, public, commitment=graph_commitment(session, name, public, share),
-                   share=share)  # fmt: skip
+    return revealed_key(name, session_private_key(bytes([seed]) * 32, session), session)
 
 
 @pytest.fixture

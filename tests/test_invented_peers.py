@@ -28,10 +28,9 @@ from fedpenalty.owner import Ledger, OwnerHost, OwnerNode, wire
 from fedpenalty.owner.aggregation import (
     PeerKey,
     SecureOpen,
-    graph_commitment,
-    graph_share,
     lattice_step,
     public_bytes,
+    revealed_key,
     session_private_key,
 )
 from fedpenalty.owner.noise.lattice import lattice_sensitivity
@@ -53,10 +52,7 @@ POLICY = {"sigma": 1.0, "max_step": 0.05, "budget_epsilon": 1e6, "total_noise_sd
 def invented_key(name: str, session: str, k: int) -> PeerKey:
     """A key the coordinator holds, with its graph commitment and share (K > 64: a sparse
     graph, whose seed the owners commit to and reveal, docs/design.md §2.6)."""
-    private = session_private_key(bytes([k]) * 32, session)
-    public, share = public_bytes(private), graph_share(private, session)
-    commitment = graph_commitment(session, name, public, share)
-    return PeerKey(name, public, commitment=commitment, share=share)
+    return revealed_key(name, session_private_key(bytes([k]) * 32, session), session)
 
 
 def invented_open(stub, session: str, own: PeerKey) -> pb.OpenSessionRequest:

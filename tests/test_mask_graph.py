@@ -22,11 +22,9 @@ from fedpenalty.owner import Ledger, OwnerNode
 from fedpenalty.owner.aggregation import (
     PeerKey,
     SecureSession,
-    graph_commitment,
-    graph_share,
     lattice_step,
     masking_graph,
-    public_bytes,
+    revealed_key,
     session_private_key,
 )
 from fedpenalty.owner.mask_graph import (
@@ -112,11 +110,7 @@ def keys(count: int, session: str = "s") -> tuple[list[PeerKey], list]:
     """``count`` owners' keys for ``session``, each with its graph commitment and revealed share
     (a sparse graph's seed hashes the shares, docs/design.md §2.6)."""
     private = [session_private_key(bytes([k % 256, k // 256]) * 16, session) for k in range(count)]
-    peers = []
-    for k, p in enumerate(private):
-        name, public, share = f"o{k:05d}", public_bytes(p), graph_share(p, session)
-        commitment = graph_commitment(session, name, public, share)
-        peers.append(PeerKey(name, public, commitment=commitment, share=share))
+    peers = [revealed_key(f"o{k:05d}", p, session) for k, p in enumerate(private)]
     return peers, private
 
 

@@ -329,6 +329,14 @@ def graph_commitment(session: str, owner: str, public_key: bytes, share: bytes) 
     return hashlib.sha256(fields(*parts)).digest()
 
 
+def revealed_key(owner: str, key: X25519PrivateKey, session: str) -> PeerKey:
+    """``owner``'s public key for ``session`` from its private ``key``, with its commitment and
+    its share (``graph_share``) revealed."""
+    public, share = public_bytes(key), graph_share(key, session)
+    commitment = graph_commitment(session, owner, public, share)
+    return PeerKey(owner, public, commitment=commitment, share=share)
+
+
 def commitments_digest(session: str, peers: Sequence[PeerKey]) -> bytes:
     """SHA-256 of ``session`` and every (name, key, commitment) in name order: what an owner
     binds before it reveals its share (``reveal.reveal_shares``)."""

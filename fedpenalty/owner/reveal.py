@@ -27,9 +27,8 @@ from .aggregation import (
     SecureOpen,
     check_shares,
     commitments_digest,
-    graph_commitment,
-    graph_share,
     peers_view,
+    revealed_key,
 )
 from .mask_graph import graph_degree
 from .node import OwnerNode
@@ -44,11 +43,7 @@ def sparse(owners: int, colluders: int) -> bool:
 def committed_key(node: OwnerNode, session: str) -> PeerKey:
     """``node``'s public key for ``session`` with its commitment to its graph share, both revealed
     (``share``) — the share is stripped before the key leaves the owner (``committed_keys``)."""
-    private = node.session_private_key(session)
-    key = node.session_key(session)
-    share = graph_share(private, session)
-    commitment = graph_commitment(session, key.owner, key.public_key, share)
-    return replace(key, commitment=commitment, share=share)
+    return revealed_key(node.name, node.session_private_key(session), session)
 
 
 def committed_keys(nodes: Sequence[OwnerNode], session: str) -> list[PeerKey]:
