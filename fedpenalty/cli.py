@@ -127,6 +127,7 @@ def cmd_owner_serve(args: argparse.Namespace) -> int:
             "max_message_bytes",
             "peer_ca",
             "allowed_peers",
+            "secure_sessions_per_day",
         )
         for key in shared:
             if getattr(c, key) != getattr(first, key):
@@ -151,6 +152,7 @@ def cmd_owner_serve(args: argparse.Namespace) -> int:
             allowed_clients=first.allowed_clients,
             insecure=args.insecure,
             peers=first.peer_auth(),
+            key_requests=first.key_requests(),
         )
     finally:
         for ledger in ledgers.values():

@@ -53,6 +53,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -72,10 +73,9 @@ from fedpenalty.diagnostics import summarize
 from fedpenalty.models import build_model
 from fedpenalty.owner import Ledger, OwnerHost, OwnerNode
 from fedpenalty.owner.aggregation import (
-    PeerKey,
     SecureOpen,
     SecureSession,
-    public_bytes,
+    revealed_key,
     session_private_key,
 )
 from fedpenalty.owner.mask_graph import graph_degree
@@ -205,13 +205,16 @@ def masking_cost(
     ledger = Ledger(folder / f"cost-{owners}-{colluders}.sqlite")
     node = OwnerNode("owner-0", MODEL, records, policy, ledger, noise_key=NoiseKey.from_os())
     host = OwnerHost([node])
-    peers = [node.session_key("secure")] + [
-        PeerKey(f"peer-{k}", public_bytes(session_private_key(k.to_bytes(32, "little"), "secure")))
+    peers = [
+        revealed_key(f"peer-{k}", session_private_key(k.to_bytes(32, "little"), "secure"), "secure")
         for k in range(1, owners)
     ]
+    # the reveal round (a sparse graph's seed): the owner binds every commitment, then reveals
+    listed = [*host.session_keys("secure"), *(replace(p, share=b"") for p in peers)]
+    own = host.reveal_shares("secure", listed)
     host.open_session("plain", "penalty", 10**7)
     # as its server passes the request on once it authenticated the peers (PeerAuth.check)
-    opening = SecureOpen(tuple(peers), SIGMA, colluders, authenticated=True)
+    opening = SecureOpen((*own, *peers), SIGMA, colluders, authenticated=True)
     host.open_session("secure", "penalty", 10**7, secure=opening)
     theta = np.zeros((CHAINS, 1))
     counters = {"plain": 0, "secure": 0}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import subprocess
+from dataclasses import replace
 
 import grpc
 import numpy as np
@@ -29,6 +30,7 @@ from fedpenalty.owner.aggregation import (
     SecureOpen,
     lattice_step,
     public_bytes,
+    revealed_key,
     session_private_key,
 )
 from fedpenalty.owner.noise.lattice import lattice_sensitivity
@@ -47,14 +49,23 @@ ANSWERS = 20
 POLICY = {"sigma": 1.0, "max_step": 0.05, "budget_epsilon": 1e6, "total_noise_sd": S}
 
 
-def invented_open(session: str, own: PeerKey) -> pb.OpenSessionRequest:
-    """The coordinator's open of ``session``: the real owner's key and 99 keys it holds."""
-    invented = [
-        PeerKey(f"invented-{k:02d}", public_bytes(session_private_key(bytes([k]) * 32, session)))
-        for k in range(1, K)
-    ]
+def invented_key(name: str, session: str, k: int) -> PeerKey:
+    """A key the coordinator holds, with its graph commitment and share (K > 64: a sparse
+    graph, whose seed the owners commit to and reveal, docs/design.md §2.6)."""
+    return revealed_key(name, session_private_key(bytes([k]) * 32, session), session)
+
+
+def invented_open(stub, session: str, own: PeerKey) -> pb.OpenSessionRequest:
+    """The coordinator's open of ``session``: the real owner's key and 99 keys it holds, after
+    the reveal round (the owner reveals its share for the list)."""
+    invented = [invented_key(f"invented-{k:02d}", session, k) for k in range(1, K)]
+    listed = [own, *(replace(k, share=b"") for k in invented)]
+    reveal = pb.RevealSharesRequest(session=session)
+    reveal.peers.extend(wire.peer_key_message(k) for k in listed)
+    (revealed,) = stub.RevealShares(reveal, timeout=30).shares
+    peers = (wire.peer_key(revealed), *invented)
     request = pb.OpenSessionRequest(session=session, algorithm="penalty", planned_answers=ANSWERS)
-    request.secure.CopyFrom(wire.secure_message(SecureOpen((own, *invented), S, T)))
+    request.secure.CopyFrom(wire.secure_message(SecureOpen(peers, S, T)))
     return request
 
 
@@ -77,7 +88,7 @@ def test_a_deployed_owner_refuses_a_session_of_invented_peers(tmp_path, procs):
     naming the OWNER.toml keys to set, nothing recorded."""
     with serve_alice(tmp_path, procs) as channel:
         stub = pb_grpc.OwnerStub(channel)
-        request = invented_open("attack", own_key(stub, "attack"))
+        request = invented_open(stub, "attack", own_key(stub, "attack"))
         with pytest.raises(grpc.RpcError) as info:
             stub.OpenSession(request, timeout=30)
         assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
@@ -95,7 +106,7 @@ def test_charge_own_noise_makes_the_ledger_true_against_invented_peers(tmp_path,
     ledger charges each answer μ = (Δ + γ)/(s/√(K − t)): the ε the coordinator can get."""
     with serve_alice(tmp_path, procs, unauthenticated_peers="charge_own_noise") as channel:
         stub = pb_grpc.OwnerStub(channel)
-        stub.OpenSession(invented_open("attack", own_key(stub, "attack")), timeout=30)
+        stub.OpenSession(invented_open(stub, "attack", own_key(stub, "attack")), timeout=30)
         for i in range(ANSWERS):
             theta = [0.1]
             stub.LogRatio(
@@ -152,10 +163,9 @@ def test_the_plan_check_uses_the_own_noise_too():
         GaussianSpend(plan, plan * mu_own**2, mu_own), [], 1e-5, "replace_one", True
     )
     assert fits[0] < 10.0 < passes[0]
-    keys = [node.session_key("s")] + [
-        PeerKey(f"x{k}", public_bytes(session_private_key(bytes([k]) * 32, "s")))
-        for k in range(1, K)
-    ]
+    invented = [invented_key(f"x{k}", "s", k) for k in range(1, K)]
+    listed = [*host.session_keys("s"), *(replace(k, share=b"") for k in invented)]
+    keys = [*host.reveal_shares("s", listed), *invented]  # the reveal round (K > 64)
     with pytest.raises(BudgetExhausted):
         host.open_session("s", "penalty", plan, max_step=step, secure=SecureOpen(tuple(keys), S, T))
     assert node.ledger.session("alice", "s") is None

@@ -24,7 +24,7 @@ from fedpenalty.owner.aggregation import (
     SecureSession,
     lattice_step,
     masking_graph,
-    public_bytes,
+    revealed_key,
     session_private_key,
 )
 from fedpenalty.owner.mask_graph import (
@@ -107,8 +107,10 @@ def test_small_sessions_use_the_complete_graph():
 
 
 def keys(count: int, session: str = "s") -> tuple[list[PeerKey], list]:
+    """``count`` owners' keys for ``session``, each with its graph commitment and revealed share
+    (a sparse graph's seed hashes the shares, docs/design.md §2.6)."""
     private = [session_private_key(bytes([k % 256, k // 256]) * 16, session) for k in range(count)]
-    peers = [PeerKey(f"o{k:05d}", public_bytes(p)) for k, p in enumerate(private)]
+    peers = [revealed_key(f"o{k:05d}", p, session) for k, p in enumerate(private)]
     return peers, private
 
 
@@ -122,7 +124,7 @@ def test_every_owner_derives_the_same_regular_graph_from_the_transcript():
     each = [set(masking_graph("s", terms, peers).neighbours(np.array([i]))[0]) for i in range(300)]
     assert all(len(n) == graph.degree and i not in n for i, n in enumerate(each))
     assert all(i in each[j] for i, n in enumerate(each) for j in n)
-    assert not np.array_equal(masking_graph("s2", terms, peers).place, graph.place)
+    assert not np.array_equal(masking_graph("s2", terms, keys(300, "s2")[0]).place, graph.place)
     other = masking_graph("s", SecureTerms(300, 149, 1.0), peers)
     assert not np.array_equal(other.place, graph.place)
 

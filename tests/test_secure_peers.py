@@ -52,7 +52,8 @@ def auths(tmp_path) -> dict[str, PeerAuth]:
 
 def signed_keys(auths, session="s") -> tuple[dict[str, OwnerNode], list[PeerKey]]:
     nodes = {n: node(n) for n in NAMES}
-    return nodes, [auths[n].sign(session, nodes[n].session_key(session)) for n in NAMES]
+    keys = [OwnerHost([nodes[n]]).session_keys(session)[0] for n in NAMES]
+    return nodes, [auths[n].sign(session, k) for n, k in zip(NAMES, keys)]
 
 
 def test_signed_keys_from_allowed_peers_pass(auths):
@@ -77,6 +78,8 @@ def test_a_coordinator_can_neither_invent_nor_swap_nor_replay_peer_keys(auths, t
     swapped = replace(keys[1], public_key=keys[2].public_key)
     assert "not signed" in refusal([keys[0], swapped, keys[2]])
     assert "not signed" in refusal(keys, session="t")  # keys signed for "s" replayed in "t"
+    recommitted = replace(keys[1], commitment=bytes(32))  # a graph commitment swapped
+    assert "not signed" in refusal([keys[0], recommitted, keys[2]])
     (tmp_path / "other").mkdir()
     other = TestCA(tmp_path / "other")
     cert, key = other.leaf("bob", "bob", dns=("bob.example.org",), owners=("bob",))

@@ -104,6 +104,7 @@ def every_owner_rpc(stub) -> dict[str, Callable]:
         ),
         "PrivacyReport": lambda: stub.PrivacyReport(pb.PrivacyReportRequest(), timeout=10),
         "SessionKeys": lambda: stub.SessionKeys(pb.SessionKeysRequest(session="s"), timeout=10),
+        "RevealShares": lambda: stub.RevealShares(pb.RevealSharesRequest(session="s"), timeout=10),
         "Query": lambda: list(stub.Query(iter([query]), timeout=10)),
         "Ask": lambda: stub.Ask(
             wire.kind_query("log_ratio", "s", 1, [0], {"theta": [[0.0]], "theta_prop": [[0.01]]}),
@@ -170,7 +171,8 @@ def test_a_second_allowed_client_cannot_use_or_close_the_first_clients_session(m
     stubs, files, address = mtls
     first, second = stubs["coordinator-a"], stubs["coordinator-b"]
     calls = every_owner_rpc(second)
-    for name in ("CloseSession", "LogRatio", "SuffStats", "Gradient", "SessionKeys", "Ask"):
+    for name in ("CloseSession", "LogRatio", "SuffStats", "Gradient", "SessionKeys", "Ask",
+                 "RevealShares"):  # fmt: skip
         with pytest.raises(grpc.RpcError) as refused:
             calls[name]()
         assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED, name

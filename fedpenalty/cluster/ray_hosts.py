@@ -50,6 +50,7 @@ HOST_METHODS = frozenset(
     {
         "describe",
         "session_keys",
+        "reveal_shares",
         "open",
         "close_session",
         "privacy_reports",

@@ -53,6 +53,7 @@ from ..kinds.per_owner import split_by_host
 from ..models import Model, check_owner_models
 from ..models.compat import ModelIdentity
 from ..owner import wire
+from ..owner.aggregation import PeerKey
 from ..owner.owner_config import TlsFiles
 from ..owner.session_request import SessionRequest
 from ..proto import owner_pb2 as pb
@@ -203,7 +204,10 @@ class GrpcOracle(Oracle):
         single-kind fields of ``OpenSession`` (as before sessions of several kinds), several
         in its ``kinds`` (``wire.open_message``)."""
         session = session or uuid.uuid4().hex
-        peers = None if secure is None else secure_open(self._session_keys(session), secure)
+        peers = None
+        if secure is not None:
+            keys = self._session_keys(session)
+            peers = secure_open(keys, secure, lambda k: self._reveal_shares(session, k))
         asked = SessionRequest.several(session, terms, secure=peers, model=self._model)
         request = wire.open_message(asked)
         self._run(self._each(lambda h: self._unary(h, h.stub.OpenSession, request)))
@@ -219,6 +223,14 @@ class GrpcOracle(Oracle):
         if [k.owner for k in keys] != [o.name for o in self.describe()]:
             raise OwnerError("the owner hosts sent session keys of other owners than they describe")
         return keys
+
+    def _reveal_shares(self, session: str, keys: Sequence[PeerKey]) -> list[PeerKey]:
+        """Every host's owners' graph shares for ``session``, given every owner's key and
+        commitment ``keys`` (``RevealShares``; secure aggregation with a sparse graph)."""
+        request = pb.RevealSharesRequest(session=session)
+        request.peers.extend(wire.peer_key_message(k) for k in keys)
+        replies = self._run(self._each(lambda h: self._unary(h, h.stub.RevealShares, request)))
+        return [wire.peer_key(k) for reply in replies for k in reply.shares]
 
     def query(
         self, kind: str, iteration: int, chains: np.ndarray, substep: int = 0, **arrays: Any

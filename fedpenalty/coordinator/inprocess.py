@@ -47,7 +47,8 @@ class InProcessOracle(Oracle):
         session = session or uuid.uuid4().hex
         request = None
         if secure is not None:
-            request = secure_open(self.host.session_keys(session), secure)
+            keys = self.host.session_keys(session)
+            request = secure_open(keys, secure, lambda k: self.host.reveal_shares(session, k))
         self.host.open(SessionRequest.several(session, terms, secure=request, model=self._model))
         self.session = session
         return session

@@ -63,7 +63,7 @@ class RayOracle(Oracle):
         session = session or uuid.uuid4().hex
         request = None
         if secure is not None:
-            request = secure_open(self._session_keys(session), secure)
+            request = secure_open(self._session_keys(session), secure, self._revealer(session))
         asked = SessionRequest.several(session, terms, secure=request, model=self._model)
         self._each("open", asked)
         self.session = session
@@ -75,6 +75,13 @@ class RayOracle(Oracle):
         if [k.owner for k in keys] != [o.name for o in self._owners]:
             raise OwnerError("the Ray actors sent session keys of other owners than they describe")
         return keys
+
+    def _revealer(self, session: str):
+        """The reveal round of ``session`` (``secure_sum.secure_open``): every actor's owners'
+        graph shares, given every owner's key and commitment."""
+        return lambda keys: [
+            k for block in self._each("reveal_shares", session, keys) for k in block
+        ]
 
     def query(
         self, kind: str, iteration: int, chains: np.ndarray, substep: int = 0, **arrays: Any

@@ -1,12 +1,14 @@
 """The coordinator's side of secure aggregation (docs/design.md §2.6): relay the owners'
-session keys, and turn the owner hosts' replies into ``Answers`` — plain answers stacked, masked
-sums added mod 2⁶⁴ and decoded. Every transport calls these; none decodes on its own.
+session keys (and, for a sparse masking graph, their commitments and revealed shares), and turn
+the owner hosts' replies into ``Answers`` — plain answers stacked, masked sums added mod 2⁶⁴
+and decoded. Every transport calls these; none decodes on its own.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -17,12 +19,27 @@ from ..kinds import query_kind
 from ..owner.aggregation import PeerKey, Reply, SecureOpen
 from ..owner.mask_graph import COMPLETE_UP_TO, FAILURE_BITS
 from ..owner.noise.lattice import FLOAT_EXACT_LIMIT, from_lattice
+from ..owner.reveal import sparse
 from .oracle import Answers, SecureAggregation
 
 
-def secure_open(keys: Sequence[PeerKey], secure: SecureAggregation) -> SecureOpen:
-    """The open request every owner receives: all owners' ``keys`` and the asked s and t."""
-    return SecureOpen(tuple(keys), float(secure.total_noise_sd), int(secure.colluders))
+def secure_open(
+    keys: Sequence[PeerKey],
+    secure: SecureAggregation,
+    reveal: Callable[[tuple[PeerKey, ...]], Sequence[PeerKey]] | None = None,
+) -> SecureOpen:
+    """The open request every owner receives: all owners' ``keys`` and the asked s and t. With a
+    sparse masking graph, after the reveal round: ``reveal`` relays every key and commitment to
+    every host and returns the hosts' keys with their revealed shares (any order), which join
+    the keys (docs/design.md §2.6, "Commit, then reveal"). ``OwnerError`` for shares of other
+    owners than the keys'."""
+    peers = tuple(keys)
+    if reveal is not None and sparse(len(peers), int(secure.colluders)):
+        shares = {k.owner: k.share for k in reveal(peers)}
+        if sorted(shares) != sorted(k.owner for k in peers):
+            raise OwnerError("the owner hosts revealed graph shares of other owners than sent keys")
+        peers = tuple(replace(k, share=shares[k.owner]) for k in peers)
+    return SecureOpen(peers, float(secure.total_noise_sd), int(secure.colluders))
 
 
 def owner_noise_sd(secure: SecureAggregation | None, sigma: np.ndarray, owners: int) -> np.ndarray:

@@ -18,7 +18,9 @@ units. The masks cancel in the sum over the K owners, so the coordinator learns 
   and nothing decodes.
 * **Masking graph.** Owners mask only with their neighbours in the session's graph: the complete
   graph for small K, else the SecAgg+ Harary graph over a ring order hashed from the session's
-  keys and terms, which every owner derives itself (``masking_graph``, ``mask_graph``).
+  keys and terms and every owner's share of the seed, committed to with its key and revealed
+  once every commitment is fixed (``graph_seed``, ``reveal``), which every owner derives itself
+  (``masking_graph``, ``mask_graph``).
 * **Pair secrets.** For neighbours a < b (in name order): HKDF-SHA256 of X25519(sk_a, pk_b),
   salted with the transcript, with both names as info (``pair_secrets``).
 * **Masks.** Owner a adds +m_ab and owner b adds −m_ab (mod 2⁶⁴). The words of m_ab for
@@ -50,16 +52,23 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    NoEncryption,
+    PrivateFormat,
+    PublicFormat,
+)
 
 from ..common import Policy, SecureTerms
 from ..errors import InvalidRequest, NotPermitted
-from .mask_graph import MaskGraph, graph_failure
+from .mask_graph import MaskGraph, graph_degree, graph_failure
 from .noise.lattice import LATTICE_BITS
 from .noise.seeded import keyed_words
 
 PROTOCOL = b"fedpenalty.secure-aggregation.v1"
 PUBLIC_KEY_BYTES = 32
+#: Bytes of a graph-seed share and of its commitment.
+SHARE_BYTES = 32
 #: Words of one pair's masks computed at once (pairs × keys per chunk): bounds the memory.
 MASK_CHUNK = 1 << 22
 
@@ -70,12 +79,16 @@ _U64 = np.uint64
 class PeerKey:
     """One owner's public X25519 key (32 raw bytes) for a session, relayed by the coordinator;
     from an owner server with peer authentication also its TLS ``certificate`` (PEM) and its
-    ``signature`` of the key (``peer_auth.PeerAuth``)."""
+    ``signature`` of the key and commitment (``peer_auth.PeerAuth``). ``commitment``: SHA-256
+    binding its graph ``share`` (32 bytes each; ``graph_commitment``), the share itself
+    revealed only once every commitment is fixed (docs/design.md §2.6, "Commit, then reveal")."""
 
     owner: str
     public_key: bytes
     signature: bytes = b""
     certificate: bytes = b""
+    commitment: bytes = b""
+    share: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -177,7 +190,7 @@ def agree(
             f"privacy.colluders = {t}",
             owner,
         )
-    view = _peers_view(request.peers)
+    view = peers_view(request.peers)
     if view.problem:
         raise InvalidRequest(view.problem, owner)
     if view.keys.get(owner) != own_key:
@@ -221,7 +234,7 @@ class _PeersView:
 _VIEWS: dict[int, tuple[Sequence[PeerKey], _PeersView]] = {}
 
 
-def _peers_view(peers: Sequence[PeerKey]) -> _PeersView:
+def peers_view(peers: Sequence[PeerKey]) -> _PeersView:
     """``_PeersView`` of ``peers``: names and keys distinct (a repeated key would inflate K),
     keys 32 bytes."""
     kept = _VIEWS.get(id(peers))
@@ -289,13 +302,76 @@ GRAPH_LABEL = "\x00masking graph"
 
 
 def masking_graph(session: str, terms: SecureTerms, peers: Sequence[PeerKey]) -> MaskGraph:
-    """The session's masking graph (``mask_graph.MaskGraph``, owners in name order): seeded by
-    the transcript of the session, s, t, K and every (name, key) under ``GRAPH_LABEL``, so every
-    owner derives it — and its own neighbours — from what it was shown, and all kinds of a
-    session share it (docs/design.md §2.6, "The masking graph")."""
+    """The session's masking graph (``mask_graph.MaskGraph``, owners in name order). A sparse
+    graph's ring order is seeded by ``graph_seed`` — the transcript under ``GRAPH_LABEL`` and
+    every owner's revealed share — so every owner derives it, and its own neighbours, from what
+    it was shown, and all kinds of a session share it; the complete graph needs no seed
+    (docs/design.md §2.6, "The masking graph")."""
     names = sorted(p.owner for p in peers)
-    seed = transcript(session, GRAPH_LABEL, terms, peers)
+    sparse = graph_degree(len(names), terms.colluders)[0] < len(names) - 1
+    seed = graph_seed(session, terms, peers) if sparse else b""
     return MaskGraph.of(seed, names, terms.colluders)
+
+
+# --------------------------------------------------------------------------- the graph's seed
+
+
+def graph_share(key: X25519PrivateKey, session: str) -> bytes:
+    """An owner's 32-byte share of ``session``'s graph seed: HMAC-SHA256 keyed by its session
+    private key, so a restarted owner reveals the same share and nobody else can predict it."""
+    secret = key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+    return hmac.digest(secret, fields(PROTOCOL, b"graph share", session.encode()), "sha256")
+
+
+def graph_commitment(session: str, owner: str, public_key: bytes, share: bytes) -> bytes:
+    """SHA-256 commitment of ``owner`` to its ``share`` (and its ``public_key``) in ``session``."""
+    parts = (PROTOCOL, b"graph commitment", session.encode(), owner.encode(), public_key, share)
+    return hashlib.sha256(fields(*parts)).digest()
+
+
+def revealed_key(owner: str, key: X25519PrivateKey, session: str) -> PeerKey:
+    """``owner``'s public key for ``session`` from its private ``key``, with its commitment and
+    its share (``graph_share``) revealed."""
+    public, share = public_bytes(key), graph_share(key, session)
+    commitment = graph_commitment(session, owner, public, share)
+    return PeerKey(owner, public, commitment=commitment, share=share)
+
+
+def commitments_digest(session: str, peers: Sequence[PeerKey]) -> bytes:
+    """SHA-256 of ``session`` and every (name, key, commitment) in name order: what an owner
+    binds before it reveals its share (``reveal.reveal_shares``)."""
+    parts = [PROTOCOL, b"commitments", session.encode()]
+    for p in sorted(peers, key=lambda p: p.owner):
+        parts += [p.owner.encode(), p.public_key, p.commitment]
+    return hashlib.sha256(fields(*parts)).digest()
+
+
+def check_shares(session: str, peers: Sequence[PeerKey], owner: str | None = None) -> None:
+    """``InvalidRequest`` (naming the peer; ``owner``: who refuses) unless every peer revealed
+    a share that matches its commitment."""
+    for p in peers:
+        if len(p.commitment) != SHARE_BYTES or len(p.share) != SHARE_BYTES:
+            raise InvalidRequest(
+                f"peer {p.owner!r} has no {SHARE_BYTES}-byte graph commitment and revealed "
+                "share: a sparse masking graph needs every owner's (docs/design.md §2.6)",
+                owner,
+            )
+        if graph_commitment(session, p.owner, p.public_key, p.share) != p.commitment:
+            raise InvalidRequest(
+                f"the graph share revealed for peer {p.owner!r} does not match its commitment",
+                owner,
+            )
+
+
+def graph_seed(session: str, terms: SecureTerms, peers: Sequence[PeerKey]) -> bytes:
+    """SHA-256 of the transcript under ``GRAPH_LABEL`` (session, s, t, K, every (name, key)),
+    the commitments and every revealed share in name order; ``InvalidRequest`` for a missing
+    or mismatched share (``check_shares``). Uniform while one owner's share is unknown to the
+    others when they commit."""
+    check_shares(session, peers)
+    shares = [p.share for p in sorted(peers, key=lambda p: p.owner)]
+    digest = transcript(session, GRAPH_LABEL, terms, peers)
+    return hashlib.sha256(fields(digest, commitments_digest(session, peers), *shares)).digest()
 
 
 def lattice_step(terms: SecureTerms) -> float:

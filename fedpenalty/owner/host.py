@@ -33,6 +33,7 @@ from .mechanism import HostNoise
 from .node import SESSION_EVENTS, OwnerNode, close_sessions, open_sessions, privacy_reports
 from .pipeline import AnswerPipeline, Asked, KindPath, Planned
 from .pipeline import reply as reply_of
+from .reveal import check_open, committed_keys, reveal_shares
 from .session_request import SessionRequest
 from .validation import RequestChecks, StepLimits
 
@@ -113,6 +114,7 @@ class OwnerHost:
         if secure is not None:
             kinds = [query_kind(t.kind, self.label).ledger_name for t in terms]
             mechanisms = self._noise.secure_mechanisms(session, kinds, secure)
+            check_open(self.nodes, session, secure)  # the graph's revealed shares
         open_sessions(self.nodes, request)
         if mechanisms is not None:
             self._noise.keep_secure(session, mechanisms)
@@ -122,8 +124,14 @@ class OwnerHost:
 
     def session_keys(self, session: str) -> list[PeerKey]:
         """Every hosted owner's public X25519 key for ``session`` (secure aggregation: the
-        coordinator relays them to every participant before it opens the session)."""
-        return [n.session_key(session) for n in self.nodes]
+        coordinator relays them to every participant before it opens the session), each with
+        its commitment to its share of the masking graph's seed (``reveal.committed_keys``)."""
+        return committed_keys(self.nodes, session)
+
+    def reveal_shares(self, session: str, peers: Sequence[PeerKey]) -> list[PeerKey]:
+        """Every hosted owner's graph share for ``session``, revealed once it holds and has bound
+        every owner's commitment ``peers`` (``reveal.reveal_shares``; docs/design.md §2.6)."""
+        return reveal_shares(self.nodes, session, peers)
 
     def close_session(self, session: str) -> None:
         close_sessions(self.nodes, session)

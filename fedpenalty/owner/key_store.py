@@ -1,9 +1,10 @@
 """The ledger's key store: what it keeps of secure aggregation (docs/design.md §2.6; §4, "The
 ledger's parts") — each owner's secure sessions (``secure_sessions``: the K, t and s it counted
 and assumed and the transcript hash of the peers' keys; a resumed session must show the same)
-and its agreement secret (``agreement``: drawn from OS entropy once; its X25519 session keys
-derive from it, so a restarted owner continues its sessions). The ledger file must therefore be
-kept as private as the owner's data."""
+its agreement secret (``agreement``: drawn from OS entropy once; its X25519 session keys
+derive from it, so a restarted owner continues its sessions) and the commitments each owner
+revealed its graph share for (``graph_reveals``). The ledger file must therefore be kept as
+private as the owner's data."""
 
 from __future__ import annotations
 
@@ -75,6 +76,42 @@ class KeyStore:
                 "SELECT secret FROM agreement WHERE owner_id=?", (owner_id,)
             ).fetchone()
         return bytes(row[0])
+
+    def bind_commitments(self, owners: list[str], session: str, digest: bytes) -> list[str]:
+        """Bind each of ``owners``' graph-share reveal in ``session`` to the commitments
+        ``digest`` (first time) and return those already bound to another digest — then nothing
+        is written (docs/design.md §2.6, "Commit, then reveal")."""
+        with self.store.writing():
+            session_id = self.store.id(session)
+            ids = [self.store.id(o) for o in owners]
+            bound = dict(
+                self.store.db.execute(
+                    "SELECT owner_id, commitments FROM graph_reveals WHERE session_id=?",
+                    (session_id,),
+                )
+            )
+            clash = [o for o, i in zip(owners, ids) if bytes(bound.get(i, digest)) != digest]
+            if not clash:
+                self.store.db.executemany(
+                    "INSERT OR IGNORE INTO graph_reveals(owner_id, session_id, commitments) "
+                    "VALUES (?,?,?)",
+                    [(i, session_id, digest) for i in ids],
+                )
+        return clash
+
+    def bound_commitments(self, owners: list[str], session: str) -> dict[str, bytes]:
+        """Owner → the commitments digest its reveal in ``session`` is bound to (bound only)."""
+        with self.store.reading():
+            self.store.load_names()  # ids of names never recorded are -1: nothing written
+            session_id = self.store.known_id(session)
+            bound = dict(
+                self.store.db.execute(
+                    "SELECT owner_id, commitments FROM graph_reveals WHERE session_id=?",
+                    (session_id,),
+                )
+            )
+            ids = {o: self.store.known_id(o) for o in owners}
+        return {o: bytes(bound[i]) for o, i in ids.items() if i in bound}
 
     def record(self, ids: list[int], owners: list[Opening], session: str) -> None:
         """Record the secure session of each opening owner that has one (owner ids ``ids``;

@@ -37,6 +37,9 @@ owners that answered together) and hold one value per owner:
   K, t and s the owner counted and assumed and the transcript hash of the peers' keys; a
   resumed session must show the same. Answers of these sessions are stored masked (uint64
   lattice words, the check word last), so a replay releases exactly what was released.
+* ``graph_reveals`` — per (owner, session) whose share of a sparse masking graph's seed it
+  revealed: the digest of the peers' commitments it revealed for; it never reveals for other
+  commitments in that session (docs/design.md §2.6, "Commit, then reveal").
 * ``agreement`` — per owner: the secret its secure-session X25519 keys derive from (drawn from
   OS entropy once), so a restarted owner continues its sessions. The ledger file must
   therefore be kept as private as the owner's data.

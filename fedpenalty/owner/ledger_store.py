@@ -73,6 +73,9 @@ CREATE TABLE IF NOT EXISTS secure_sessions (
     colluders INTEGER NOT NULL, total_noise_sd REAL NOT NULL, transcript BLOB NOT NULL,
     PRIMARY KEY (owner_id, session_id));
 CREATE TABLE IF NOT EXISTS agreement (owner_id INTEGER PRIMARY KEY, secret BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS graph_reveals (
+    owner_id INTEGER NOT NULL, session_id INTEGER NOT NULL, commitments BLOB NOT NULL,
+    PRIMARY KEY (owner_id, session_id));
 """
 
 #: a batched store writes its pending answer blocks once it holds this many

@@ -5,9 +5,10 @@ Small sessions use the complete graph (every pair masks, as Bonawitz et al. 2017
 use the sparse graph of SecAgg+ (Bell, Bonawitz, Gascón, Lepoint & Raykova 2020): the Harary
 graph H(K, k) — owners on a ring, each adjacent to the k/2 nearest on either side — over a
 uniformly random ring order. The order is the rank of SHA-256(graph seed ‖ name), and the seed
-is a transcript hash of the session, s, t, K and every (name, key) (``aggregation.graph_seed``),
-so each owner computes its own neighbours from what it was shown: no one chooses the graph, and
-owners shown different peers or terms get different graphs (and masks that do not cancel).
+hashes the session, s, t, K, every (name, key) and every owner's share, each committed to before
+any is revealed (``aggregation.graph_seed``), so each owner computes its own neighbours from what
+it was shown: no one chooses the graph, and owners shown different peers, terms or shares get
+different graphs (and masks that do not cancel).
 
 Removing the t colluders disconnects H(K, k) only if they fill two disjoint runs of k/2
 consecutive ring places; a union bound over the K(K − k − 1)/2 pairs of such runs, each filled

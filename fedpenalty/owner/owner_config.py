@@ -14,7 +14,7 @@
                min_charged_step, total_noise_sd, colluders, min_peers, unauthenticated_peers
                (the owner's Policy; defaults are Policy's)
     [server]   name, listen, ledger, tls_cert, tls_key, tls_ca, allowed_clients,
-               synchronous, max_message_bytes, peer_ca, allowed_peers
+               synchronous, max_message_bytes, peer_ca, allowed_peers, secure_sessions_per_day
 
 Relative paths are read from the TOML file's folder; the ledger defaults to
 ``<name>-ledger.sqlite`` beside the file and ``name`` to the file's stem. Unknown sections or
@@ -38,6 +38,7 @@ from ..errors import ConfigError
 from ..kinds import KINDS
 from ..models import Model, build_model, search_folders
 from ..schema import NonEmptyStr, PositiveInt, Section, one_of, refusal, validate_file
+from .key_requests import DEFAULT_SESSIONS_PER_DAY, KeyRequests
 from .ledger import Ledger
 from .node import OwnerNode
 from .peer_auth import PeerAuth
@@ -103,6 +104,11 @@ class ServerSection(Section):
         "signs its session keys with its TLS key and joins a secure session only when every "
         "other owner's key is signed under a peer_ca certificate naming that owner, one of these",
     )
+    secure_sessions_per_day: PositiveInt = Field(
+        default=DEFAULT_SESSIONS_PER_DAY,
+        description="secure aggregation: new sessions a client may ask session keys for in any "
+        "24 hours; past it, refused before any key is made (each is a try at a masking graph)",
+    )
 
 
 class OwnerFile(Section):
@@ -147,6 +153,7 @@ class OwnerConfig:
     peer_ca: Path | None = None
     allowed_peers: tuple[str, ...] = ()
     source: Path | None = None  # the OWNER.toml it was read from
+    secure_sessions_per_day: int = DEFAULT_SESSIONS_PER_DAY
 
     def check_servable(self) -> None:
         """``ConfigError`` naming what to change when ``listen`` is not HOST:PORT or a file a
@@ -166,6 +173,10 @@ class OwnerConfig:
                     f"{self.source}: {key}: no file at {file.resolve()} (relative paths are read "
                     "from the owner file's folder)"
                 )
+
+    def key_requests(self) -> KeyRequests:
+        """How many new secure sessions a client may ask this owner's keys for, per day."""
+        return KeyRequests(self.secure_sessions_per_day)
 
     def peer_auth(self) -> PeerAuth | None:
         """How this owner authenticates secure-aggregation peers (None: it does not)."""
@@ -224,10 +235,18 @@ def load_owner_config(
         tls=tls,
         allowed_clients=tuple(server.allowed_clients),
         max_message_bytes=server.max_message_bytes,
-        peer_ca=base / server.peer_ca if server.peer_ca else None,
-        allowed_peers=tuple(server.allowed_peers),
         source=path,
+        **_peer_settings(server, base),
     )
+
+
+def _peer_settings(server: ServerSection, base: Path) -> dict[str, Any]:
+    """``OwnerConfig``'s secure-aggregation server settings (``peer_ca`` read from ``base``)."""
+    return {
+        "peer_ca": base / server.peer_ca if server.peer_ca else None,
+        "allowed_peers": tuple(server.allowed_peers),
+        "secure_sessions_per_day": server.secure_sessions_per_day,
+    }
 
 
 #: OWNER.toml's names of the noise level, one per query kind (``QueryKind.noise_key``).

@@ -7,12 +7,13 @@ configured with ``server.peer_ca`` and ``server.allowed_peers`` (OWNER.toml) the
 * is itself named by its TLS certificate for every owner it serves: a SAN URI
   ``urn:fedpenalty:owner:<owner name>`` per owner (``OWNER_URI``), checked at start-up
   (``PeerAuth.check_hosted``);
-* signs each of its owners' session keys with its TLS private key and attaches its TLS
-  certificate (``PeerAuth.sign``); and
+* signs each of its owners' session keys (with their commitments to their shares of the
+  masking graph's seed) with its TLS private key and attaches its TLS certificate
+  (``PeerAuth.sign``); and
 * accepts a secure session only when every other owner's key carries a certificate issued by
   ``server.peer_ca``, valid now, that names *that key's owner* (its ``urn:fedpenalty:owner:``
   URI), an owner listed in ``allowed_peers``, and whose key signed (protocol, session, owner
-  name, public key) (``PeerAuth.check``). Names are distinct in a session, so K counts
+  name, public key, commitment) (``PeerAuth.check``). Names are distinct in a session, so K counts
   distinct authenticated owner identities.
 
 What this authenticates: that each relayed key belongs to an owner identity the owner allows,
@@ -42,7 +43,9 @@ OWNER_URI = "urn:fedpenalty:owner:"
 
 
 def _message(session: str, key: PeerKey) -> bytes:
-    return fields(PROTOCOL, b"peer-key", session.encode(), key.owner.encode(), key.public_key)
+    """What a server signs: the session, the owner, its key and its graph commitment."""
+    parts = (session.encode(), key.owner.encode(), key.public_key, key.commitment)
+    return fields(PROTOCOL, b"peer-key", *parts)
 
 
 def owner_identities(cert: x509.Certificate) -> list[str]:
@@ -122,7 +125,8 @@ class PeerAuth:
             ) from None
 
     def sign(self, session: str, key: PeerKey) -> PeerKey:
-        """``key`` with this server's signature over (protocol, session, owner, public key)."""
+        """``key`` with this server's signature over (protocol, session, owner, public key,
+        commitment)."""
         signature = _sign(self.key, _message(session, key))
         return replace(key, signature=signature, certificate=self.certificate)
 

@@ -54,6 +54,7 @@ from ..proto import owner_pb2_grpc as pb_grpc
 from . import wire
 from .fair import FairWorker
 from .host import OwnerHost
+from .key_requests import KeyRequests
 from .owner_config import TlsFiles
 from .peer_auth import PeerAuth
 
@@ -76,9 +77,12 @@ class OwnerServicer(pb_grpc.OwnerServicer):
         allowed_clients: Sequence[str] = (),
         peers: PeerAuth | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        key_requests: KeyRequests | None = None,
     ):
         self.host = host
         self._peers = peers
+        #: new secure sessions a client may ask keys for per day (``key_requests``)
+        self._key_requests = key_requests if key_requests is not None else KeyRequests()
         self._max_message_bytes = max_message_bytes
         self._names = [d.name for d in host.describe()]
         self._allowed = tuple(allowed_clients)
@@ -256,10 +260,22 @@ class OwnerServicer(pb_grpc.OwnerServicer):
         return self._query(kind, r.session, r.chains, keys, lambda: decoded, client, r.substep)
 
     def _session_keys(self, r: pb.SessionKeysRequest, client: str | None) -> pb.SessionKeysReply:
-        keys = self.host.session_keys(self._own(r.session, client))
+        self._key_requests.admit(client, self._own(r.session, client))  # before any key
+        keys = self.host.session_keys(r.session)
         if self._peers is not None:
             keys = [self._peers.sign(r.session, k) for k in keys]
         return pb.SessionKeysReply(keys=[wire.peer_key_message(k) for k in keys])
+
+    def _reveal_shares(self, r: pb.RevealSharesRequest, client: str | None) -> pb.RevealSharesReply:
+        """Each hosted owner's graph share, once the relayed keys and commitments are checked
+        (authenticated, with ``peers``: commitments are signed with the keys)."""
+        session = self._own(r.session, client)
+        self._key_requests.admit(client, session)  # before any check or write
+        peers = [wire.peer_key(k) for k in r.peers]
+        if self._peers is not None:
+            self._peers.check(session, peers, self._names)
+        shares = self.host.reveal_shares(session, peers)
+        return pb.RevealSharesReply(shares=[wire.peer_key_message(k) for k in shares])
 
     # --- unary RPCs -----------------------------------------------------------------------
     async def Describe(self, request, context):
@@ -341,6 +357,12 @@ class OwnerServicer(pb_grpc.OwnerServicer):
         client = await self._client(context)
         return await self._unary(
             context, client, request.session, lambda: self._session_keys(request, client)
+        )
+
+    async def RevealShares(self, request, context):
+        client = await self._client(context)
+        return await self._unary(
+            context, client, request.session, lambda: self._reveal_shares(request, client)
         )
 
     async def PrivacyReport(self, request, context):
@@ -519,10 +541,12 @@ async def start(
     allowed_clients: Sequence[str] = (),
     insecure: bool = False,
     peers: PeerAuth | None = None,
+    key_requests: KeyRequests | None = None,
 ) -> tuple[grpc.aio.Server, int, OwnerServicer]:
     """Start serving ``host`` on ``listen`` (HOST:PORT; port 0 picks a free one) to the clients
     ``check_exposure`` lets in. Returns the server, the bound port and the owner servicer.
-    ``peers``: authenticate secure-aggregation peer keys (``peer_auth.PeerAuth``)."""
+    ``peers``: authenticate secure-aggregation peer keys (``peer_auth.PeerAuth``);
+    ``key_requests``: how many new secure sessions a client may ask keys for (default 100 a day)."""
     check_exposure(listen, tls, allowed_clients, insecure)
     if peers is not None:
         peers.check_hosted([d.name for d in host.describe()])
@@ -532,7 +556,7 @@ async def start(
         ("grpc.so_reuseport", 0),
     ]
     server = grpc.aio.server(options=options)
-    servicer = OwnerServicer(host, allowed_clients, peers, max_message_bytes)
+    servicer = OwnerServicer(host, allowed_clients, peers, max_message_bytes, key_requests)
     pb_grpc.add_OwnerServicer_to_server(servicer, server)
     health_pb2_grpc.add_HealthServicer_to_server(servicer.health, server)
     reflection.enable_server_reflection(
@@ -618,10 +642,12 @@ def serve(
     allowed_clients: Sequence[str] = (),
     insecure: bool = False,
     peers: PeerAuth | None = None,
+    key_requests: KeyRequests | None = None,
 ) -> None:
     """Serve until SIGTERM or SIGINT, then stop cleanly. ``port_file``: written (atomically)
     with the bound port once serving — how a launcher learns a port picked with ``:0``;
-    ``allowed_clients`` and ``insecure``: see ``check_exposure``; ``peers``: see ``start``."""
+    ``allowed_clients`` and ``insecure``: see ``check_exposure``; ``peers``, ``key_requests``:
+    see ``start``."""
 
     # the host's worker thread holds the GIL while it computes; the event loop, which receives
     # requests and sends replies, waits for it up to the switch interval (5 ms by default) at
@@ -634,7 +660,7 @@ def serve(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stopping.set)
         server, port, servicer = await start(
-            host, listen, tls, max_message_bytes, allowed_clients, insecure, peers
+            host, listen, tls, max_message_bytes, allowed_clients, insecure, peers, key_requests
         )
         if port_file is not None:
             tmp = port_file.with_suffix(".tmp")
@@ -659,6 +685,7 @@ class ServerThread:
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         allowed_clients: Sequence[str] = (),
         peers: PeerAuth | None = None,
+        key_requests: KeyRequests | None = None,
     ):
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
@@ -667,7 +694,16 @@ class ServerThread:
         self._thread.start()
         try:
             self._server, self.port, self._servicer = asyncio.run_coroutine_threadsafe(
-                start(host, listen, tls, max_message_bytes, allowed_clients, peers=peers),
+                start(
+                    host,
+                    listen,
+                    tls,
+                    max_message_bytes,
+                    allowed_clients,
+                    False,
+                    peers,
+                    key_requests,
+                ),
                 self._loop,
             ).result(timeout=30)
         except BaseException:

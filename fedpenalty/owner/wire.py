@@ -211,11 +211,20 @@ def peer_key_message(key: PeerKey) -> pb.PeerKey:
         public_key=key.public_key,
         signature=key.signature,
         certificate=key.certificate,
+        commitment=key.commitment,
+        share=key.share,
     )
 
 
 def peer_key(msg: pb.PeerKey) -> PeerKey:
-    return PeerKey(msg.owner, bytes(msg.public_key), bytes(msg.signature), bytes(msg.certificate))
+    return PeerKey(
+        msg.owner,
+        bytes(msg.public_key),
+        bytes(msg.signature),
+        bytes(msg.certificate),
+        bytes(msg.commitment),
+        bytes(msg.share),
+    )
 
 
 def secure_message(secure: SecureOpen) -> pb.SecureAggregation:

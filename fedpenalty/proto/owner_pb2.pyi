@@ -126,16 +126,20 @@ class OpenSessionReply(_message.Message):
     def __init__(self) -> None: ...
 
 class PeerKey(_message.Message):
-    __slots__ = ("owner", "public_key", "signature", "certificate")
+    __slots__ = ("owner", "public_key", "signature", "certificate", "commitment", "share")
     OWNER_FIELD_NUMBER: _ClassVar[int]
     PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
+    COMMITMENT_FIELD_NUMBER: _ClassVar[int]
+    SHARE_FIELD_NUMBER: _ClassVar[int]
     owner: str
     public_key: bytes
     signature: bytes
     certificate: bytes
-    def __init__(self, owner: _Optional[str] = ..., public_key: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., certificate: _Optional[bytes] = ...) -> None: ...
+    commitment: bytes
+    share: bytes
+    def __init__(self, owner: _Optional[str] = ..., public_key: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., certificate: _Optional[bytes] = ..., commitment: _Optional[bytes] = ..., share: _Optional[bytes] = ...) -> None: ...
 
 class SessionKeysRequest(_message.Message):
     __slots__ = ("session",)
@@ -148,6 +152,20 @@ class SessionKeysReply(_message.Message):
     KEYS_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedCompositeFieldContainer[PeerKey]
     def __init__(self, keys: _Optional[_Iterable[_Union[PeerKey, _Mapping]]] = ...) -> None: ...
+
+class RevealSharesRequest(_message.Message):
+    __slots__ = ("session", "peers")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    PEERS_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    peers: _containers.RepeatedCompositeFieldContainer[PeerKey]
+    def __init__(self, session: _Optional[str] = ..., peers: _Optional[_Iterable[_Union[PeerKey, _Mapping]]] = ...) -> None: ...
+
+class RevealSharesReply(_message.Message):
+    __slots__ = ("shares",)
+    SHARES_FIELD_NUMBER: _ClassVar[int]
+    shares: _containers.RepeatedCompositeFieldContainer[PeerKey]
+    def __init__(self, shares: _Optional[_Iterable[_Union[PeerKey, _Mapping]]] = ...) -> None: ...
 
 class SecureAggregation(_message.Message):
     __slots__ = ("peers", "total_noise_sd", "colluders")

@@ -84,6 +84,11 @@ class OwnerStub:
                 request_serializer=fedpenalty_dot_v1_dot_owner__pb2.SessionKeysRequest.SerializeToString,
                 response_deserializer=fedpenalty_dot_v1_dot_owner__pb2.SessionKeysReply.FromString,
                 _registered_method=True)
+        self.RevealShares = channel.unary_unary(
+                '/fedpenalty.v1.Owner/RevealShares',
+                request_serializer=fedpenalty_dot_v1_dot_owner__pb2.RevealSharesRequest.SerializeToString,
+                response_deserializer=fedpenalty_dot_v1_dot_owner__pb2.RevealSharesReply.FromString,
+                _registered_method=True)
 
 
 class OwnerServicer:
@@ -161,6 +166,14 @@ class OwnerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RevealShares(self, request, context):
+        """Secure aggregation with a sparse masking graph: given every owner's key and commitment, each
+        hosted owner binds the list and reveals its share of the graph's seed (docs/design.md §2.6).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OwnerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -213,6 +226,11 @@ def add_OwnerServicer_to_server(servicer, server):
                     servicer.SessionKeys,
                     request_deserializer=fedpenalty_dot_v1_dot_owner__pb2.SessionKeysRequest.FromString,
                     response_serializer=fedpenalty_dot_v1_dot_owner__pb2.SessionKeysReply.SerializeToString,
+            ),
+            'RevealShares': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevealShares,
+                    request_deserializer=fedpenalty_dot_v1_dot_owner__pb2.RevealSharesRequest.FromString,
+                    response_serializer=fedpenalty_dot_v1_dot_owner__pb2.RevealSharesReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -485,6 +503,33 @@ class Owner:
             '/fedpenalty.v1.Owner/SessionKeys',
             fedpenalty_dot_v1_dot_owner__pb2.SessionKeysRequest.SerializeToString,
             fedpenalty_dot_v1_dot_owner__pb2.SessionKeysReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevealShares(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedpenalty.v1.Owner/RevealShares',
+            fedpenalty_dot_v1_dot_owner__pb2.RevealSharesRequest.SerializeToString,
+            fedpenalty_dot_v1_dot_owner__pb2.RevealSharesReply.FromString,
             options,
             channel_credentials,
             insecure,
