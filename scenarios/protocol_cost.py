@@ -96,6 +96,9 @@ CONFIGS = (
     Config("expfam ×16 B16", "penalty_expfam", 16, 16),
     Config("expfam ×64 B16", "penalty_expfam", 64, 16),
     Config("sgld ×4", "sgld", 4),
+    Config("sghmc ×4", "sghmc", 4),
+    Config("sgfs ×4", "sgfs", 4),
+    Config("barker ×4", "barker", 4),
 )
 #: the largest split R-hat of a configuration counted as mixed (short many-chain runs are
 #: checked against it before their ESS is believed): Gelman & Rubin's classic 1.1, looser
