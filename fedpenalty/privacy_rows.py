@@ -13,8 +13,6 @@ from typing import Any
 
 import numpy as np
 
-from .inference_data import _column
-
 #: Owners up to which privacy.json holds every owner's entry (past it: a summary and the file).
 MAX_JSON_OWNERS = 1000
 #: The owners of the largest ε whose whole entries privacy.json keeps past ``MAX_JSON_OWNERS``.
@@ -27,6 +25,8 @@ def owner_columns(owners: list[dict[str, Any]]) -> dict[str, np.ndarray]:
     """Every field of the owners' entries as one array ``(K,)`` in owner order: integers as
     int64, numbers as float64 (null: NaN), text as strings (null: ""), booleans as bool, any
     other value as JSON text (``inference_data._column``, as posterior.nc's privacy group)."""
+    from .inference_data import _column  # here: xarray costs every command ~0.5 s of start-up
+
     keys = dict.fromkeys(k for o in owners for k in o)
     return {k: _column([o.get(k) for o in owners]) for k in keys}
 

@@ -32,7 +32,7 @@ from fedpenalty.owner.noise.sources import NoiseKey
 from fedpenalty.owner.peer_auth import PeerAuth
 from fedpenalty.owner.server import ServerThread
 
-TOTAL = 6000
+TOTAL = 2000  # bob is killed at the first checkpoint (100): mid-run; no statistics rest on it
 POLICY = {"sigma": 1.0, "max_step": 0.02, "budget_epsilon": 1000.0}
 
 

@@ -107,7 +107,7 @@ def test_resume_with_no_progress_hides_the_bar(tmp_path):
     and without the flag it still does."""
     # the bar on; long enough that Ctrl-C at the first checkpoint lands while the chains run
     settings = [
-        *SETTINGS[:-1], "--set", "run.transport='inprocess'", "--set", "sampler.iterations=10000",
+        *SETTINGS[:-1], "--set", "run.transport='inprocess'", "--set", "sampler.iterations=4000",
     ]  # fmt: skip
     for name in ("quiet", "shown"):
         stopped = tmp_path / name

@@ -6,7 +6,6 @@ import math
 from typing import ClassVar
 
 import numpy as np
-from scipy import stats
 from scipy.special import expit
 
 from .api import (
@@ -180,6 +179,8 @@ class Bernoulli(Configured, ExpFamModel):
         b = self.theta_bound
         if not 0.0 <= s[0] <= n:
             raise ValueError(f"bernoulli: the number of ones must lie in [0, n={n}], got {s[0]}")
+        from scipy import stats  # here: scipy.stats costs ~0.6 s of every process's start-up
+
         alpha, beta = rho * (self.prior_a + s[0]), rho * (self.prior_b + n - s[0])
         # draw the smaller of p and 1 − p, where the mass is (full precision near 0 and 1)
         if alpha <= beta:

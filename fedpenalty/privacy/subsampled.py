@@ -47,14 +47,16 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from numbers import Integral, Real
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import dp_accounting
 import numpy as np
-from dp_accounting.mechanism_calibration import NoBracketIntervalFoundError
 
 from ..models.base import Neighbour, check_neighbour
 from .gaussian import check_choice, check_count, check_delta, check_epsilon
+
+if TYPE_CHECKING:  # imported where used: dp-accounting (and the scipy.stats it loads) costs
+    # every process ~1 s of start-up, which an owner of penalty sessions never needs
+    import dp_accounting
 
 __all__ = [
     "ACCOUNTANTS",
@@ -113,6 +115,8 @@ def accountant_noise_multiplier(
     """The (multiplier, relation) handed to ``dp-accounting`` for fedpenalty's σ (noise sd /
     clip): σ with the library's own relation, except RDP + replace-one, which becomes σ/2 under
     add/remove (sensitivity 2C; see the module docstring)."""
+    import dp_accounting  # here, not at the top: see the imports
+
     check_neighbour(neighbour)
     check_choice("accountant", accountant, ACCOUNTANTS)
     rel = dp_accounting.NeighboringRelation
@@ -141,6 +145,8 @@ def dp_event(
     accountant: Accountant,
 ) -> tuple[dp_accounting.DpEvent, dp_accounting.NeighboringRelation]:
     """The composed ``dp-accounting`` event of ``events`` and the relation to account it under."""
+    import dp_accounting  # here, not at the top: see the imports
+
     parts = []
     relation = accountant_noise_multiplier(1.0, neighbour, accountant)[1]
     for e in as_events(events):
@@ -155,6 +161,8 @@ def dp_event(
 
 def _accountant(neighbour: Neighbour, accountant: Accountant) -> dp_accounting.PrivacyAccountant:
     """A fresh ``dp-accounting`` accountant for events built by ``dp_event``."""
+    import dp_accounting  # here, not at the top: see the imports
+
     relation = accountant_noise_multiplier(1.0, neighbour, accountant)[1]
     if accountant == "pld":
         return dp_accounting.pld.PLDAccountant(
@@ -189,6 +197,8 @@ def epsilon_rdp_classic(
     """ε by the older RDP → (ε, δ) conversion used with the moments accountant (Abadi et al.
     2016; Mironov 2017, Prop. 3): ε = min_α RDP(α) + log(1/δ)/(α − 1) over the library's
     default orders. Kept for comparison with published figures only; ``epsilon`` is tighter."""
+    import dp_accounting  # here, not at the top: see the imports
+
     delta = check_delta(delta)
     event, relation = dp_event(events, neighbour, "rdp")
     if not event.events:
@@ -247,6 +257,9 @@ def _calibrate_noise_multiplier(
     accountant: Accountant,
 ) -> float:
     """``calibrate_noise_multiplier`` on checked, hashable arguments (the cached search)."""
+    import dp_accounting  # here, not at the top: see the imports
+    from dp_accounting.mechanism_calibration import NoBracketIntervalFoundError
+
     failed = (
         f"no noise multiplier in [2^-31, 2^63] gives ε = {target!r} at δ = {delta!r} for "
         f"{steps} steps at sampling rate {sampling_rate!r}"
@@ -306,6 +319,8 @@ def max_steps(
     for one, ``limit`` itself is checked, and either returned (it fits) or the larger T are
     treated as non-private.
     """
+    import dp_accounting  # here, not at the top: see the imports
+
     target = check_epsilon(target_epsilon, "target_epsilon")
     delta = check_delta(delta)
     limit = check_count("limit", limit)
