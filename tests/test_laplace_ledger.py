@@ -204,3 +204,32 @@ def test_bad_settings_are_refused_naming_the_key(tmp_path, overrides, error, mat
     with pytest.raises(error, match=match):
         _run(tmp_path, "run", privacy, **{"sampler.iterations": 5, **overrides})
     assert not (tmp_path / "run").exists()
+
+
+def test_a_lattice_owner_releases_lattice_multiples_stored_for_replay(tmp_path):
+    """An owner with a noise key (the deployed noise path: ChaCha20 words) releases exact
+    multiples of its γ = b/2²⁰, noised (not the rounded exact sum), and its ledger stores the
+    answer, which a restarted owner replays bit for bit without a second charge."""
+    from fedpenalty.owner.noise.sources import NoiseKey
+
+    def node(ledger: Ledger) -> OwnerNode:
+        records = MODEL.simulate_records(np.random.default_rng(1), np.array([0.3, -0.2]), 300)
+        policy = Policy(sigma=30.0, max_step=0.05, noise={"laplace_stats": SCALE})
+        return OwnerNode("o", MODEL, records, policy, ledger, noise_key=NoiseKey.derive(b"k", "o"))
+
+    ledger = Ledger(tmp_path / "l.sqlite")
+    first = node(ledger)
+    host = OwnerHost([first])
+    host.open_session("lap", "laplace_stats", 1)
+    out = host.answer("laplace_stats", "lap", 0, np.array([0]))[0, 0]
+    gamma = SCALE / 2**20
+    assert np.array_equal(out / gamma, np.rint(out / gamma))
+    assert not np.allclose(out, first.stat_sum, atol=gamma)
+    ledger.close()
+    again = Ledger(tmp_path / "l.sqlite")
+    restarted = OwnerHost([node(again)])
+    restarted.open_session("lap", "laplace_stats", 1)
+    np.testing.assert_array_equal(
+        restarted.answer("laplace_stats", "lap", 0, np.array([0]))[0, 0], out
+    )
+    assert restarted.nodes[0].privacy_report("lap").total.answers == 1
