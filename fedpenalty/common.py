@@ -16,8 +16,7 @@ from typing import Any
 from .errors import ConfigError
 from .kinds import KINDS, QueryKind
 from .privacy import GaussianSpend
-from .privacy.owner_epsilon import owner_epsilon
-from .privacy.subsampled import SubsampledGaussian
+from .privacy.owner_epsilon import Row, owner_epsilon
 from .schema import (
     Neighbour,
     NonNegativeInt,
@@ -269,7 +268,7 @@ class SpendReport:
     @staticmethod
     def of(
         spend: GaussianSpend,
-        sampled: list[SubsampledGaussian],
+        sampled: list[Row],
         delta: float,
         neighbour: Neighbour,
         lattice: bool = False,
@@ -283,7 +282,7 @@ class SpendReport:
 @functools.lru_cache(maxsize=4096)
 def _spend_report(
     spend: GaussianSpend,
-    sampled: tuple[SubsampledGaussian, ...],
+    sampled: tuple[Row, ...],
     delta: float,
     neighbour: Neighbour,
     lattice: bool,

@@ -16,10 +16,12 @@ from .common import Policy
 from .config import Scenario
 from .errors import BudgetExhausted, FedPenaltyError
 from .kinds import GaussianKind, KindTerms, QueryKind, query_kind
+from .kinds.laplace_stats import LaplaceStats
 from .models import Model
 from .owner.noise.lattice import lattice_gradient_multiplier
 from .privacy import GaussianSpend
-from .privacy.owner_epsilon import max_gdp_mu_squared, owner_epsilon
+from .privacy.events import EpsilonDelta, SelfComposed
+from .privacy.owner_epsilon import Row, max_gdp_mu_squared, owner_epsilon
 from .privacy.subsampled import SubsampledGaussian, calibrate_noise_multiplier, max_steps
 from .privacy.subsampled import epsilon as sampled_epsilon
 
@@ -60,6 +62,8 @@ def plan_needs(
     ``spent_epsilon`` (``_spent``): exact for an owner whose earlier answers were all Gaussian
     (log-likelihood ratios, statistic copies), a stand-in of equal ε at δ otherwise."""
     kind = query_kind(query)
+    if isinstance(kind, LaplaceStats):
+        return _pure_needs(kind, model, policy, answers, spent_epsilon)
     before = _spent(spent_epsilon, policy, lattice)
     if not isinstance(kind, GaussianKind):
         return _gradient_needs(
@@ -84,10 +88,14 @@ def plan_needs_kinds(
     ``sigma`` the factor every kind's level (s) must grow by; else both None."""
     lattice = lattice or total_noise_sd is not None
     before = _spent(spent_epsilon, policy, lattice)
-    spend, sampled = before, []
+    spend, sampled = before, list[Row]()
     for term in terms:
         kind = query_kind(term.kind)
         level = policy.noise_for(kind.ledger_name) if total_noise_sd is None else total_noise_sd
+        if isinstance(kind, LaplaceStats):  # pure ε: its own event
+            pure = EpsilonDelta(kind.release_epsilon(model, policy), 0.0)
+            sampled.append(SelfComposed(pure, term.planned_answers))
+            continue
         if not isinstance(kind, GaussianKind):
             width = kind.width(model)
             multiplier = lattice_gradient_multiplier(level, width) if lattice else level
@@ -182,6 +190,21 @@ def _gaussian_needs(
         sigma / scale,
         step * scale if kind.step_scaled else None,
     )
+
+
+def _pure_needs(
+    kind: LaplaceStats, model: Model, policy: Policy, answers: int, spent_epsilon: float
+) -> PlanNeeds:
+    """``plan_needs`` of pure-ε releases (the Laplace statistics), which add their ε to the
+    ``spent_epsilon`` before (basic composition, as the owner's accountant): the releases and
+    the least scale (``QueryKind.budget_level``) that fit what is left."""
+    each = kind.release_epsilon(model, policy)
+    need = spent_epsilon + answers * each
+    left = policy.budget_epsilon - spent_epsilon
+    if left <= 0:
+        return PlanNeeds(answers, need, 0, math.inf, None)
+    least = kind.budget_level(model, policy.neighbour, left / max(answers, 1))
+    return PlanNeeds(answers, need, math.floor(left / each), least, None)
 
 
 def _spent(epsilon: float, policy: Policy, lattice: bool) -> GaussianSpend:
@@ -304,8 +327,8 @@ def budget_refusal(
     sigma_key = (
         f"the owner's [privacy] {kind.noise_key} (or sigma) in OWNER.toml"
         if deployed
-        else "privacy.sigma"
-    ) + (" (noise multiplier)" if not isinstance(kind, GaussianKind) else "")
+        else kind.scenario_noise_key
+    ) + (" (noise multiplier)" if not isinstance(kind, (GaussianKind, LaplaceStats)) else "")
     options = [f"{budget_key} ≥ {_up(needs.epsilon)}"]
     if needs.max_answers is None:
         options.append(

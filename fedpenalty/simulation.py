@@ -136,10 +136,13 @@ def pooled_reference(
     return reference_posterior(model, pooled, progress=progress), len(pooled)
 
 
-def owner_policies(scenario: Scenario, owners: int, sigma: float | None = None) -> list[Policy]:
+def owner_policies(
+    scenario: Scenario, owners: int, sigma: float | None = None, model: Model | None = None
+) -> list[Policy]:
     """The simulated owners' policies from ``[privacy]`` (``sigma`` overrides privacy.sigma).
     They accept exactly the scenario's sampling rate and clip for gradient answers, and every
-    chain in one request (they answer only this run's coordinator: no flood to bound)."""
+    chain in one request (they answer only this run's coordinator: no flood to bound).
+    ``model``: the kinds that calibrate their level to the budget get it (``budget_levels``)."""
     p, sampler = scenario["privacy"], scenario["sampler"]
     given = p["sigma"] if sigma is None else sigma
     sigmas = given if isinstance(given, list) else [given] * owners
@@ -163,10 +166,28 @@ def owner_policies(scenario: Scenario, owners: int, sigma: float | None = None) 
             max_answers_per_request=max(Policy.max_answers_per_request, int(sampler["chains"])),
             total_noise_sd=None if secure is None else secure.total_noise_sd,
             colluders=0 if secure is None else secure.colluders,
-            noise=noise_levels(p["noise"]),
+            noise=noise_levels(p["noise"]) | budget_levels(scenario, model),
         )
         for s in sigmas
     ]
+
+
+def budget_levels(scenario: Scenario, model: Model | None) -> dict[str, float]:
+    """The noise levels (ledger name → level) of the kinds the run asks that calibrate theirs
+    to the budget (``QueryKind.budget_level``) when ``[privacy.noise]`` names none: each answer
+    the plan reserves then costs privacy.budget_epsilon / the planned answers."""
+    algorithm = ALGORITHMS[scenario["sampler"]["algorithm"]]
+    p, sampler = scenario["privacy"], scenario["sampler"]
+    if model is None or not isinstance(algorithm, ChainAlgorithm):
+        return {}
+    each = p["budget_epsilon"] / algorithm.planned_answers(sampler)
+    kinds = [query_kind(name) for name in algorithm.asks(sampler)]
+    levels = {k.ledger_name: k.budget_level(model, p["neighbour"], each) for k in kinds}
+    return {
+        name: level
+        for name, level in levels.items()
+        if level is not None and query_kind(name).noise_key not in p["noise"]
+    }
 
 
 def noise_levels(noise: Mapping[str, float]) -> dict[str, float]:
@@ -338,7 +359,8 @@ def _run_owners(
     start = None
     if algorithm.start is not None:
         start = algorithm.start(release_rng, model, records.pooled(), scenario.sections)
-    policies = owner_policies(scenario, len(records), None if start is None else start.sigma)
+    sigma = None if start is None else start.sigma
+    policies = owner_policies(scenario, len(records), sigma, model)
     names = [f"owner-{k}" for k in range(len(records))]
     setup = OwnerSetup(out, model, names, records, policies, seeds, scenario["run"])
     network = network_of(scenario["network"], len(names), scenario["run"]["seed"])

@@ -25,13 +25,16 @@ Methods, all 200 Gibbs iterations with the first 100 burn-in (the paper's):
   converged; ``ops_gibbs_worst_epsilon`` is what the whole chain costs per owner seen as the
   exponential mechanism (eq. 19, every update), which the paper quotes as ≤ 400ε.
 
-The ε figures are the mechanisms' calibrations composed by the owners' accountant class
-(privacy/accountant.py) in this simulation; no owner ledger is involved (the Laplace release is
-not yet a query kind owners answer, docs/design.md §2.10).
+The Laplace ε is what each owner's own ledger reports (owner/ledger.py, in memory): every
+release is charged there as one pure-ε release of the ``laplace_stats`` kind (docs/design.md
+§2.10, "The Laplace release"), (Δ₁ + γw)/b′ as the owner computes it, and read back through its
+accountant. OPS's figures are its calibrations composed by the owners' accountant class
+(privacy/accountant.py): no owner answers an OPS chain.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import sys
 from dataclasses import dataclass, replace
@@ -41,11 +44,13 @@ import numpy as np
 from scipy import special
 
 from fedpenalty import reporting
+from fedpenalty.common import SpendReport
 from fedpenalty.coordinator import latent_class_gibbs as lc
+from fedpenalty.kinds import KINDS
+from fedpenalty.owner.ledger import Charge, Ledger, Opening
 from fedpenalty.owner.noise.laplace import laplace_lattice_release, laplace_release_epsilon
 from fedpenalty.owner.noise.lattice import LATTICE_BITS
 from fedpenalty.owner.noise.sources import NoiseKey, word_source
-from fedpenalty.privacy import events
 from fedpenalty.privacy.accountant import OwnerAccountant
 
 NAME = "private_gibbs"
@@ -131,9 +136,43 @@ def laplace_counts(
         np.full(len(owner_counts), scale),
         gamma,
     )
-    acc = OwnerAccountant(NEIGHBOUR).compose(events.EpsilonDelta(spent, 0.0))
-    info = {"scale_b": scale, "gamma": gamma, "owner_epsilon": acc.epsilon(DELTA)}
+    owner_eps = ledger_epsilon(released, spent, f"split-{seed}-eps-{epsilon}")
+    info = {"scale_b": scale, "gamma": gamma, "owner_epsilon": max(owner_eps)}
     return released.sum(axis=0).reshape(owner_counts.shape[1:]), info
+
+
+def ledger_epsilon(released: np.ndarray, spent: float, session: str) -> list[float]:
+    """Each owner's ε at δ as its own ledger reports it after charging its one release
+    ``released`` ``(K, w)`` as a ``laplace_stats`` answer of pure ε ``spent``: a session of
+    one planned answer, one charge (the answers stored with it), read back."""
+    owners = [f"owner-{k}" for k in range(len(released))]
+    kind, k = KINDS["laplace_stats"], len(owners)
+    ledger = Ledger(":memory:")
+    try:
+        ledger.open_sessions([Opening(o) for o in owners], session, kind.ledger_name, 1)
+        digest = hashlib.sha256(kind.digest_tag).digest()
+        zero = np.zeros(1, dtype=np.int64)
+        every, limits = np.ones((k, 1), dtype=bool), np.full(k, np.inf)
+        payloads = released[:, None, :]
+        charge = Charge(
+            session,
+            owners,
+            zero,
+            zero,
+            [digest],
+            payloads,
+            None,
+            every,
+            limits,
+            limits,
+            np.full(k, DELTA),
+            pure=np.full(k, spent),
+        )
+        ledger.charge(charge)
+        reports = ledger.reports(owners, None)
+    finally:
+        ledger.close()
+    return [SpendReport.of(r.total, r.sampled, DELTA, NEIGHBOUR).epsilon for r in reports]
 
 
 def variant_rows(
@@ -269,7 +308,9 @@ def main(argv: list[str] | None = None) -> int:
         "laplace: four owners each add noise (the paper's single curator adds it once)",
         "ops: its ε holds only if the chain converged; the whole chain costs "
         "ops_gibbs_worst_epsilon seen as the exponential mechanism (eq. 19)",
-        "ε figures: calibrations composed by OwnerAccountant in this simulation, no owner ledger",
+        "laplace ε: each owner's own ledger (in memory) charges its one release as a pure-ε "
+        "laplace_stats answer and reports it (owner_epsilon: the largest over owners); ops ε: "
+        "calibrations composed by OwnerAccountant, no owner answers an OPS chain",
     ]
     json_path, png_path = reporting.write_report(
         args.out,

@@ -210,10 +210,10 @@ def test_registries_are_what_the_scenario_offers():
         assert resolve({"run": {"transport": name}})["run"]["transport"] == name
     for name in [*MODELS, *HIERARCHICAL]:
         assert load_scenario(None, {"model.name": name})["model"]["name"] == name
-    # every query kind is the one some offered algorithm asks its owners for, by default or
-    # with its per-record clip set (``ChainAlgorithm.asks``)
+    # every query kind is the one some offered algorithm asks its owners for, by default,
+    # with its per-record clip set or with its release chosen (``ChainAlgorithm.asks``)
     asked = {a.query for a in ALGORITHMS.values() if isinstance(a, ChainAlgorithm)}
-    clipped = {"sampler": {"ratio_clip": 1.0}}
+    clipped = {"sampler": {"ratio_clip": 1.0, "release": "laplace"}}
     for name, a in ALGORITHMS.items():
         if isinstance(a, ChainAlgorithm):
             model = {"model": {"name": "random_intercept"}} if a.hierarchical else {}

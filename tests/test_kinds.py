@@ -36,13 +36,14 @@ def make_node(tmp_path, name: str = "alice") -> OwnerNode:
 FIRST_RELEASE = ["log_ratio", "suff_stats", "gradient"]
 
 
-def test_the_registry_lists_exactly_the_seven_kinds():
+def test_the_registry_lists_exactly_the_eight_kinds():
     assert list(KINDS) == [
         *FIRST_RELEASE,
         "clipped_log_ratio",
         "clipped_gradient",
         "grad_fisher",
         "sampled_log_ratio",
+        "laplace_stats",
     ]
     assert [k.ledger_name for k in KINDS.values()] == [
         "penalty",
@@ -52,6 +53,7 @@ def test_the_registry_lists_exactly_the_seven_kinds():
         "gradient_clipped",
         "sgfs",
         "barker",
+        "laplace_stats",
     ]
     assert (LOG_RATIO, SUFF_STATS, SGMCMC) == ("penalty", "penalty_expfam", "sgmcmc")
     for name, kind in KINDS.items():

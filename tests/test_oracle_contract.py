@@ -129,6 +129,28 @@ def test_sufficient_statistic_blocks_have_shape_owners_chains_block_stat(tmp_pat
     )
 
 
+def test_laplace_statistics_are_the_owners_own_numbers_charged_once(tmp_path, connect):
+    """laplace_stats (docs/design.md §2.10): the owners' own releases (as the same owners asked
+    directly), with sd √2·b each, one pure-ε release in each ledger; the same key asked again
+    is replayed and charges nothing."""
+    nodes = make_nodes(tmp_path, "a")
+    oracle = connect(nodes)
+    direct = OwnerHost(make_nodes(tmp_path, "b"))
+    oracle.open_session("laplace_stats", 3, session="s")
+    direct.open_session("s", "laplace_stats", 3)
+    first = oracle.query("laplace_stats", 0, np.array([0]))
+    assert first.values.shape == (3, 1, 2)
+    np.testing.assert_array_equal(
+        first.values, direct.answer("laplace_stats", "s", 0, np.array([0]))
+    )
+    np.testing.assert_allclose(first.noise_sd, np.sqrt(2) * np.array(SIGMAS))
+    charged = [n.ledger.sampled(n.name) for n in nodes]
+    assert [len(c) for c in charged] == [1, 1, 1] and {c[0].count for c in charged} == {1}
+    again = oracle.query("laplace_stats", 0, np.array([0]))
+    np.testing.assert_array_equal(again.values, first.values)
+    assert [n.ledger.sampled(n.name) for n in nodes] == charged
+
+
 def test_replayed_request_returns_the_stored_answer_and_charges_nothing(tmp_path, connect):
     nodes = make_nodes(tmp_path, "a")
     oracle = connect(nodes)

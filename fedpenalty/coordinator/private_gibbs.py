@@ -1,9 +1,11 @@
 """Private Gibbs from one release of noisy sufficient statistics (docs/design.md §2.10).
 
-Each owner releases its sufficient-statistic sum ŝ_k = Σ_{x∈D_k} S(x) + N(0, σ_k² I) ONCE
-(the ``suff_stats`` kind, chain 0 at iteration 0, charged once in its ledger); every chain then
-runs a Gibbs sampler whose conditionals use Σ_k ŝ_k alone, so the chain is post-processing of
-that one release and costs nothing more however long it runs.
+Each owner releases its sufficient-statistic sum ŝ_k = Σ_{x∈D_k} S(x) + noise ONCE (chain 0 at
+iteration 0, charged once in its ledger): ``sampler.release = "gaussian"`` N(0, σ_k² I) (the
+``suff_stats`` kind, μ-GDP) or ``"laplace"`` exact discrete Laplace noise on the owner's lattice
+(the ``laplace_stats`` kind, pure ε, docs/design.md §2.10 "The Laplace release"); every chain
+then runs a Gibbs sampler whose conditionals use Σ_k ŝ_k alone, so the chain is
+post-processing of that one release and costs nothing more however long it runs.
 
 Bayesian linear regression (``linear_regression``): from Σ ŝ the coordinator reads XᵀX (made
 symmetric and projected onto the PSD cone: eigenvalues clipped at 0), Xᵀy and, when σ_y is
@@ -18,20 +20,22 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
+from pydantic import Field
 from scipy import special, stats
 
 from ..common import SUFF_STATS
+from ..kinds import KINDS
 from ..models import Model
 from ..models.linear_regression import LinearRegression
+from ..schema import Section, one_of
 from .base import (
     NOISE_VARIANCE,
     QUERIED,
     ChainAlgorithm,
     ChainData,
-    NoSettings,
     SamplingAlgorithm,
     Sections,
     require,
@@ -49,6 +53,21 @@ SSR_FLOOR = 1e-6
 
 #: () -> (Σ_k ŝ_k (s,), Σ_k σ_k²): the owners' one release.
 ReleaseFn = Callable[[], tuple[np.ndarray, float]]
+
+#: ``sampler.release`` → the query kind (ledger name) the owners release their statistics by
+RELEASES: dict[str, str] = {"gaussian": SUFF_STATS, "laplace": KINDS["laplace_stats"].ledger_name}
+
+
+class GibbsSettings(Section):
+    """The ``[sampler]`` keys of private_gibbs."""
+
+    release: Annotated[str, one_of(*RELEASES)] = Field(
+        default="gaussian",
+        description="private_gibbs: the owners' one release of their statistics — 'gaussian' "
+        "(N(0, σ²) per component, μ-GDP) or 'laplace' (exact discrete Laplace on the owner's "
+        "lattice, pure ε, scale calibrated to privacy.budget_epsilon unless "
+        "[privacy.noise] names laplace_scale)",
+    )
 
 
 @dataclass(frozen=True)
@@ -182,31 +201,43 @@ def kernel(model: LinearRegression, release: ReleaseFn, n_total: int) -> Samplin
     return SamplingAlgorithm(init, step, INFO)
 
 
-def oracle_release(oracle: Oracle) -> ReleaseFn:
-    """The owners' one release: one statistic copy keyed (chain 0, iteration 0), summed over
-    owners → ``(Σ_k ŝ_k (s,), Σ_k σ_k²)``. A repeated ask (a resumed run) is replayed by the
-    owners' ledgers, not charged again."""
+def oracle_release(oracle: Oracle, release: str = "gaussian") -> ReleaseFn:
+    """The owners' one release (``release``, a key of ``RELEASES``): one statistic answer
+    keyed (chain 0, iteration 0), summed over owners → ``(Σ_k ŝ_k (s,), Σ_k noise variance)``.
+    A repeated ask (a resumed run) is replayed by the owners' ledgers, not charged again."""
 
-    def release() -> tuple[np.ndarray, float]:
+    def gaussian() -> tuple[np.ndarray, float]:
         values, noise_var = oracle.suff_stats(np.array([0]), 0, 1).total()
         return np.asarray(values)[0, 0], float(noise_var)
 
-    return release
+    def laplace() -> tuple[np.ndarray, float]:
+        values, noise_var = oracle.query(RELEASES["laplace"], 0, np.array([0])).total()
+        return np.asarray(values)[0], float(noise_var)
+
+    return gaussian if release == "gaussian" else laplace
 
 
-def build(model: Model, data: ChainData, *, step: float) -> SamplingAlgorithm:
-    """Private Gibbs over the owners behind ``data.oracle`` (with ``data.n_total``); ``step``
-    is unused (a Gibbs sweep has none)."""
+def build(
+    model: Model, data: ChainData, *, step: float, release: str = "gaussian"
+) -> SamplingAlgorithm:
+    """Private Gibbs over the owners behind ``data.oracle`` (with ``data.n_total``) from their
+    ``release``; ``step`` is unused (a Gibbs sweep has none)."""
     if not isinstance(model, LinearRegression):
         raise ValueError(f"private_gibbs has no conditionals for model {model.name!r}")
     if data.n_total is None:
         raise ValueError("private_gibbs needs the owners' public total record count n_total")
-    return kernel(model, oracle_release(data.require_oracle("private_gibbs")), data.n_total)
+    oracle = data.require_oracle("private_gibbs")
+    return kernel(model, oracle_release(oracle, release), data.n_total)
 
 
 def plan(sampler: Mapping[str, Any]) -> int:
     """One statistic answer per chain is reserved; only chain 0's is asked (and charged)."""
     return 1
+
+
+def asks(sampler: Mapping[str, Any]) -> dict[str, int]:
+    """The release's kind (``sampler.release``), one answer reserved per chain."""
+    return {RELEASES[sampler.get("release", "gaussian")]: plan(sampler)}
 
 
 def check(sections: Sections, model: Model) -> None:
@@ -227,9 +258,10 @@ PRIVATE_GIBBS = ChainAlgorithm(
     "private_gibbs",
     "Gibbs sampling from owners' noisy sufficient statistics, released once",
     build,
-    NoSettings,
+    GibbsSettings,
     GibbsState,
     SUFF_STATS,
     plan=plan,
     check=check,
+    kinds=asks,
 )

@@ -11,6 +11,7 @@ from .clipped_gradient import ClippedGradient
 from .clipped_log_ratio import ClippedLogRatio
 from .grad_fisher import GradFisher
 from .gradient import Gradient
+from .laplace_stats import LaplaceStats
 from .log_ratio import GaussianKind, LogRatio
 from .sampled_log_ratio import SampledLogRatio
 from .suff_stats import SuffStats
@@ -34,6 +35,7 @@ KINDS: dict[str, QueryKind] = {
     "clipped_gradient": ClippedGradient(),
     "grad_fisher": GradFisher(),
     "sampled_log_ratio": SampledLogRatio(),
+    "laplace_stats": LaplaceStats(),
 }
 
 

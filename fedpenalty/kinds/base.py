@@ -25,6 +25,7 @@ import numpy as np
 from ..errors import InvalidRequest
 from ..models import Model
 from ..privacy import GaussianSpend
+from ..privacy.events import SelfComposed
 from ..privacy.subsampled import SubsampledGaussian
 
 if TYPE_CHECKING:  # common and the owner package import this one; their types are only types
@@ -32,9 +33,9 @@ if TYPE_CHECKING:  # common and the owner package import this one; their types a
     from ..owner.node import OwnerNode
     from ..owner.pipeline import KindPath
 
-#: What one kind's planned answers add to an owner's spend: Gaussian answers (μ-accounted) or
-#: Poisson-subsampled Gaussian answers (dp-accounting).
-Event = GaussianSpend | SubsampledGaussian
+#: What one kind's planned answers add to an owner's spend: Gaussian answers (μ-accounted),
+#: Poisson-subsampled Gaussian answers (dp-accounting) or pure-ε releases (SelfComposed).
+Event = GaussianSpend | SubsampledGaussian | SelfComposed
 
 
 class OwnerCosts(Protocol):
@@ -46,6 +47,12 @@ class OwnerCosts(Protocol):
     ) -> float: ...
 
     def gradient_multiplier(self, secure: SecureTerms | None = None) -> float: ...
+
+    @property
+    def model(self) -> Model: ...
+
+    @property
+    def policy(self) -> Policy: ...
 
 
 @dataclass(frozen=True)
@@ -88,6 +95,8 @@ class QueryKind(ABC):
     takes_rate: ClassVar[bool] = False
     #: the noise level is a multiplier of the query's clip (noise sd σ·clip)
     clip_scaled: ClassVar[bool] = False
+    #: the scenario key that sets a simulated owner's level of this kind (refusal advice)
+    scenario_noise_key: ClassVar[str] = "privacy.sigma"
 
     # --- the request ------------------------------------------------------------------------
     def check_model(self, model: Model, public_n: int | None, owner: str) -> None:
@@ -212,6 +221,12 @@ class QueryKind(ABC):
     def event(self, answers: int, unit: float, sampling_rate: float | None) -> Event:
         """The accounting event of ``answers`` answers: each of μ = ``unit`` (Gaussian kinds)
         or of noise multiplier ``unit`` at Poisson rate ``sampling_rate`` (gradients)."""
+
+    def budget_level(self, model: Model, neighbour: str, epsilon: float) -> float | None:
+        """The noise level at which one answer costs ``epsilon`` (nats), for a kind whose
+        simulated owners calibrate their level to the budget when the scenario names none;
+        None (the default): the level is privacy.sigma's."""
+        return None
 
     def report_noise(self, sigma: float, sampler: Mapping[str, Any]) -> dict[str, Any]:
         """An owner's noise fields in privacy.json: its noise level ``sigma`` under

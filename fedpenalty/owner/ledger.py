@@ -67,7 +67,7 @@ from pathlib import Path
 import numpy as np
 
 from ..privacy import GaussianSpend
-from ..privacy.subsampled import SubsampledGaussian
+from ..privacy.owner_epsilon import Row
 from .key_store import KeyStore
 from .ledger_records import (
     Admit,
@@ -258,7 +258,7 @@ class Ledger:
 
     def kind_spend(
         self, owners: list[str], session: str
-    ) -> list[dict[str, tuple[GaussianSpend, list[SubsampledGaussian]]]]:
+    ) -> list[dict[str, tuple[GaussianSpend, list[Row]]]]:
         """Each owner's spend in ``session`` per kind (ledger name): Gaussian spend and
         gradient answers (``SpendTotals.kind_spend``)."""
         return self.totals.kind_spend(owners, session)
@@ -270,8 +270,9 @@ class Ledger:
         """Every session the owner has opened, oldest first, each with its own spend."""
         return self.totals.sessions(owner)
 
-    def sampled(self, owner: str) -> list[SubsampledGaussian]:
-        """The owner's subsampled-Gaussian answers across all sessions, one per (q, σ)."""
+    def sampled(self, owner: str) -> list[Row]:
+        """The owner's subsampled-Gaussian answers across all sessions, one per (q, σ), and
+        its pure-ε releases, one per ε."""
         return self.totals.sampled(owner)
 
     def total(self, owner: str) -> GaussianSpend:

@@ -1,7 +1,8 @@
 """The values the ledger's parts exchange with its callers (docs/design.md §4, "The ledger's
 parts"): a session as recorded, a plan view, the openings and charges a caller asks for, and the
-reports read back. Gaussian spend (``GaussianSpend``) and gradient rows (``SubsampledGaussian``)
-are privacy events (``fedpenalty.privacy.events``)."""
+reports read back. Gaussian spend (``GaussianSpend``), gradient rows (``SubsampledGaussian``)
+and pure-ε releases (``SelfComposed(EpsilonDelta(ε), count)``) are privacy events
+(``fedpenalty.privacy.events``); the last two are an owner's ``Row``s."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from ..common import SecureTerms
 from ..models.base import Neighbour
 from ..privacy import GaussianSpend
 from ..privacy.accountant import OwnerAccountant
+from ..privacy.events import EpsilonDelta, SelfComposed
+from ..privacy.owner_epsilon import Row
 from ..privacy.subsampled import SubsampledGaussian
 from .ledger_rows import AffineMus
 
@@ -51,7 +54,7 @@ class Session:
     planned_answers: int
     closed: bool
     spend: GaussianSpend
-    sampled: list[SubsampledGaussian]
+    sampled: list[Row]
     sampling_rate: float | None
     opened_at: float | None = None  # Unix time
 
@@ -68,7 +71,7 @@ class PlanView:
 
     existing: Session | None
     total: GaussianSpend
-    sampled: list[SubsampledGaussian]
+    sampled: list[Row]
     reserved: list[SubsampledGaussian]
     gaussian_open: bool
     #: the masking graphs' failure bound of its secure sessions, this one included: the
@@ -83,12 +86,21 @@ class PlanView:
         )
 
 
-def events_of(rows: list[tuple]) -> list[SubsampledGaussian]:
-    """One event per (q, σ) of sampled rows (session id, q, σ, count)."""
-    counts: dict[tuple[float, float], int] = defaultdict(int)
+def events_of(rows: list[tuple]) -> list[Row]:
+    """One event per (q, σ) of sampled rows (session id, q, σ, count), and per ε of pure-ε
+    rows (session id, None, ε, count)."""
+    counts: dict[tuple[float | None, float], int] = defaultdict(int)
     for _, q, sigma, count in rows:
         counts[(q, sigma)] += count
-    return [SubsampledGaussian(q, sigma, c) for (q, sigma), c in counts.items()]
+    return [
+        SubsampledGaussian(q, sigma, c) if q is not None else pure_event(sigma, c)
+        for (q, sigma), c in counts.items()
+    ]
+
+
+def pure_event(epsilon: float, count: int) -> SelfComposed:
+    """``count`` pure-ε releases of ``epsilon`` each (nats), as the ledger reads them back."""
+    return SelfComposed(EpsilonDelta(epsilon, 0.0), count)
 
 
 #: decides a plan from a ``PlanView``: raises to refuse, returns the owner's new Gaussian μ² cap
@@ -114,7 +126,7 @@ class SecureSpend:
     session: str
     terms: SecureTerms
     spend: GaussianSpend
-    sampled: list[SubsampledGaussian]
+    sampled: list[Row]
 
 
 @dataclass(frozen=True)
@@ -125,9 +137,9 @@ class Report:
     sessions with its spend."""
 
     total: GaussianSpend
-    sampled: list[SubsampledGaussian]
+    sampled: list[Row]
     in_session: bool
-    session: tuple[GaussianSpend, list[SubsampledGaussian]] | None
+    session: tuple[GaussianSpend, list[Row]] | None
     secure: list[SecureSpend] = field(default_factory=list)
 
 
@@ -194,6 +206,10 @@ class Charge:
     lattice: bool = False
     owner_ids: np.ndarray | None = None
     substep: int = 0
+    #: pure-ε answers (the Laplace statistics, docs/design.md §2.10): each owner's ε of one
+    #: answer ``(K,)`` (nats); ``mus`` is None and, as for gradient answers, each owner's count
+    #: in the session may not pass the plan the ledger admitted against its budget
+    pure: np.ndarray | None = None
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,9 @@ CREATE TABLE IF NOT EXISTS sampled (
     session_id INTEGER NOT NULL, owner_id INTEGER NOT NULL, sampling_rate REAL NOT NULL,
     noise_multiplier REAL NOT NULL, answers INTEGER NOT NULL,
     PRIMARY KEY (session_id, owner_id, sampling_rate, noise_multiplier));
+CREATE TABLE IF NOT EXISTS pure_releases (
+    session_id INTEGER NOT NULL, owner_id INTEGER NOT NULL, epsilon REAL NOT NULL,
+    answers INTEGER NOT NULL, PRIMARY KEY (session_id, owner_id, epsilon));
 CREATE TABLE IF NOT EXISTS limits (owner_id INTEGER PRIMARY KEY, max_mu_squared REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS mechanisms (owner_id INTEGER PRIMARY KEY, lattice INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS health (id INTEGER PRIMARY KEY, checked_at REAL NOT NULL);
@@ -126,6 +129,8 @@ class LedgerStore:
         self.blocks = self.has_table("answer_blocks")
         #: its answer blocks have a sub-step (a reader of an earlier ledger: not, all are 0)
         self.substeps = self.blocks and "substep" in self.columns("answer_blocks")
+        #: the file has pure-ε release rows (a reader of an earlier ledger: not)
+        self.pure = self.has_table("pure_releases")
         self.forget()
 
     def on_forget(self, drop: Callable[[], None]) -> None:

@@ -35,7 +35,7 @@ from ..kinds import KINDS, KindTerms, QueryKind, query_kind
 from ..kinds.base import Event
 from ..models import ExpFamModel, Model, model_digest
 from ..privacy import GaussianSpend
-from ..privacy.owner_epsilon import max_gdp_mu_squared, owner_epsilon
+from ..privacy.owner_epsilon import Row, max_gdp_mu_squared, owner_epsilon
 from ..privacy.subsampled import SubsampledGaussian
 from .aggregation import (
     PeerKey,
@@ -365,9 +365,7 @@ class OwnerNode:
         unit = opened.kind.answer_unit(self, opened.max_step, opened.secure)
         return opened.kind.event(remaining, unit, opened.sampling_rate)
 
-    def _check_plan(
-        self, views: list[PlanView], opened: Sequence[_OpenSession]
-    ) -> list[SubsampledGaussian]:
+    def _check_plan(self, views: list[PlanView], opened: Sequence[_OpenSession]) -> list[Row]:
         """``BudgetExhausted`` unless the plans' worst cases (each kind at its max step) fit the
         budget together with everything spent and reserved (``views``, one per kind: the
         accountant composes the planned events with ``PlanView.committed``); returns the
@@ -531,17 +529,19 @@ def _by_ledger(nodes: Sequence[OwnerNode]) -> list[list[OwnerNode]]:
 
 def own_noise_spend(
     spend: GaussianSpend,
-    sampled: list[SubsampledGaussian],
+    sampled: list[Row],
     rows: Sequence[SecureSpend],
     dim: int,
-) -> tuple[GaussianSpend, list[SubsampledGaussian]]:
+) -> tuple[GaussianSpend, list[Row]]:
     """``spend`` and ``sampled`` (which include the secure sessions ``rows``) with each secure
     session's answers accounted at the owner's own noise sd s/√(K − t) instead of s: its μ_t
     grow by √(K − t) and its gradient answers (lattice answers of a model of dimension
-    ``dim``) take the smaller multiplier."""
+    ``dim``) take the smaller multiplier. Pure-ε releases (never secure) are kept as they are."""
     counts: dict[tuple[float, float], int] = defaultdict(int)
+    kept: list[Row] = [e for e in sampled if not isinstance(e, SubsampledGaussian)]
     for event in sampled:
-        counts[(event.sampling_rate, event.noise_multiplier)] += event.count
+        if isinstance(event, SubsampledGaussian):
+            counts[(event.sampling_rate, event.noise_multiplier)] += event.count
     for row in rows:
         factor = row.terms.owners - row.terms.colluders
         spend = GaussianSpend(
@@ -551,9 +551,10 @@ def own_noise_spend(
         )
         own = lattice_gradient_multiplier(row.terms.owner_noise_sd, dim)
         for event in row.sampled:
-            counts[(event.sampling_rate, event.noise_multiplier)] -= event.count
-            counts[(event.sampling_rate, own)] += event.count
-    events = [SubsampledGaussian(q, m, c) for (q, m), c in counts.items() if c > 0]
+            if isinstance(event, SubsampledGaussian):
+                counts[(event.sampling_rate, event.noise_multiplier)] -= event.count
+                counts[(event.sampling_rate, own)] += event.count
+    events = kept + [SubsampledGaussian(q, m, c) for (q, m), c in counts.items() if c > 0]
     return spend, events
 
 

@@ -54,7 +54,8 @@ class LedgerPart:
 class Request:
     """One request as the pipeline answers it: its ``keys`` with query ``digests[j]`` for key
     j, answered under ``mechanism`` with answers of ``width`` components, charged ``mus`` (a
-    Gaussian answer) or ``sampled`` (a subsampled-Gaussian one)."""
+    Gaussian answer), ``sampled`` (a subsampled-Gaussian one) or ``pure`` (each owner's pure ε
+    ``(K,)`` of one answer: the Laplace statistics)."""
 
     keys: Keys
     digests: list[bytes]
@@ -62,6 +63,7 @@ class Request:
     width: int
     mus: AffineMus | None = None
     sampled: SampledCharge | None = None
+    pure: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -217,6 +219,7 @@ class AnswerPipeline:
             part.renyi,
             part.owner_ids,
             request.keys.substep,
+            None if request.pure is None else request.pure[rows],
         )
 
     def _replay(

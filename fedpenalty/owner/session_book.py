@@ -243,12 +243,7 @@ class SessionBook:
             "FROM sessions WHERE closed_at IS NULL"
         ):
             open_rows[owner].append(tuple(rest))
-        sampled: dict[int, list[tuple]] = defaultdict(list)
-        for owner_id, sid, q, sigma, count in self.store.db.execute(
-            "SELECT owner_id, session_id, sampling_rate, noise_multiplier, SUM(answers) "
-            "FROM sampled GROUP BY owner_id, session_id, sampling_rate, noise_multiplier"
-        ):
-            sampled[owner_id].append((sid, q, sigma, int(count)))
+        sampled = self.totals.sampled_rows()
         totals, in_session = self.totals.spend(ids), self.totals.spend(ids, session_id)
         existing = {
             row[0]: row[1:]

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from ..errors import BudgetExhausted, ReplayConflict
+from ..models.base import Neighbour
 from ..privacy import GaussianSpend
 from ..privacy.owner_epsilon import owner_epsilon
 from .ledger_records import Charge
@@ -116,6 +117,8 @@ class SpendBook:
             session_id = self.store.id(c.session)
             if c.sampled is not None:
                 self._charge_sampled(c, owner_ids, session_id, c.new.sum(axis=1))
+            if c.pure is not None:
+                self._charge_pure(c, owner_ids, session_id, c.new.sum(axis=1))
             slots = self._slots_for(owner_ids)
             self._check_unanswered(c, owner_ids, session_id, every)
             groups = [(self.store.group(owner_ids[m]), m, keys) for m, keys in key_groups(c.new)]
@@ -307,9 +310,54 @@ class SpendBook:
         sampled = c.sampled
         assert sampled is not None
         q = float(sampled.q)
+        self._within_plan(c, owner_ids, session_id, add, "sampled", sampled.neighbour)
+        self.store.db.executemany(
+            "INSERT INTO sampled(session_id, owner_id, sampling_rate, noise_multiplier, answers) "
+            "VALUES (?,?,?,?,?) "
+            "ON CONFLICT(session_id, owner_id, sampling_rate, noise_multiplier) DO UPDATE SET "
+            "answers=answers+excluded.answers",
+            [
+                (session_id, int(i), q, float(sigma), int(a))
+                for i, sigma, a in zip(owner_ids, sampled.noise_multiplier, add)
+                if a > 0
+            ],
+        )
+
+    def _charge_pure(
+        self, c: Charge, owner_ids: np.ndarray, session_id: int, add: np.ndarray
+    ) -> None:
+        """Count pure-ε answers (the Laplace statistics, docs/design.md §2.10) at each owner's ε
+        ``c.pure``, refusing past any owner's session plan as the ledger admitted it."""
+        pure = c.pure
+        assert pure is not None
+        # ε adds whatever the relation: any valid one will do for the refusal's figure
+        self._within_plan(c, owner_ids, session_id, add, "pure_releases", ["add_remove"] * len(add))
+        self.store.db.executemany(
+            "INSERT INTO pure_releases(session_id, owner_id, epsilon, answers) VALUES (?,?,?,?) "
+            "ON CONFLICT(session_id, owner_id, epsilon) DO UPDATE SET "
+            "answers=answers+excluded.answers",
+            [
+                (session_id, int(i), float(e), int(a))
+                for i, e, a in zip(owner_ids, pure, add)
+                if a > 0
+            ],
+        )
+
+    def _within_plan(
+        self,
+        c: Charge,
+        owner_ids: np.ndarray,
+        session_id: int,
+        add: np.ndarray,
+        table: str,
+        neighbour: list[Neighbour],
+    ) -> None:
+        """Refuse (``BudgetExhausted``) when some owner's answers counted in ``table``
+        ("sampled" or "pure_releases") in the session, with ``add`` ``(K,)`` more, would pass
+        its plan as the ledger admitted it (docs/design.md §3, invariant 12)."""
         counts = dict(
             self.store.db.execute(
-                "SELECT owner_id, SUM(answers) FROM sampled WHERE session_id=? GROUP BY owner_id",
+                f"SELECT owner_id, SUM(answers) FROM {table} WHERE session_id=? GROUP BY owner_id",
                 (session_id,),
             ).fetchall()
         )
@@ -323,12 +371,13 @@ class SpendBook:
                 self.totals.spend_of(c.owners[k]),
                 self.totals.sampled_of(c.owners[k]),
                 float(c.delta[k]),
-                sampled.neighbour[k],
+                neighbour[k],
                 c.lattice,
             )
             left = max(float(c.budget_epsilon[k]) - spent, 0.0)
+            what = "gradient" if table == "sampled" else "pure-ε statistic"
             raise BudgetExhausted(
-                f"privacy budget: this session's plan of {int(plan[k])} gradient answers "
+                f"privacy budget: this session's plan of {int(plan[k])} {what} answers "
                 f"(the most the "
                 f"owner's budget was checked for when the session opened) is used up "
                 f"({int(used[k])} answered; "
@@ -336,17 +385,6 @@ class SpendBook:
                 c.owners[k],
                 epsilon_left=left,
             )
-        self.store.db.executemany(
-            "INSERT INTO sampled(session_id, owner_id, sampling_rate, noise_multiplier, answers) "
-            "VALUES (?,?,?,?,?) "
-            "ON CONFLICT(session_id, owner_id, sampling_rate, noise_multiplier) DO UPDATE SET "
-            "answers=answers+excluded.answers",
-            [
-                (session_id, int(i), q, float(sigma), int(a))
-                for i, sigma, a in zip(owner_ids, sampled.noise_multiplier, add)
-                if a > 0
-            ],
-        )
 
     def _open_plans(self, session: str) -> dict[str, int]:
         """Each owner's admitted plan in ``session`` while it is open (an owner without an open

@@ -12,9 +12,10 @@ from collections.abc import Iterator
 import numpy as np
 
 from ..privacy import GaussianSpend
+from ..privacy.owner_epsilon import Row
 from ..privacy.subsampled import SubsampledGaussian
 from .key_store import KeyStore
-from .ledger_records import PART_SEPARATOR, Report, SecureSpend, Session, events_of
+from .ledger_records import PART_SEPARATOR, Report, SecureSpend, Session, events_of, pure_event
 from .ledger_rows import StepSums, line_spend
 from .ledger_store import LedgerStore
 
@@ -29,11 +30,18 @@ class SpendTotals:
         self.keys = keys
 
     def sampled_rows(self) -> dict[int, list[tuple]]:
-        """Every owner id's gradient rows (session id, q, σ, count), one statement."""
+        """Every owner id's gradient rows (session id, q, σ, count) and pure-ε rows (session
+        id, None, ε, count), one statement (``ledger_records.events_of`` reads both)."""
+        pure = (
+            " UNION ALL SELECT owner_id, session_id, NULL, epsilon, SUM(answers) "
+            "FROM pure_releases GROUP BY owner_id, session_id, epsilon"
+            if self.store.pure
+            else ""
+        )
         sampled: dict[int, list[tuple]] = defaultdict(list)
         for owner_id, sid, q, sigma, count in self.store.db.execute(
             "SELECT owner_id, session_id, sampling_rate, noise_multiplier, SUM(answers) "
-            "FROM sampled GROUP BY owner_id, session_id, sampling_rate, noise_multiplier"
+            "FROM sampled GROUP BY owner_id, session_id, sampling_rate, noise_multiplier" + pure
         ):
             sampled[owner_id].append((sid, q, sigma, int(count)))
         return sampled
@@ -142,12 +150,10 @@ class SpendTotals:
 
     def kind_spend(
         self, owners: list[str], session: str
-    ) -> list[dict[str, tuple[GaussianSpend, list[SubsampledGaussian]]]]:
+    ) -> list[dict[str, tuple[GaussianSpend, list[Row]]]]:
         """Each owner's spend in ``session`` per kind (ledger name), from each part's rows."""
         with self.store.reading():
-            out: list[dict[str, tuple[GaussianSpend, list[SubsampledGaussian]]]] = [
-                {} for _ in owners
-            ]
+            out: list[dict[str, tuple[GaussianSpend, list[Row]]]] = [{} for _ in owners]
             for name in self.store.parts(session):
                 for k, owner in enumerate(owners):
                     recorded = self.read_session(owner, name)
@@ -201,12 +207,15 @@ class SpendTotals:
             found = [self.read_session(owner, name) for name in names]
         return [s for s in found if s is not None]
 
-    def sampled(self, owner: str) -> list[SubsampledGaussian]:
-        """The owner's subsampled-Gaussian answers across all sessions, one event per (q, σ)."""
+    def sampled(self, owner: str) -> list[Row]:
+        """The owner's subsampled-Gaussian answers across all sessions, one event per (q, σ),
+        and its pure-ε releases, one per ε."""
         with self.store.reading():
             return self.sampled_of(owner)
 
-    def sampled_of(self, owner: str, session_id: int | None = None) -> list[SubsampledGaussian]:
+    def sampled_of(self, owner: str, session_id: int | None = None) -> list[Row]:
+        """The owner's gradient rows, one per (q, σ), and its pure-ε releases, one per ε, in
+        ``session_id`` (None: all sessions)."""
         where, args = "WHERE owner_id=?", [self.store.id(owner)]
         if session_id is not None:
             where, args = where + " AND session_id=?", [*args, session_id]
@@ -215,7 +224,13 @@ class SpendTotals:
             "GROUP BY sampling_rate, noise_multiplier",
             args,
         ).fetchall()
-        return [SubsampledGaussian(q, sigma, int(count)) for q, sigma, count in rows]
+        out: list[Row] = [SubsampledGaussian(q, sigma, int(count)) for q, sigma, count in rows]
+        if self.store.pure:
+            pure = self.store.db.execute(
+                f"SELECT epsilon, SUM(answers) FROM pure_releases {where} GROUP BY epsilon", args
+            ).fetchall()
+            out += [pure_event(eps, int(count)) for eps, count in pure]
+        return out
 
     def total(self, owner: str) -> GaussianSpend:
         """Everything the owner has ever been charged, across sessions."""

@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .exact import _addresses, _scale_parts, _Streams, dlap_one, lattice_scale
-from .lattice import _check_gamma, from_lattice, to_lattice
+from .lattice import LATTICE_BITS, _check_gamma, from_lattice, to_lattice
 from .sources import WordSource
 
 #: |exact value| is clipped to LIMIT·γ before rounding (as ``mechanism.LATTICE_LIMIT``): a
@@ -72,7 +72,6 @@ def laplace_lattice_release(
     ±``LIMIT``·γ, rounded to γℤ, plus exact discrete Laplace noise of scale ``scale`` ``(K,)``
     (answer units), keyed (owner, chain 0, iteration 0, component) — every entry an exact
     multiple of γ. ``owners``: key indices into ``source`` (default 0..K−1)."""
-    gamma = _check_gamma(gamma)
     values = np.asarray(values, dtype=float)
     if values.ndim != 2:
         raise ValueError(f"values must be (K, w), got shape {values.shape}")
@@ -80,19 +79,73 @@ def laplace_lattice_release(
     if scale.shape != (len(values),) or not (np.isfinite(scale) & (scale > 0)).all():
         raise ValueError(f"scale must be finite, > 0 and of shape ({len(values)},)")
     owners = np.arange(len(values)) if owners is None else np.asarray(owners)
+    first = np.zeros(1, dtype=np.int64)
+    return np.concatenate(
+        [
+            laplace_answers(source, session, kind, v[None], float(b), gamma, o, first, first)
+            for v, b, o in zip(values, scale, owners.tolist())
+        ]
+    ).reshape(values.shape)
+
+
+def laplace_answers(
+    source: WordSource,
+    session: str,
+    kind: str,
+    values: npt.ArrayLike,
+    scale: float,
+    gamma: float,
+    owner: int,
+    chains: np.ndarray,
+    iterations: np.ndarray,
+) -> np.ndarray:
+    """One owner's released answers ``(M, w)`` to the keys (``chains``, ``iterations``) ``(M,)``
+    each: its exact ``values`` ``(M, w)`` clipped to ±``LIMIT``·γ, rounded to γℤ, plus exact
+    discrete Laplace noise of scale ``scale`` (answer units), keyed (``owner``, chain,
+    iteration, component) — every entry an exact multiple of γ."""
+    gamma = _check_gamma(gamma)
+    values = np.asarray(values, dtype=float)
     bound = LIMIT * gamma
     exact = to_lattice(np.clip(values, -bound, bound), gamma)
     noise = discrete_laplace(
         source,
         session,
         kind,
-        (scale / gamma)[:, None],
-        owner=owners[:, None],
-        chain=0,
-        iteration=0,
+        scale / gamma,
+        owner=owner,
+        chain=np.asarray(chains)[:, None],
+        iteration=np.asarray(iterations)[:, None],
         component=np.arange(values.shape[1])[None, :],
     )
     return from_lattice(exact + noise, gamma)
+
+
+def laplace_gamma(scale: float) -> float:
+    """The lattice step of a Laplace release at ``scale`` (answer units): the power of two
+    2²⁰ to 2²¹ times below it (as the Gaussian answers' γ, docs/design.md §2.7)."""
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be finite and > 0, got {scale!r}")
+    return 2.0 ** (math.floor(math.log2(scale)) - LATTICE_BITS)
+
+
+def owner_release_epsilon(l1_sensitivity: float, scale: float, width: int) -> float:
+    """Pure ε (nats) of one owner's Laplace release at ``scale`` on its own lattice
+    (``laplace_gamma``): ``laplace_release_epsilon``."""
+    return laplace_release_epsilon(l1_sensitivity, scale, laplace_gamma(scale), width)
+
+
+def calibrated_scale(l1_sensitivity: float, width: int, epsilon: float) -> float:
+    """The Laplace scale b (answer units) whose release (``owner_release_epsilon``, rounding
+    term included) costs at most ``epsilon`` nats: b = (Δ₁ + γw)/ε, raised until it fits."""
+    if not (math.isfinite(epsilon) and epsilon > 0) or not l1_sensitivity > 0:
+        raise ValueError(f"need epsilon > 0 and Δ₁ > 0, got {epsilon!r}, {l1_sensitivity!r}")
+    scale = l1_sensitivity / epsilon
+    for _ in range(64):
+        spent = owner_release_epsilon(l1_sensitivity, scale, width)
+        if spent <= epsilon:
+            return scale
+        scale = math.nextafter(scale * spent / epsilon, math.inf)
+    raise ValueError(f"no Laplace scale found for ε = {epsilon!r}")
 
 
 def laplace_release_epsilon(l1_sensitivity: float, scale: float, gamma: float, width: int) -> float:
