@@ -56,7 +56,7 @@ from .coordinator.transport_base import OwnerSetup
 from .coordinator.transports import TRANSPORTS
 from .data import FileRecords, OwnerRecords, synthetic_sources
 from .errors import ConfigError, OutputFailed
-from .kinds import KINDS, GaussianKind, query_kind
+from .kinds import KINDS, GaussianKind, QueryKind, query_kind
 from .models import (
     BoundHierarchy,
     ExpFamModel,
@@ -89,7 +89,7 @@ from .run_session import Owners, chain_start, run_seeds, sample_owners, settling
 CURATOR_ACCOUNTING = "non-private baseline: a trusted curator pools every record; no owner privacy"
 #: privacy.json's ``noise`` line of a simulation (docs/design.md §2.7, invariant 7).
 SIMULATED_NOISE = (
-    "simulated owners: float Gaussian noise seeded from run.seed and addressed by (session, "
+    "simulated owners: {noise} seeded from run.seed and addressed by (session, "
     "chain, iteration), so that a run repeats and a resumed run draws what an uninterrupted one "
     "does; whoever knows the seed knows the noise (deployed owners draw exact lattice noise "
     "from a secret key instead)"
@@ -393,8 +393,7 @@ def _run_owners(
                 extra["target"] = target
             privacy = privacy_summary(reports, policies, algorithm, scenario)
             if privacy["owners"]:
-                secure = requested(scenario["privacy"])
-                privacy["noise"] = SIMULATED_NOISE if secure is None else SIMULATED_SECURE_NOISE
+                privacy["noise"] = _noise_line(scenario, asked)
             if start is not None:
                 start.privacy(privacy)
             named = model if world.sampled is None else world.sampled
@@ -406,6 +405,14 @@ def _run_owners(
             return with_cost(result, oracle, names, scenario["run"]["seed"], info["transport"])
     finally:
         launched.stop()
+
+
+def _noise_line(scenario: Scenario, asked: list[QueryKind]) -> str:
+    """privacy.json's ``noise``: how the simulated owners' noise was drawn."""
+    if requested(scenario["privacy"]) is not None:
+        return SIMULATED_SECURE_NOISE
+    noise = " and ".join(dict.fromkeys(k.simulated_noise for k in asked))
+    return SIMULATED_NOISE.format(noise=noise)
 
 
 def _run_pooled(

@@ -148,6 +148,7 @@ def test_a_laplace_run_is_charged_once_at_the_independent_epsilon(tmp_path):
     )
     expected = _independent_epsilon(SCALE)
     assert privacy["kind"] == "laplace_stats"
+    assert "discrete Laplace" in privacy["noise"] and "Gaussian" not in privacy["noise"]
     for owner in privacy["owners"]:
         assert owner["answers"] == 1 and owner["laplace_scale"] == SCALE
         assert owner["epsilon"] == pytest.approx(expected, rel=1e-12)

@@ -97,6 +97,8 @@ class QueryKind(ABC):
     clip_scaled: ClassVar[bool] = False
     #: the scenario key that sets a simulated owner's level of this kind (refusal advice)
     scenario_noise_key: ClassVar[str] = "privacy.sigma"
+    #: how a simulated owner draws this kind's noise (privacy.json's ``noise`` line)
+    simulated_noise: ClassVar[str] = "float Gaussian noise"
 
     # --- the request ------------------------------------------------------------------------
     def check_model(self, model: Model, public_n: int | None, owner: str) -> None:

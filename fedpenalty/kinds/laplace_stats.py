@@ -41,6 +41,7 @@ class LaplaceStats(QueryKind):
     report_basis = _PURE
     report_sigma_key = "laplace_scale"
     scenario_noise_key = "[privacy.noise] laplace_scale"
+    simulated_noise = "exact discrete Laplace noise on the owner's lattice"
     arrays = ()
     spend_keys = ("sampler.chains", "privacy.budget_epsilon")
 
