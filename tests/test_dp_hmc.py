@@ -43,15 +43,19 @@ def run_pooled(
     seed=0,
     chains=8,
     adapt=True,
+    per_distance=False,
 ):
     """DP-HMC on pooled ``records`` with gradient noise sd ``grad_sd`` and ratio noise sd
-    ``ratio_sd``; the ratio's declared variance is ``declared`` × the true one (1: correct)."""
+    ``ratio_sd`` (``per_distance``: ``ratio_sd`` × ‖θ' − θ‖, each record's ratio clipped at
+    L‖θ' − θ‖, which never binds); the ratio's declared variance is ``declared`` × the true
+    one (1: correct)."""
     pooled = np.concatenate(records)
     ref = GAUSS2.reference_posterior(pooled)
     rng = np.random.default_rng(seed)
     noise = np.random.default_rng(seed + 1)
     grad = dp_hmc.pooled_gradient(GAUSS2, pooled, GRAD_CLIP, grad_sd, noise)
-    true_ratio = dp_hmc.pooled_ratio(GAUSS2, pooled, RATIO_CLIP, ratio_sd, noise)
+    clip = GAUSS2.lipschitz if per_distance else RATIO_CLIP
+    true_ratio = dp_hmc.pooled_ratio(GAUSS2, pooled, clip, ratio_sd, noise, per_distance)
 
     def ratio(iteration, chains_, theta, theta_prop):
         lam, s2 = true_ratio(iteration, chains_, theta, theta_prop)
@@ -89,6 +93,26 @@ def test_dp_hmc_fails_the_check_when_the_penalty_correction_is_mis_set():
     assert z_missing.max() > 2 * Z, z_missing
     _, z_quarter = run_pooled(RECORDS, declared=0.25, adapt=False)  # variance 4× too small
     assert z_quarter.max() > Z, z_quarter
+
+
+#: ratio noise sd per unit of ‖θ' − θ‖: s² = 4.0 on average over the kept moves (median 1.8)
+PER_DISTANCE_SD = 15.0
+
+
+def test_dp_hmc_with_a_ratio_clip_per_distance_is_exact_and_its_correction_matters():
+    """The paper's clip c‖θ' − θ‖ with noise sd ∝ ‖θ' − θ‖ (docs/design.md §2.9): each chain's
+    s² differs, and the test with that chain's s² is exact (within Z MCSE, as above), while a
+    correction with no −s²/2 (|z| 17 measured) or a variance 4× too small (|z| 11) fails."""
+    result, z = run_pooled(RECORDS, ratio_sd=PER_DISTANCE_SD, per_distance=True)
+    assert z.max() < Z, z
+    s2 = result.stats["noise_variance"][result.queried]
+    assert 2.0 < s2.mean() < 8.0 and s2.std() > 1.0, (s2.mean(), s2.std())  # strong, per chain
+    assert result.state.tuning.step == 0.1  # the sabotaged runs run at this step
+    for declared, bound in ((0.0, 2 * Z), (0.25, Z)):
+        _, z_bad = run_pooled(
+            RECORDS, ratio_sd=PER_DISTANCE_SD, per_distance=True, declared=declared, adapt=False
+        )
+        assert z_bad.max() > bound, (declared, z_bad)
 
 
 def test_a_trajectory_that_leaves_the_box_asks_nobody_more_and_is_rejected():
@@ -184,8 +208,15 @@ def owners_oracle(records, sigma_grad, sigma_ratio, neighbour="replace_one", pat
     return InProcessOracle(nodes)
 
 
-@pytest.mark.parametrize(("neighbour", "factor"), [("replace_one", 2.0), ("add_remove", 1.0)])
-def test_each_owners_epsilon_is_the_composition_of_the_answers_it_released(neighbour, factor):
+@pytest.mark.parametrize(
+    ("neighbour", "factor", "per_distance"),
+    [("replace_one", 2.0, 0.0), ("add_remove", 1.0, 0.0), ("replace_one", 2.0, 3.0)],
+)
+def test_each_owners_epsilon_is_the_composition_of_the_answers_it_released(
+    neighbour, factor, per_distance
+):
+    """Also with the ratio clipped per unit distance (``per_distance`` > 0): each answer's μ is
+    the same factor/σ whatever the chain's ‖θ' − θ‖."""
     from fedpenalty.coordinator.base import ChainData
     from fedpenalty.kinds import KindTerms
 
@@ -207,6 +238,7 @@ def test_each_owners_epsilon_is_the_composition_of_the_answers_it_released(neigh
         step_jitter=1.0,
         warmup_descent=descent,
         warmup=warmup,
+        hmc_ratio_clip_per_distance=per_distance,
     )
     rng = np.random.default_rng(5)
     theta0 = np.array([[0.4, -0.3]]) + 0.05 * rng.standard_normal((chains, 2))
@@ -227,6 +259,53 @@ def test_each_owners_epsilon_is_the_composition_of_the_answers_it_released(neigh
         assert report.session.answers == gradients + ratios
         assert report.session.mu == pytest.approx(mu, rel=1e-9)
         assert report.session.epsilon == pytest.approx(expected, rel=1e-6)
+
+
+def test_owners_clip_each_chain_at_c_times_its_distance_with_noise_in_proportion():
+    """Through three owners, a ratio clipped per unit distance is Σ_x clip(Δℓ, ±c‖θ' − θ‖)
+    for each chain with variance Σ_k (σ_k c ‖θ' − θ‖)²: the owners' tiny noise (σ = 1e-3)
+    leaves λ̂ within 5 sd of that sum, which is hundreds of sd from the sum clipped at c
+    (the absolute clip) on the moves far from length 1 — so a bound or a noise not scaled by
+    the chain's distance fails."""
+    from fedpenalty.kinds import KindTerms
+
+    oracle = owners_oracle(RECORDS, 1.0, 1e-3)
+    oracle.open_kinds([KindTerms(dp_hmc.RATIO_KIND, 8)], "per-distance")
+    rng = np.random.default_rng(3)
+    lengths = np.array([0.01, 0.1, 0.5, 1.0])
+    u = rng.standard_normal((4, 2))
+    theta = np.tile([0.4, -0.3], (4, 1))
+    theta_prop = theta + lengths[:, None] * u / np.linalg.norm(u, axis=1, keepdims=True)
+    ratio = dp_hmc.oracle_ratio(oracle, 1.0, per_distance=True)
+    lam, s2 = ratio(0, np.arange(4), theta, theta_prop)
+    diffs = GAUSS2.log_lik_diff(np.concatenate(RECORDS), theta, theta_prop)
+    expected = np.clip(diffs, -lengths[:, None], lengths[:, None]).sum(axis=1)
+    absolute = np.clip(diffs, -1.0, 1.0).sum(axis=1)
+    assert s2 == pytest.approx(3 * (1e-3 * lengths) ** 2, rel=1e-12)
+    assert np.all(np.abs(lam - expected) < 5 * np.sqrt(s2)), (lam - expected) / np.sqrt(s2)
+    assert np.all(np.abs(absolute - expected)[:3] > 100 * np.sqrt(s2[:3]))
+    assert oracle.simulation_diagnostics()["clip_hits"]["penalty_clipped"]["fraction"] > 0
+
+
+def test_owners_refuse_a_ratio_per_distance_of_no_move_and_a_query_with_both_clips():
+    """θ' = θ would be answered with bound and noise 0: refused, and nothing is charged; a
+    query naming both clips is refused by the kind."""
+    from fedpenalty.errors import InvalidRequest
+    from fedpenalty.kinds import KindTerms
+
+    oracle = owners_oracle(RECORDS, 1.0, 1.0)
+    oracle.open_kinds([KindTerms(dp_hmc.RATIO_KIND, 8)], "refusals")
+    theta = np.array([[0.4, -0.3], [0.1, 0.2]])
+    moved = theta + np.array([[0.0, 0.0], [0.1, 0.0]])
+    ratio = dp_hmc.oracle_ratio(oracle, 1.0, per_distance=True)
+    with pytest.raises(InvalidRequest, match="θ' ≠ θ"):
+        ratio(0, np.arange(2), theta, moved)
+    arrays = {"theta": theta, "theta_prop": moved + 0.1, "clip": 1.0, "clip_per_distance": 1.0}
+    with pytest.raises(InvalidRequest, match="clip_per_distance"):
+        oracle.query(dp_hmc.RATIO_KIND, 0, np.arange(2), **arrays)
+    assert all(r.session is None or r.session.answers == 0 for r in oracle.privacy_reports())
+    ratio(0, np.arange(2), theta + 0.01, moved + 0.02)  # the keys were not spent by the refusals
+    assert all(r.session is not None and r.session.answers == 2 for r in oracle.privacy_reports())
 
 
 def test_dp_hmc_through_owners_is_exact():

@@ -70,12 +70,14 @@ def secure_nodes(folder, tag: str, groups=((0, 1), (2,))) -> list[OwnerNode]:
     return nodes
 
 
-def settings(warmup: int, iterations: int) -> dict:
+def settings(warmup: int, iterations: int, per_distance: float = 0.0) -> dict:
     """The ``[sampler]`` settings of the kernel-level runs: every iteration an HMC move (no
-    warmup descent), so each asks L gradients and one ratio."""
+    warmup descent), so each asks L gradients and one ratio; ``per_distance`` > 0: the ratio
+    clipped at that × ‖θ' − θ‖."""
     return {"warmup": warmup, "iterations": iterations, "leapfrog_steps": LEAPFROG, "step": 0.1,
             "adapt_step": True, "target_accept": 0.65, "grad_clip": GRAD_CLIP,
-            "hmc_ratio_clip": RATIO_CLIP, "step_jitter": 1.0, "warmup_descent": 0}  # fmt: skip
+            "hmc_ratio_clip": RATIO_CLIP, "step_jitter": 1.0, "warmup_descent": 0,
+            "hmc_ratio_clip_per_distance": per_distance}  # fmt: skip
 
 
 def open_hmc(oracle, chains: int, warmup: int, iterations: int, session: str = "hmc") -> str:
@@ -85,9 +87,11 @@ def open_hmc(oracle, chains: int, warmup: int, iterations: int, session: str = "
     return oracle.open_kinds(terms, session, secure=SecureAggregation(S, T))
 
 
-def run_chain(oracle, chains: int = 3, warmup: int = 5, iterations: int = 15, **kwargs):
+def run_chain(
+    oracle, chains: int = 3, warmup: int = 5, iterations: int = 15, per_distance=0.0, **kwargs
+):
     """DP-HMC through ``oracle`` from fixed starts near the data's mean."""
-    sampler = settings(warmup, iterations)
+    sampler = settings(warmup, iterations, per_distance)
     algo = ALGORITHMS["dp_hmc"].kernel(MODEL, ChainData(oracle, n_total=300), sampler)
     rng = np.random.default_rng(5)
     theta0 = np.array([[0.4, -0.3]]) + 0.05 * rng.standard_normal((chains, 2))
@@ -198,24 +202,37 @@ def exact_sum(kind: str, arrays: dict) -> np.ndarray:
 # --------------------------------------------------------------------------- accounting
 
 
-def test_each_owners_epsilon_is_the_composition_of_the_answers_its_ledger_recorded(tmp_path):
+@pytest.mark.parametrize("per_distance", [0.0, 2.0], ids=["absolute", "per-distance"])
+def test_each_owners_epsilon_is_the_composition_of_the_answers_its_ledger_recorded(
+    tmp_path, per_distance
+):
     """The kernel's own count of what it asked equals each ledger's answers per kind; each
     answer is charged μ = (2 + γ√w)/s per unit clip (replace_one; γ the session's lattice step,
     w = 2 for gradients, 1 for ratios), the owner's ε is the RDP ε of their composition
     (dp-accounting), its own-noise μ is √(K − t) times larger, and the kernel's penalty used the
-    decoded sum's variance (s·c)²·K/(K − t)."""
+    decoded sum's variance (s·c)²·K/(K − t) — per chain (s·c·‖θ' − θ‖)²·K/(K − t) with the
+    ratio clipped per unit distance (checked on the accepted moves, whose ‖θ' − θ‖ the draws
+    show), at the same μ."""
     nodes = secure_nodes(tmp_path, "eps")
     oracle = InProcessOracle(nodes)
     chains, warmup, iterations = 3, 5, 15
     open_hmc(oracle, chains, warmup, iterations)
-    result = run_chain(oracle, chains, warmup, iterations)
+    result = run_chain(oracle, chains, warmup, iterations, per_distance)
     kept_grads = int(result.stats["gradient_answers"].sum())
     kept_ratios = int(result.queried.sum())
     assert kept_ratios == chains * iterations and kept_grads == LEAPFROG * kept_ratios
     gradients = chains * (1 + LEAPFROG * warmup) + kept_grads
     ratios = chains * warmup + kept_ratios
-    variance = (S * RATIO_CLIP) ** 2 * 3 / (3 - T)
-    assert np.allclose(result.stats["noise_variance"][result.queried], variance, rtol=1e-12)
+    if per_distance:
+        moved = result.accepted[:, 1:]
+        step = np.linalg.norm(np.diff(result.theta, axis=1), axis=2)[moved]
+        variance = (S * per_distance * step) ** 2 * 3 / (3 - T)
+        assert moved.sum() >= 10
+        noise_variance = result.stats["noise_variance"][:, 1:][moved]
+        np.testing.assert_allclose(noise_variance, variance, rtol=1e-9)
+    else:
+        variance = (S * RATIO_CLIP) ** 2 * 3 / (3 - T)
+        assert np.allclose(result.stats["noise_variance"][result.queried], variance, rtol=1e-12)
     gamma = lattice_step(SecureTerms(3, T, S))
     mu = math.sqrt(gradients * ((2 + gamma * math.sqrt(2)) / S) ** 2
                    + ratios * ((2 + gamma) / S) ** 2)  # fmt: skip
@@ -315,17 +332,28 @@ def _samples(out) -> dict[str, np.ndarray]:
         return {k: data[k] for k in data.files}
 
 
-@pytest.mark.parametrize("transport", ["grpc", pytest.param("ray", marks=pytest.mark.slow)])
-def test_a_secure_dp_hmc_run_equals_the_in_process_run_draw_for_draw(tmp_path, request, transport):
+@pytest.mark.parametrize(
+    ("transport", "clip"),
+    [
+        ("grpc", "sampler.hmc_ratio_clip=0.006"),
+        ("grpc", "sampler.hmc_ratio_clip_per_distance=3.0"),
+        pytest.param("ray", "sampler.hmc_ratio_clip=0.006", marks=pytest.mark.slow),
+    ],
+    ids=["grpc", "grpc-per-distance", "ray"],
+)
+def test_a_secure_dp_hmc_run_equals_the_in_process_run_draw_for_draw(
+    tmp_path, request, transport, clip
+):
     """``simulate`` of the embedded default with dp_hmc and secure aggregation over gRPC (owner
     host processes) and Ray (two actors) against in process: the same draws, the same owners'
     privacy figures and diagnostics (Ray: its simulation-only clip counters too), and
-    privacy.json's secure fields, its assumption saying that s multiplies each kind's clip."""
+    privacy.json's secure fields, its assumption saying that s multiplies each kind's clip;
+    over gRPC also with the ratio clipped per unit distance."""
     if transport == "ray":
         request.getfixturevalue("ray_session")
-    local = run_scenario(load_scenario(None, [*SMALL, "run.transport='inprocess'"]),
+    local = run_scenario(load_scenario(None, [*SMALL, clip, "run.transport='inprocess'"]),
                          tmp_path / "local")  # fmt: skip
-    other = run_scenario(load_scenario(None, [*SMALL, f"run.transport='{transport}'"]),
+    other = run_scenario(load_scenario(None, [*SMALL, clip, f"run.transport='{transport}'"]),
                          tmp_path / transport)  # fmt: skip
     assert local.stopped is None and other.stopped is None
     for key, value in _samples(local.out).items():

@@ -41,7 +41,7 @@ from pydantic import Field
 
 from ..kinds import KINDS
 from ..models import Model
-from ..schema import NonNegativeInt, PositiveFloat, PositiveInt, Rate
+from ..schema import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Rate
 from . import mh
 from .adapt import UNSET, StepAdaptation
 from .base import (
@@ -96,6 +96,13 @@ class DPHMCSettings(mh.MHSettings):
         description="dp_hmc: per-record log-likelihood-ratio clip (nats); the owners' noise sd "
         "is their ratio_noise_multiplier × hmc_ratio_clip; the chain samples the "
         "clipped-likelihood posterior (the posterior itself when no record's term is clipped)",
+    )
+    hmc_ratio_clip_per_distance: NonNegativeFloat = Field(
+        default=0.0,
+        description="dp_hmc: > 0 clips each record's log-likelihood ratio at this × ‖θ' − θ‖ "
+        "(nats per unit of θ; the paper's form) instead of at hmc_ratio_clip, so each chain's "
+        "bound and ratio noise sd (ratio_noise_multiplier × this × ‖θ' − θ‖) scale with its "
+        "move at the same cost per answer; 0: the absolute hmc_ratio_clip",
     )
     step_jitter: Rate = Field(
         default=0.2,
@@ -309,10 +316,13 @@ def kernel(
     step_jitter: float,
     adapt: bool,
     descent: int = 0,
+    ceiling: bool = True,
 ) -> SamplingAlgorithm:
     """DP-HMC over ``grad`` and ``ratio`` as a built algorithm: its leapfrog step from
     ``tuning`` (adapted during warmup when ``adapt``, as ``mh.tuned`` does for MH); the first
-    ``descent`` iterations descend from rest (``descend``; the caller keeps them in warmup)."""
+    ``descent`` iterations descend from rest (``descend``; the caller keeps them in warmup).
+    ``ceiling``: adapt the acceptance relative to the noise ceiling 2Φ(−s/2); False for a ratio
+    noise sd ∝ ‖θ' − θ‖, which vanishes with the step (the plain acceptance then)."""
 
     def move(rng: np.random.Generator, state: HMCState, eps: float):
         return step(rng, state, model, grad, ratio, eps, leapfrog_steps, step_jitter)
@@ -331,7 +341,8 @@ def kernel(
         if not adapt:
             return kept(rng, state)
         new, info = move(rng, state, state.tuning.warmup_step)
-        tuning = new.tuning.update(info.accept_prob, info.noise_var)
+        noise_var = info.noise_var if ceiling else np.zeros_like(info.noise_var)
+        tuning = new.tuning.update(info.accept_prob, noise_var)
         return new.with_tuning(tuning), record(info)
 
     warmup = warming if adapt or descent else None
@@ -351,21 +362,28 @@ def build(
     step_jitter: float,
     warmup_descent: int,
     warmup: int,
+    hmc_ratio_clip_per_distance: float = 0.0,
 ) -> SamplingAlgorithm:
     """DP-HMC through the owners behind ``data.oracle``: ``step`` is the largest leapfrog step
     (units of θ; adapted below it during warmup when ``adapt_step``), the first
-    min(``warmup_descent``, ``warmup``) iterations descend. The clipped kinds' cost does not
-    depend on the step, so the step is free of the privacy budget."""
+    min(``warmup_descent``, ``warmup``) iterations descend; the ratio is clipped at
+    ``hmc_ratio_clip_per_distance`` × ‖θ' − θ‖ when that is > 0, else at ``hmc_ratio_clip``.
+    The clipped kinds' cost does not depend on the step, so the step is free of the privacy
+    budget."""
     oracle = data.require_oracle("dp_hmc")
+    per_distance = hmc_ratio_clip_per_distance > 0
     return kernel(
         model,
         oracle_gradient(oracle, grad_clip),
-        oracle_ratio(oracle, hmc_ratio_clip),
+        oracle_ratio(
+            oracle, hmc_ratio_clip_per_distance if per_distance else hmc_ratio_clip, per_distance
+        ),
         StepAdaptation.start(step, target_accept),
         leapfrog_steps=leapfrog_steps,
         step_jitter=step_jitter,
         adapt=adapt_step,
         descent=min(warmup_descent, warmup),
+        ceiling=not per_distance,
     )
 
 
@@ -386,15 +404,18 @@ def oracle_gradient(oracle: Oracle, clip: float) -> GradFn:
     return grad
 
 
-def oracle_ratio(oracle: Oracle, clip: float) -> RatioFn:
-    """The owners' ``clipped_log_ratio`` answers summed: λ̂ ``(m,)`` and s² = Σ_k (σ_k·clip)²."""
+def oracle_ratio(oracle: Oracle, clip: float, per_distance: bool = False) -> RatioFn:
+    """The owners' ``clipped_log_ratio`` answers summed: λ̂ ``(m,)`` and s² = Σ_k (σ_k·clip)².
+    ``per_distance``: ``clip`` is per unit of ‖θ' − θ‖ and the owners answer the difference
+    quotient, so λ̂ = ‖θ' − θ‖ × their sum and s² = ‖θ' − θ‖² Σ_k (σ_k·clip)² per chain
+    (docs/design.md §2.9)."""
+    name = "clip_per_distance" if per_distance else "clip"
 
     def ratio(iteration: int, chains: np.ndarray, theta: np.ndarray, theta_prop: np.ndarray):
-        answers = oracle.query(
-            RATIO_KIND, iteration, chains, theta=theta, theta_prop=theta_prop, clip=clip
-        )
-        total, variance = answers.total()
-        return total, np.full(len(chains), variance)
+        arrays: dict[str, Any] = {"theta": theta, "theta_prop": theta_prop, name: clip}
+        total, variance = oracle.query(RATIO_KIND, iteration, chains, **arrays).total()
+        unit = distances(theta, theta_prop) if per_distance else np.ones(len(chains))
+        return unit * total, unit**2 * variance
 
     return ratio
 
@@ -420,16 +441,29 @@ def pooled_gradient(
     return grad
 
 
+def distances(theta: np.ndarray, theta_prop: np.ndarray) -> np.ndarray:
+    """‖θ' − θ‖ per chain ``(m,)`` (units of θ)."""
+    return np.linalg.norm(theta_prop - theta, axis=1)
+
+
 def pooled_ratio(
-    model: Model, records: np.ndarray, clip: float, noise_sd: float, rng: np.random.Generator
+    model: Model,
+    records: np.ndarray,
+    clip: float,
+    noise_sd: float,
+    rng: np.random.Generator,
+    per_distance: bool = False,
 ) -> RatioFn:
-    """A single data holder's answer: Σ_x ℓ(x,θ') − ℓ(x,θ) each clipped to [−``clip``,
-    ``clip``], plus N(0, ``noise_sd``²)."""
+    """A single data holder's answer: Σ_x ℓ(x,θ') − ℓ(x,θ) each clipped to [−b, b], plus
+    N(0, (``noise_sd``/``clip`` × b)²), b = ``clip`` — or, ``per_distance``, b = ``clip`` ×
+    ‖θ' − θ‖ per chain (the noise sd then ``noise_sd`` × ‖θ' − θ‖)."""
 
     def ratio(iteration: int, chains: np.ndarray, theta: np.ndarray, theta_prop: np.ndarray):
-        diff = np.clip(model.log_lik_diff(records, theta, theta_prop), -clip, clip)
-        noise = noise_sd * rng.standard_normal(len(chains))
-        return diff.sum(axis=1) + noise, np.full(len(chains), noise_sd**2)
+        unit = distances(theta, theta_prop) if per_distance else np.ones(len(chains))
+        bound = (clip * unit)[:, None]
+        diff = np.clip(model.log_lik_diff(records, theta, theta_prop), -bound, bound)
+        noise = noise_sd * unit * rng.standard_normal(len(chains))
+        return diff.sum(axis=1) + noise, (noise_sd * unit) ** 2
 
     return ratio
 
@@ -448,9 +482,10 @@ def asks(sampler: Mapping[str, Any]) -> dict[str, int]:
 def clips(sampler: Mapping[str, Any]) -> dict[str, float]:
     """The per-record clip of each kind a run asks (owners admit them; the ratio clip makes the
     target the clipped-likelihood posterior, the gradient clip changes only the proposal)."""
+    per_distance = float(sampler.get("hmc_ratio_clip_per_distance", 0.0))
     return {
         GRADIENT_KIND: float(sampler["grad_clip"]),
-        RATIO_KIND: float(sampler["hmc_ratio_clip"]),
+        RATIO_KIND: per_distance if per_distance > 0 else float(sampler["hmc_ratio_clip"]),
     }
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ...errors import InvalidRequest
 from ..mechanism import HostNoise, Keys
 from ..node import OwnerNode
 from ..pipeline import Asked, Planned, Request
@@ -25,11 +26,31 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class ClippedLogRatioQuery:
     """A validated request: ``theta``, ``theta_prop`` ``(C, d)`` inside Θ and the ``clip``
-    (within every owner's min_clip and max_clip)."""
+    (within every owner's min_clip and max_clip); ``distance`` ``(C,)``: ‖θ' − θ‖ > 0 of a
+    query clipped per unit distance, None for an absolute clip."""
 
     theta: np.ndarray
     theta_prop: np.ndarray
     clip: float
+    distance: np.ndarray | None = None
+
+
+#: What a query clipped per unit distance digests after the kind's tag (absolute: nothing, as
+#: before), so the two forms of one key never match each other.
+PER_DISTANCE = b"\x00per unit distance"
+
+
+def step_lengths(theta: np.ndarray, theta_prop: np.ndarray, label: str) -> np.ndarray:
+    """‖θ' − θ‖ ``(C,)`` of a query clipped per unit distance; ``InvalidRequest`` unless each
+    is finite and > 0 (a bound c·0 would answer with no noise)."""
+    distance = np.linalg.norm(theta_prop - theta, axis=1)
+    if not (np.all(np.isfinite(distance)) and np.all(distance > 0)):
+        raise InvalidRequest(
+            "a clipped_log_ratio query per unit distance needs θ' ≠ θ for every chain (its "
+            "bound and noise are clip_per_distance × ‖θ' − θ‖)",
+            label,
+        )
+    return distance
 
 
 class ClippedLogRatioCompute:
@@ -40,12 +61,15 @@ class ClippedLogRatioCompute:
         self.nodes = list(nodes)
 
     def fresh(self, noise: HostNoise, keys: Keys, query: ClippedLogRatioQuery) -> NoisyExact:
-        """Noisy answers ``(K, C, 1)`` to ``keys`` (one per chain of ``query``), sd σ_k·clip."""
-        bound = np.full(len(query.theta), query.clip)
+        """Noisy answers ``(K, C, 1)`` to ``keys`` (one per chain of ``query``), sd σ_k·clip.
+        Per unit distance: Σ_x clip(Δℓ, ±clip·‖θ' − θ‖)/‖θ' − θ‖ = Σ_x clip(Δℓ/‖θ' − θ‖, ±clip)."""
+        distance = query.distance
+        unit = np.ones(len(query.theta)) if distance is None else distance
+        bound = query.clip * unit
 
         def exact() -> np.ndarray:
             sums = [
-                clipped_ratio_sum(n, query.theta, query.theta_prop, bound, self.kind)
+                clipped_ratio_sum(n, query.theta, query.theta_prop, bound, self.kind) / unit
                 for n in self.nodes
             ]
             return np.stack(sums)[:, :, None]
@@ -56,7 +80,8 @@ class ClippedLogRatioCompute:
 class ClippedLogRatioPath:
     """The answer path of ``kind`` at one host of ``nodes`` (``pipeline.KindPath``): each
     answer's digest is the kind's tag, the clip and (θ, θ′) as little-endian float64; each is
-    charged μ = Δ/σ_k (Δ per unit clip, the noise sd being σ_k·clip) at any step."""
+    charged μ = Δ/σ_k (Δ per unit clip, the noise sd being σ_k·clip) at any step. A query
+    clipped per unit distance digests its own tag (``PER_DISTANCE``) after the kind's."""
 
     def __init__(self, kind: QueryKind, nodes: Sequence[OwnerNode]):
         self.compute = ClippedLogRatioCompute(kind.ledger_name, nodes)
@@ -74,9 +99,12 @@ class ClippedLogRatioPath:
         chains = checks.chains(chains)
         theta = checks.theta("theta", arrays["theta"], len(chains))
         theta_prop = checks.theta("theta_prop", arrays["theta_prop"], len(chains))
-        clip = checks.clip(arrays["clip"])
+        per_distance = "clip_per_distance" in arrays
+        clip = checks.clip(arrays["clip_per_distance" if per_distance else "clip"])
+        distance = step_lengths(theta, theta_prop, checks.label) if per_distance else None
         checks.work(len(chains))
-        tag = self.tag + np.float64(clip).astype("<f8").tobytes()
+        tag = self.tag + (PER_DISTANCE if per_distance else b"")
+        tag += np.float64(clip).astype("<f8").tobytes()
         pairs = np.concatenate([theta, theta_prop], axis=1).astype("<f8", copy=False)
         digests = [hashlib.sha256(tag + row.tobytes()).digest() for row in pairs]
 
@@ -84,5 +112,5 @@ class ClippedLogRatioPath:
         mechanism = asked.mechanism
         mus = mechanism.mus(self.delta, np.ones(len(chains)), 1)
         request = Request(keys, digests, mechanism, 1, mus)
-        query = ClippedLogRatioQuery(theta, theta_prop, clip)
+        query = ClippedLogRatioQuery(theta, theta_prop, clip, distance)
         return Planned(request, self.compute, query, (len(chains),), clip)
