@@ -22,7 +22,9 @@ differs:
 * ``expfam ×C BB``: penalty MH on the owners' sufficient statistics (docs/design.md §2.2)
   with C chains, one reply carrying B iterations' copies (the block mode, a ``suff_stats``
   query like any other, so it runs over every transport);
-* ``sgld ×4``: DP-SGLD at q = 0.02 with tight (PLD) accounting, one round trip per iteration.
+* ``sgld ×4``: DP-SGLD at q = 0.02 with tight (PLD) accounting, one round trip per iteration;
+* ``sghmc ×4``, ``sgfs ×4``, ``barker ×4``: the other owner-side methods, with the
+  calibrations of ``privacy_mixing.py`` (barker samples its tempered target).
 
 Each run goes through ``fedpenalty simulate``'s own path with in-process owners and a
 ``[network]`` section (one-way latency L for every owner, 10 Mbit/s up and 50 Mbit/s down, no
