@@ -1,14 +1,19 @@
 """The answer pipeline's two paths (docs/design.md §4): a host whose owners share one ledger
 file answers the usual request (nothing answered before) in one charging transaction; a host
 over several ledger files, or a request with answered keys, takes the general path. Both must
-give the same answers, charges and replays for the same owners, seeds and questions."""
+give the same answers, charges and replays for the same owners, seeds and questions; and the
+host's chain-id check refuses alike by either of its paths (few chains, many)."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
+import pytest
 
 from fedpenalty.common import Policy
 from fedpenalty.coordinator.inprocess import InProcessOracle
+from fedpenalty.errors import InvalidRequest
 from fedpenalty.models import build_model
 from fedpenalty.owner import Ledger, OwnerNode
 
@@ -66,3 +71,25 @@ def test_one_ledger_file_answers_and_charges_as_several_do(tmp_path):
     np.testing.assert_array_equal(mixed1[:, 0], fresh1[0][:, 2])
     assert spend1 == spend2
     assert all(s.epsilon > 0 for s in spend1)
+
+
+@pytest.mark.parametrize("size", [3, 40])  # Python ints below 17 chains, numpy's sort above
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda ids: np.r_[ids, ids[-1]], "distinct non-negative"),
+        (lambda ids: np.r_[ids, -1], "distinct non-negative"),
+        (lambda ids: np.r_[ids, 2**29], "below 2^29 = 536870912, got 536870912"),
+    ],
+)
+def test_chain_ids_are_checked_alike_for_few_and_many_chains(tmp_path, size, change, message):
+    """A repeated, negative or too large chain id is refused whatever the number of chains,
+    and the same ids without it are accepted (``RequestChecks.chains``)."""
+    oracle, ledgers = host(tmp_path, 1)
+    checks = oracle.host._checks
+    ids = np.arange(size)[::-1]
+    np.testing.assert_array_equal(checks.chains(ids), ids)
+    with pytest.raises(InvalidRequest, match=re.escape(message)):
+        checks.chains(change(ids))
+    oracle.close()
+    ledgers[0].close()
