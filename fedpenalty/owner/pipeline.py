@@ -159,16 +159,32 @@ class AnswerPipeline:
         11). A refused request draws no noise.
         """
         keys = request.keys
-        width, dtype = request.mechanism.width(request.width), request.mechanism.dtype
         new = np.ones((len(self.nodes), len(keys.chains)), dtype=bool)
+        first, last = span(keys.iterations)
+        stored = [
+            part.ledger.stored_ids_at(part.owner_ids, keys.session, first, last, keys.substep)
+            for part in self.parts
+        ]
+        if len(self.parts) == 1 and not stored[0]:
+            # the usual request: one ledger file, nothing answered before — one transaction
+            part = self.parts[0]
+            with part.ledger.charging(self._charge(part, request, new)) as store:
+                out = fresh.every()
+                store(out)
+            return out
+        return self._answer_parts(request, fresh, new, stored)
+
+    def _answer_parts(
+        self, request: Request, fresh: Fresh, new: np.ndarray, stored_by_part: list[dict]
+    ) -> np.ndarray:
+        """``answer`` for any parts: replay each part's ``stored_by_part`` answers, charge
+        every part's new ones, then draw and store (``new`` ``(K, M)``: all True on entry)."""
+        keys = request.keys
+        width, dtype = request.mechanism.width(request.width), request.mechanism.dtype
         # answered keys whose answers a simulated ledger recomputes instead of storing
         redo = np.zeros_like(new)
-        first, last = span(keys.iterations)
         out: np.ndarray | None = None
-        for part in self.parts:
-            stored = part.ledger.stored_ids_at(
-                part.owner_ids, keys.session, first, last, keys.substep
-            )
+        for part, stored in zip(self.parts, stored_by_part):
             if stored:
                 if out is None:
                     out = np.empty((len(self.nodes), len(keys.chains), width), dtype=dtype)

@@ -132,12 +132,12 @@ class RequestChecks:
         arr = np.asarray(chains)
         if arr.ndim != 1 or arr.size == 0 or arr.dtype.kind not in "iu":
             raise InvalidRequest("chains must be a non-empty 1-D array of integers", self.label)
-        ordered = np.sort(arr)  # (np.unique hashes: ~10x slower for a few chains)
-        if ordered[0] < 0 or bool((ordered[1:] == ordered[:-1]).any()):
+        lowest, highest, distinct = _spread(arr)
+        if lowest < 0 or not distinct:
             raise InvalidRequest("chains must be distinct non-negative integers", self.label)
-        if ordered[-1] >= MAX_CHAIN:  # the noise streams' chain address space
+        if highest >= MAX_CHAIN:  # the noise streams' chain address space
             raise InvalidRequest(
-                f"chain ids must be below 2^29 = {MAX_CHAIN}, got {int(ordered[-1])}", self.label
+                f"chain ids must be below 2^29 = {MAX_CHAIN}, got {highest}", self.label
             )
         if arr.size * per_chain > self._max_answers:
             raise InvalidRequest(
@@ -169,3 +169,14 @@ class RequestChecks:
                 self.label,
             )
         return arr
+
+
+def _spread(ids: np.ndarray) -> tuple[int, int, bool]:
+    """The lowest and highest of a non-empty 1-D int array and whether its values are
+    distinct: in Python ints for the usual few chains (a few µs cheaper than numpy's sort),
+    by numpy's sort for many (np.unique hashes: ~10x slower for a few)."""
+    if ids.size <= 16:
+        values = ids.tolist()
+        return min(values), max(values), len(set(values)) == len(values)
+    ordered = np.sort(ids)
+    return int(ordered[0]), int(ordered[-1]), not bool((ordered[1:] == ordered[:-1]).any())
