@@ -24,7 +24,8 @@ differs:
   query like any other, so it runs over every transport);
 * ``sgld ×4``: DP-SGLD at q = 0.02 with tight (PLD) accounting, one round trip per iteration;
 * ``sghmc ×4``, ``sgfs ×4``, ``barker ×4``: the other owner-side methods, with the
-  calibrations of ``privacy_mixing.py`` (barker samples its tempered target).
+  calibrations of ``privacy_mixing.py`` (barker's ratio clip binds: it samples the
+  clipped-likelihood posterior, docs/design.md §2.8).
 
 Each run goes through ``fedpenalty simulate``'s own path with in-process owners and a
 ``[network]`` section (one-way latency L for every owner, 10 Mbit/s up and 50 Mbit/s down, no
