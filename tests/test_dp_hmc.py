@@ -506,3 +506,15 @@ def test_the_kernel_descends_only_in_its_first_warmup_iterations():
     result = sample(algo, np.random.default_rng(1), theta0, iterations=4, warmup=6, progress=False)
     assert asked == [3, 4, 5, 6, 7, 8, 9]  # no ratio in the descent's iterations 0, 1, 2
     assert result.theta.shape == (2, 4, 2)
+
+
+def test_the_target_line_names_the_ratio_clip_per_unit_distance():
+    """The run's target (diagnostics.json, console) says when the ratio clip scales with the
+    move, and reads as before for the absolute clip."""
+    base = {"grad_clip": 2.0, "hmc_ratio_clip": 0.5, "hmc_ratio_clip_per_distance": 0.0}
+    absolute = dp_hmc.DP_HMC.target(base)
+    assert absolute is not None and "0.5 on clipped_log_ratio" in absolute
+    assert "per unit" not in absolute
+    scaled = dp_hmc.DP_HMC.target({**base, "hmc_ratio_clip_per_distance": 2.5})
+    assert scaled is not None and "2.5 per unit of ‖θ′ − θ‖ on clipped_log_ratio" in scaled
+    assert "2 on clipped_gradient" in scaled

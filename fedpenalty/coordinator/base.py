@@ -165,8 +165,10 @@ class ChainAlgorithm:
     (``asks``; docs/design.md §4, "Algorithms of several kinds"); unset: ``query`` alone.
     ``clips(sampler)``, when set, gives the per-record clip each clipping kind (``clipped_*``)
     of the run is asked at: the run then samples the clipped-likelihood posterior
-    (``target``). ``temperature(sampler)``, when set, is the likelihood's exponent τ of a
-    tempered target p(θ)Πp(x|θ)^τ: the run's reference is then the tempered posterior
+    (``target``); ``clip_units(sampler)``, when set, names the unit of a clip that is not
+    absolute (e.g. per unit of ‖θ′ − θ‖). ``temperature(sampler)``, when set, is the
+    likelihood's exponent τ of a tempered target p(θ)Πp(x|θ)^τ: the run's reference is then
+    the tempered posterior
     (``simulation.pooled_reference``). ``hierarchical``: it samples a hierarchical model
     (``BoundHierarchy``; every other algorithm a flat ``Model``), in simulation only.
     """
@@ -184,6 +186,7 @@ class ChainAlgorithm:
     generic: tuple[str, ...] = KERNEL_KEYS
     kinds: Callable[[Mapping[str, Any]], dict[str, int]] | None = None
     clips: Callable[[Mapping[str, Any]], dict[str, float]] | None = None
+    clip_units: Callable[[Mapping[str, Any]], dict[str, str]] | None = None
     hierarchical: bool = False
     temperature: Callable[[Mapping[str, Any]], float] | None = None
 
@@ -250,7 +253,10 @@ class ChainAlgorithm:
         clips = {} if self.clips is None else self.clips(sampler)
         if not clips:
             return None
-        each = ", ".join(f"{c:g} on {query_kind(kind).name}" for kind, c in clips.items())
+        units = {} if self.clip_units is None else self.clip_units(sampler)
+        each = ", ".join(
+            f"{c:g}{units.get(kind, '')} on {query_kind(kind).name}" for kind, c in clips.items()
+        )
         return f"clipped-likelihood posterior (per-record clip {each})"
 
     def kind_terms(self, sampler: Mapping[str, Any]) -> list[KindTerms]:

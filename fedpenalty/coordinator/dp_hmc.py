@@ -489,6 +489,13 @@ def clips(sampler: Mapping[str, Any]) -> dict[str, float]:
     }
 
 
+def clip_units(sampler: Mapping[str, Any]) -> dict[str, str]:
+    """The ratio clip's unit when it scales with the move (``hmc_ratio_clip_per_distance``)."""
+    if float(sampler.get("hmc_ratio_clip_per_distance", 0.0)) > 0:
+        return {RATIO_KIND: " per unit of ‖θ′ − θ‖"}
+    return {}
+
+
 DP_HMC = ChainAlgorithm(
     "dp_hmc",
     "DP-HMC: leapfrog on owners' clipped noisy gradients, penalty test on clipped noisy ratios",
@@ -499,4 +506,5 @@ DP_HMC = ChainAlgorithm(
     generic=(*KERNEL_KEYS, "warmup"),
     kinds=asks,
     clips=clips,
+    clip_units=clip_units,
 )
