@@ -25,7 +25,7 @@ def has_owner_axis(arrays: Mapping[str, Any], owners: int, label: str | None = N
     """Whether ``arrays`` carry one θ row per owner (every θ array 3-D with a leading axis of
     ``owners``); ``InvalidRequest`` when some θ arrays have it and others not, or the axis has
     another length."""
-    dims = {name: np.ndim(arrays[name]) for name in THETA_ARRAYS if name in arrays}
+    dims = {name: _ndim(arrays[name]) for name in THETA_ARRAYS if name in arrays}
     per_owner = [name for name, ndim in dims.items() if ndim == 3]
     if not per_owner:
         return False
@@ -40,6 +40,11 @@ def has_owner_axis(arrays: Mapping[str, Any], owners: int, label: str | None = N
                 f"{name} carries {rows} owner rows (K, C, d) for {owners} owners", label
             )
     return True
+
+
+def _ndim(value: Any) -> int:
+    """``np.ndim`` of ``value``, an array's without np.ndim's dispatch (every query asks)."""
+    return value.ndim if isinstance(value, np.ndarray) else np.ndim(value)
 
 
 def take_owners(arrays: Mapping[str, Any], index: Sequence[int]) -> dict[str, Any]:

@@ -200,13 +200,13 @@ class HostNoise:
         ``SeededNormals``). ``scale``: the answer unit (a clipped kind's clip): noise sd
         σ_k·scale."""
         chains, iterations = keys.subset(new)
-        owners = np.arange(len(self.nodes)) if owner is None else np.array([owner])
         mechanism = self.mechanism(keys.session, kind)
         if mechanism.gamma is not None:
+            owners = np.arange(len(self.nodes)) if owner is None else np.array([owner])
             return self.lattice_answers(
                 mechanism, keys.label, kind, owners, exact, chains, iterations, scale, keys.substep
             )
-        asked = None if owner is None else owners
+        asked = None if owner is None else np.array([owner])
         normals = self.seeded.normals(keys.address, kind, asked, chains, iterations, exact.shape[2])
         sigma = self.levels[kind] if scale == 1.0 else self.levels[kind] * scale
         normals *= sigma[:, None, None] if owner is None else sigma[owner]

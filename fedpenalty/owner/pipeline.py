@@ -226,7 +226,7 @@ class AnswerPipeline:
             request.keys.iterations,
             request.digests,
             None,
-            mus[rows] if mus is not None else None,
+            mus if mus is None or isinstance(rows, slice) else mus[rows],
             new[rows],
             part.max_mu_squared,
             part.budget_epsilon,

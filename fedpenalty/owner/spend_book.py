@@ -21,6 +21,8 @@ from ..privacy import GaussianSpend
 from ..privacy.owner_epsilon import owner_epsilon
 from .ledger_records import Charge
 from .ledger_rows import (
+    EVERY,
+    AffineMus,
     Index,
     PendingLine,
     StepSums,
@@ -51,6 +53,10 @@ class SpendBook:
         self._caps_version = 0  # counts changes of _caps
         self._pending: PendingLine | None = None  # charges not yet in _totals
         self._lines: dict[tuple[int, int, bytes, bytes], int] = {}  # spend line ids
+        # the usual charge's group (by its owner count) and line (by session and group), kept
+        # with the very arrays they were found for (``_every_group``, ``_line_of``)
+        self._groups_of: dict[int, tuple[np.ndarray, int]] = {}
+        self._lines_of: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, int]] = {}
         self._plans: dict[str, dict[str, int]] = {}  # open session → owner → admitted plan
 
     def caps_recorded(self, ids: list[int], caps: list[float | None]) -> None:
@@ -121,7 +127,13 @@ class SpendBook:
                 self._charge_pure(c, owner_ids, session_id, c.new.sum(axis=1))
             slots = self._slots_for(owner_ids)
             self._check_unanswered(c, owner_ids, session_id, every)
-            groups = [(self.store.group(owner_ids[m]), m, keys) for m, keys in key_groups(c.new)]
+            groups: list[tuple[int, Index, Index]]
+            if every:
+                groups = [(self._every_group(owner_ids), EVERY, EVERY)]
+            else:
+                groups = [
+                    (self.store.group(owner_ids[m]), m, keys) for m, keys in key_groups(c.new)
+                ]
             lines = [self._spend_line(c, session_id, *group) for group in groups]
             committed = None
             if c.mus is not None:  # checked before anything is stored
@@ -241,6 +253,14 @@ class SpendBook:
                     c.owners[position[owner_id]],
                 )
 
+    def _every_group(self, owner_ids: np.ndarray) -> int:
+        """``store.group`` of every owner ``owner_ids`` of a charge, kept by the array's
+        identity (a host passes the same array with every request)."""
+        kept = self._groups_of.get(len(owner_ids))
+        if kept is None or kept[0] is not owner_ids:
+            kept = self._groups_of[len(owner_ids)] = (owner_ids, self.store.group(owner_ids))
+        return kept[1]
+
     def _spend_line(
         self, c: Charge, session_id: int, group_id: int, members: Index, keys: Index
     ) -> tuple[int | None, StepSums]:
@@ -248,8 +268,20 @@ class SpendBook:
         steps for gradient answers, which are counted in ``sampled``)."""
         if c.mus is None:
             return None, StepSums(0, 0.0, 0.0, 0.0)
+        if members is EVERY:
+            return self._line_of(session_id, group_id, c.mus), StepSums.of(c.mus.steps)
         line = self._line(session_id, group_id, c.mus.slope[members], c.mus.offset[members])
         return line, StepSums.of(c.mus.steps[keys])
+
+    def _line_of(self, session_id: int, group_id: int, mus: AffineMus) -> int:
+        """``_line`` of every owner's ``mus``, kept by the identity of its slope and offset (a
+        kind's path passes the same arrays while the session's mechanism stays)."""
+        key = (session_id, group_id)
+        kept = self._lines_of.get(key)
+        if kept is None or kept[0] is not mus.slope or kept[1] is not mus.offset:
+            line = self._line(session_id, group_id, mus.slope, mus.offset)
+            kept = self._lines_of[key] = (mus.slope, mus.offset, line)
+        return kept[2]
 
     def _store_answers(
         self,

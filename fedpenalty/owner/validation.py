@@ -4,7 +4,8 @@ naming the owner whose limit it passes (or the host, for a malformed request).""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -147,12 +148,27 @@ class RequestChecks:
             )
         return arr.astype(np.int64)
 
+    def moves(
+        self, arrays: Mapping[str, Any], chains: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``arrays``' ``theta`` and ``theta_prop`` as ``theta`` checks them, and their rows side
+        by side ``(chains, 2d)`` (what a move's digest hashes, ``row_digests``): one Θ check of
+        both in the usual case; ``theta``'s own checks find the error otherwise."""
+        theta = _floats(arrays["theta"])
+        theta_prop = _floats(arrays["theta_prop"])
+        shape = (chains, self.model.dim)
+        usual = theta is not None and theta_prop is not None
+        if usual and theta.shape == shape and theta_prop.shape == shape:  # type: ignore[union-attr]
+            pairs = np.concatenate([theta, theta_prop], axis=1)
+            if self.model.in_theta_space(pairs.reshape(2 * chains, -1)).all():
+                return theta, theta_prop, pairs  # type: ignore[return-value]
+        theta = self.theta("theta", arrays["theta"], chains)
+        theta_prop = self.theta("theta_prop", arrays["theta_prop"], chains)
+        return theta, theta_prop, np.concatenate([theta, theta_prop], axis=1)
+
     def theta(self, what: str, theta: Any, chains: int) -> np.ndarray:
         """``theta`` as floats ``(chains, d)`` inside Θ (finite)."""
-        try:
-            arr = np.asarray(theta, dtype=float)
-        except (TypeError, ValueError):
-            arr = None
+        arr = _floats(theta)
         if arr is None or arr.shape != (chains, self.model.dim):
             raise InvalidRequest(
                 f"{what} must have shape ({chains}, {self.model.dim}), got "
@@ -169,6 +185,22 @@ class RequestChecks:
                 self.label,
             )
         return arr
+
+
+def _floats(values: Any) -> np.ndarray | None:
+    """``values`` as a float array (None: not numbers)."""
+    try:
+        return np.asarray(values, dtype=float)
+    except (TypeError, ValueError):
+        return None
+
+
+def row_digests(tag: bytes, rows: np.ndarray) -> list[bytes]:
+    """SHA-256 of ``tag`` and each row of ``rows`` ``(M, w)`` as little-endian float64: one
+    query digest per key (docs/design.md §3, invariant 2)."""
+    raw = np.ascontiguousarray(rows, dtype="<f8").tobytes()
+    width = len(raw) // len(rows)
+    return [hashlib.sha256(tag + raw[i : i + width]).digest() for i in range(0, len(raw), width)]
 
 
 def _spread(ids: np.ndarray) -> tuple[int, int, bool]:

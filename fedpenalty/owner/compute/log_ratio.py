@@ -6,7 +6,6 @@ path at one host — its checks, digests and charge μ = Δ/σ per answer."""
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -16,9 +15,11 @@ import numpy as np
 from ...common import LOG_RATIO
 from ...models import ExpFamModel
 from ...models.base import require_lipschitz
-from ..mechanism import HostNoise, Keys
+from ..ledger_rows import AffineMus
+from ..mechanism import HostNoise, Keys, Mechanism
 from ..node import OwnerNode
 from ..pipeline import Asked, Planned, Request
+from ..validation import row_digests
 from .noisy import NoisyExact
 
 if TYPE_CHECKING:
@@ -138,6 +139,9 @@ class LogRatioPath:
         self.delta_per_step = np.array(
             [kind.sensitivity(model, n.policy.neighbour, 1.0) for n in nodes]
         )
+        #: the last mechanism asked and its μ (slope, offset): the ledger keeps the usual
+        #: charge's spend line by the identity of these arrays (``SpendBook._line_of``)
+        self._unit: tuple[Mechanism, AffineMus] | None = None
 
     def plan(
         self, asked: Asked, iteration: int, chains: Any, arrays: Mapping[str, Any]
@@ -147,18 +151,20 @@ class LogRatioPath:
         checks = asked.checks
         iteration = checks.index("iteration", iteration)
         chains = checks.chains(chains)
-        theta = checks.theta("theta", arrays["theta"], len(chains))
-        theta_prop = checks.theta("theta_prop", arrays["theta_prop"], len(chains))
+        theta, theta_prop, pairs = checks.moves(arrays, len(chains))
         step = asked.limits.check(theta, theta_prop)
         if self.compute.per_record:
             checks.work(len(chains))
-        pairs = np.concatenate([theta, theta_prop], axis=1).astype("<f8", copy=False)
-        digests = [hashlib.sha256(self.tag + row.tobytes()).digest() for row in pairs]
-
-        keys = asked.keys(chains, np.full(len(chains), iteration))
+        digests = row_digests(self.tag, pairs)
+        iterations = np.empty(len(chains), dtype=np.int64)
+        iterations.fill(iteration)  # np.full's value, without its wrapper's cost
+        keys = asked.keys(chains, iterations)
         mechanism = asked.mechanism
         charged = np.maximum(step, self.charged_step)
-        mus = mechanism.mus(self.delta_per_step, charged, 1)
+        unit = self._unit
+        if unit is None or unit[0] is not mechanism:  # μ per unit step: kept per mechanism
+            unit = self._unit = (mechanism, mechanism.mus(self.delta_per_step, charged, 1))
+        mus = AffineMus(unit[1].slope, unit[1].offset, charged)
         request = Request(keys, digests, mechanism, 1, mus)
         query = LogRatioQuery(theta, theta_prop, step)
         return Planned(request, self.compute, query, (len(chains),))
