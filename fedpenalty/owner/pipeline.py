@@ -162,7 +162,9 @@ class AnswerPipeline:
         new = np.ones((len(self.nodes), len(keys.chains)), dtype=bool)
         first, last = span(keys.iterations)
         stored = [
-            part.ledger.stored_ids_at(part.owner_ids, keys.session, first, last, keys.substep)
+            {}
+            if part.ledger.book.unanswered_from(keys.session, first, keys.substep)
+            else part.ledger.stored_ids_at(part.owner_ids, keys.session, first, last, keys.substep)
             for part in self.parts
         ]
         if len(self.parts) == 1 and not stored[0]:

@@ -58,6 +58,18 @@ class SpendBook:
         self._groups_of: dict[int, tuple[np.ndarray, int]] = {}
         self._lines_of: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, int]] = {}
         self._plans: dict[str, dict[str, int]] = {}  # open session → owner → admitted plan
+        self._session_ids: dict[str, int] = {}  # sessions charged: their ids
+
+    def unanswered_from(self, session: str, first: int, substep: int) -> bool:
+        """True when this writer knows from memory that nothing of ``session`` at ``substep``
+        has been answered at or past iteration ``first`` — so no key from ``first`` on has a
+        stored answer, as ``LedgerStore.read_stored`` would find — without the lock or the
+        file; False: it may have been (ask ``Ledger.stored_ids_at``)."""
+        session_id = self._session_ids.get(session)
+        if session_id is None:
+            return False
+        highest = self.store.frontier.get((session_id, substep))
+        return highest is not None and first > highest
 
     def caps_recorded(self, ids: list[int], caps: list[float | None]) -> None:
         """The caps ``caps`` of owner ids ``ids`` were committed (None: unchanged)."""
@@ -120,7 +132,7 @@ class SpendBook:
                 if c.owner_ids is not None
                 else np.array([self.store.id(o) for o in c.owners], dtype=np.int64)
             )
-            session_id = self.store.id(c.session)
+            session_id = self._session_ids[c.session] = self.store.id(c.session)
             if c.sampled is not None:
                 self._charge_sampled(c, owner_ids, session_id, c.new.sum(axis=1))
             if c.pure is not None:
