@@ -477,6 +477,19 @@ def test_seeded_normals_are_addressed_by_key_and_independent_across_windows():
     # a request of a few keys hashes its addresses in Python ints: the same words
     few = other.normals("s", "penalty", None, np.zeros(5, int), its[:5], 1)
     np.testing.assert_array_equal(few, first[:, :5])
+    # a few chains at one iteration (the usual request) mix the iteration once: the same words
+    chains = SeededNormals(seeds).normals("s", "penalty", None, np.arange(20), np.full(20, 9), 1)
+    one = other.normals("s", "penalty", None, np.arange(7), np.full(7, 9), 1)
+    np.testing.assert_array_equal(one, chains[:, :7])
+    # the stream is a definition: these values were drawn before its code was made faster
+    pinned = SeededNormals([bytes(32), bytes([1]) * 32])
+    np.testing.assert_array_equal(
+        pinned.normals("s", "penalty", None, np.arange(3), np.full(3, 7), 1)[:, :, 0],
+        [
+            [1.493214673133333, 1.1427424888753426, -0.01711469741286901],
+            [1.0232689447808698, -0.8229127829007132, 1.0617248002045],
+        ],
+    )
     assert not np.array_equal(
         first,
         SeededNormals(seeds).normals("t", "penalty", np.arange(3), np.zeros(2000, int), its, 1),

@@ -93,3 +93,49 @@ def test_chain_ids_are_checked_alike_for_few_and_many_chains(tmp_path, size, cha
         checks.chains(change(ids))
     oracle.close()
     ledgers[0].close()
+
+
+@pytest.mark.parametrize(
+    ("arrays", "message"),
+    [
+        ({"theta_prop": THETA + 5.0}, "theta_prop lies outside Θ"),
+        ({"theta": np.where(THETA == 0.0, np.nan, THETA)}, "theta contains NaN or inf"),
+        ({"theta_prop": PROPOSALS[0][:2]}, r"theta_prop must have shape (3, 1), got (2, 1)"),
+        ({"theta": [["a"], ["b"], ["c"]]}, "theta must have shape (3, 1), got None"),
+    ],
+)
+def test_one_check_of_both_thetas_refuses_as_each_check_does(tmp_path, arrays, message):
+    """``RequestChecks.moves`` checks θ and θ′ in one pass when both are fine, and otherwise
+    refuses with what ``RequestChecks.theta`` says of the first bad one; accepted, it gives
+    both arrays and their rows side by side."""
+    oracle, ledgers = host(tmp_path, 1)
+    checks = oracle.host._checks
+    good = {"theta": THETA, "theta_prop": PROPOSALS[0]}
+    theta, theta_prop, pairs = checks.moves(good, 3)
+    np.testing.assert_array_equal(theta, THETA)
+    np.testing.assert_array_equal(theta_prop, PROPOSALS[0])
+    np.testing.assert_array_equal(pairs, np.hstack([THETA, PROPOSALS[0]]))
+    with pytest.raises(InvalidRequest, match=re.escape(message)):
+        checks.moves({**good, **arrays}, 3)
+    oracle.close()
+    ledgers[0].close()
+
+
+def test_the_stored_answer_read_is_skipped_only_past_the_answered_iterations(tmp_path):
+    """``SpendBook.unanswered_from``: unknown before the session's first charge (the pipeline
+    reads the ledger), then true only for iterations past the highest answered — so a re-asked
+    iteration is still replayed (same answer, nothing charged)."""
+    oracle, ledgers = host(tmp_path, 1)
+    book = ledgers[0].book
+    assert not book.unanswered_from("s", 0, 0)
+    first = oracle.log_ratio(4, np.arange(3), THETA, PROPOSALS[0]).values
+    assert book.unanswered_from("s", 5, 0)
+    assert not book.unanswered_from("s", 4, 0) and not book.unanswered_from("s", 0, 0)
+    assert not book.unanswered_from("s", 5, 1)  # another sub-step: nothing known
+    spent = [r.session.epsilon for r in oracle.privacy_reports()]
+    np.testing.assert_array_equal(
+        oracle.log_ratio(4, np.arange(3), THETA, PROPOSALS[0]).values, first
+    )
+    assert [r.session.epsilon for r in oracle.privacy_reports()] == spent
+    oracle.close()
+    ledgers[0].close()
