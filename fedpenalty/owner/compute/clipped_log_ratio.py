@@ -5,7 +5,6 @@ digests and charge μ = Δ/σ_k per answer (Δ per unit clip: 2 or 1), whatever 
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -16,6 +15,7 @@ from ...errors import InvalidRequest
 from ..mechanism import HostNoise, Keys
 from ..node import OwnerNode
 from ..pipeline import Asked, Planned, Request
+from ..validation import row_digests
 from .log_ratio import clipped_ratio_sum
 from .noisy import NoisyExact
 
@@ -97,16 +97,14 @@ class ClippedLogRatioPath:
         checks = asked.checks
         iteration = checks.index("iteration", iteration)
         chains = checks.chains(chains)
-        theta = checks.theta("theta", arrays["theta"], len(chains))
-        theta_prop = checks.theta("theta_prop", arrays["theta_prop"], len(chains))
+        theta, theta_prop, pairs = checks.moves(arrays, len(chains))
         per_distance = "clip_per_distance" in arrays
         clip = checks.clip(arrays["clip_per_distance" if per_distance else "clip"])
         distance = step_lengths(theta, theta_prop, checks.label) if per_distance else None
         checks.work(len(chains))
         tag = self.tag + (PER_DISTANCE if per_distance else b"")
         tag += np.float64(clip).astype("<f8").tobytes()
-        pairs = np.concatenate([theta, theta_prop], axis=1).astype("<f8", copy=False)
-        digests = [hashlib.sha256(tag + row.tobytes()).digest() for row in pairs]
+        digests = row_digests(tag, pairs)
 
         keys = asked.keys(chains, np.full(len(chains), iteration))
         mechanism = asked.mechanism

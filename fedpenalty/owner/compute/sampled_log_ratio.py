@@ -7,7 +7,6 @@ keys and charge with this kind's sums and multipliers). Secure aggregation is re
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -21,6 +20,7 @@ from ..node import OwnerNode
 from ..noise.exact import poisson_sample
 from ..noise.lattice import lattice_gradient_multiplier
 from ..pipeline import Asked, Planned, Request
+from ..validation import row_digests
 
 if TYPE_CHECKING:
     from ...kinds import QueryKind
@@ -171,16 +171,14 @@ class SampledLogRatioPath:
         q = checks.sampling_rate(asked.opened)
         iteration = checks.index("iteration", iteration)
         chains = checks.chains(chains)
-        theta = checks.theta("theta", arrays["theta"], len(chains))
-        theta_prop = checks.theta("theta_prop", arrays["theta_prop"], len(chains))
+        theta, theta_prop, pairs = checks.moves(arrays, len(chains))
         clip = checks.clip(arrays["clip"])
         checks.work(len(chains))
         mechanism = asked.mechanism
         if mechanism.secure is not None:
             raise InvalidRequest("sampled_log_ratio answers do not take secure aggregation")
         tag = self.tag + np.float64(clip).astype("<f8").tobytes()
-        pairs = np.concatenate([theta, theta_prop], axis=1).astype("<f8", copy=False)
-        digests = [hashlib.sha256(tag + row.tobytes()).digest() for row in pairs]
+        digests = row_digests(tag, pairs)
 
         keys = asked.keys(chains, np.full(len(chains), iteration))
         multipliers = np.array([ratio_multiplier(n) for n in self.nodes])
