@@ -154,8 +154,9 @@ def owner_policies(
         if isinstance(algorithm, ChainAlgorithm) and algorithm.clips
         else {}
     )
-    return [
-        Policy(
+    levels = noise_levels(p["noise"]) | budget_levels(scenario, model)
+    made = {  # one policy object per distinct σ, shared by its owners (docs/design.md §4)
+        s: Policy(
             sigma=s,
             max_step=max_step,
             budget_epsilon=p["budget_epsilon"],
@@ -166,10 +167,11 @@ def owner_policies(
             max_answers_per_request=max(Policy.max_answers_per_request, int(sampler["chains"])),
             total_noise_sd=None if secure is None else secure.total_noise_sd,
             colluders=0 if secure is None else secure.colluders,
-            noise=noise_levels(p["noise"]) | budget_levels(scenario, model),
+            noise=dict(levels),
         )
-        for s in sigmas
-    ]
+        for s in dict.fromkeys(sigmas)
+    }
+    return [made[s] for s in sigmas]
 
 
 def budget_levels(scenario: Scenario, model: Model | None) -> dict[str, float]:

@@ -109,7 +109,9 @@ class OwnerHost:
         session, secure = request.session, request.secure
         mechanisms = None
         terms = request.kinds(self.label)  # refuses no kind and a kind twice
-        for node in self.nodes:  # a session for another model is refused, naming both
+        # a session for another model is refused, naming both: checked once per model object
+        # the owners share, naming the first owner of each (docs/design.md §4, "Many owners")
+        for node in {id(n.model): n for n in reversed(self.nodes)}.values():
             check_session_model(request.model, node.model, node.name)
         if secure is not None:
             kinds = [query_kind(t.kind, self.label).ledger_name for t in terms]
