@@ -54,7 +54,7 @@ from .coordinator.reference import reference_posterior
 from .coordinator.secure_sum import SIMULATED_SECURE_NOISE, requested
 from .coordinator.transport_base import OwnerSetup
 from .coordinator.transports import TRANSPORTS
-from .data import FileRecords, OwnerRecords, synthetic_sources
+from .data import ChildSeeds, FileRecords, OwnerRecords, synthetic_sources
 from .errors import ConfigError, OutputFailed
 from .kinds import KINDS, GaussianKind, QueryKind, query_kind
 from .models import (
@@ -246,7 +246,7 @@ class _World:
 
     records: OwnerRecords
     n_total: int
-    seeds: list[np.random.SeedSequence]
+    seeds: Sequence[np.random.SeedSequence]
     release_rng: np.random.Generator
     reference: Reference | None
     sampled: BoundHierarchy | None = None
@@ -310,7 +310,7 @@ def _simulated_world(scenario: Scenario, model: Model) -> _World:
     reference, n_total = pooled_reference(
         model, records, progress=scenario["run"]["progress"], temperature=temperature
     )
-    seeds = owner_seed.spawn(len(records))
+    seeds = ChildSeeds.of(owner_seed, len(records))  # owner_seed.spawn's, made when asked
     return _World(records, n_total, seeds, np.random.default_rng(release_seed), reference)
 
 

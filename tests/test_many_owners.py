@@ -4,11 +4,15 @@ still names its own owner and records nothing."""
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 
+from fedpenalty.cluster.ray_hosts import HostSpec, OwnerBlock
 from fedpenalty.common import LOG_RATIO, Policy
 from fedpenalty.config import load_scenario
+from fedpenalty.data import ChildSeeds, SyntheticRecords, synthetic_sources
 from fedpenalty.errors import BudgetExhausted
 from fedpenalty.models import build_model
 from fedpenalty.models.api import project_to_ball
@@ -113,3 +117,55 @@ def test_project_to_ball_is_the_full_projection_to_the_bit(d):
         np.testing.assert_array_equal(project_to_ball(x, radius), _projected(x, radius))
     edge = np.full((3, d), radius / np.sqrt(d)) * np.array([[1 - 1e-16], [1.0], [1 + 1e-15]])
     np.testing.assert_array_equal(project_to_ball(edge, radius), _projected(edge, radius))
+
+
+def test_child_seeds_are_the_spawned_children():
+    """``ChildSeeds.of(seed, K)`` gives the streams ``seed.spawn(K)`` gives (after earlier
+    spawns too), by index, slice and pickling, and leaves ``seed`` unspawned."""
+    seed = np.random.SeedSequence(11)
+    seed.spawn(2)
+    lazy = ChildSeeds.of(seed, 6)
+    assert seed.n_children_spawned == 2
+    spawned = seed.spawn(6)
+    states = [s.generate_state(4).tolist() for s in spawned]
+    assert [s.generate_state(4).tolist() for s in lazy] == states
+    assert [s.generate_state(4).tolist() for s in pickle.loads(pickle.dumps(lazy[1:5:2]))] == [
+        states[1],
+        states[3],
+    ]
+    assert lazy[-1].spawn_key == spawned[-1].spawn_key and len(lazy[2:]) == 4
+    with pytest.raises(IndexError):
+        lazy[6]
+
+
+def test_synthetic_sources_make_each_owners_records_as_before():
+    """Owner k's records come from child k of the data seed, as one ``SyntheticRecords`` per
+    owner made them; a slice of the sources (an actor's block) makes the same owners'."""
+    seed = np.random.SeedSequence(4)
+    sources = synthetic_sources(seed, np.array([0.3]), [5, 7, 9, 11])
+    for k, n in enumerate([5, 7, 9, 11]):
+        alone = SyntheticRecords(np.random.SeedSequence(4, spawn_key=(k,)), n, (0.3,))
+        np.testing.assert_array_equal(sources[k].make(MODEL), alone.make(MODEL))
+    block = pickle.loads(pickle.dumps(sources[1:3]))
+    np.testing.assert_array_equal(block[1].make(MODEL), sources[2].make(MODEL))
+    assert len(pickle.dumps(synthetic_sources(seed, np.array([0.3]), [100] * 100_000))) < 10**6
+
+
+def test_an_owner_block_is_the_per_owner_specs():
+    """An actor's ``OwnerBlock`` gives each owner the spec a list of ``OwnerSpec`` gave, and
+    ``HostSpec.names`` its names without making them."""
+    seeds = np.random.SeedSequence(2)
+    sources = synthetic_sources(seeds, np.array([0.1]), [4] * 5)
+    children = ChildSeeds.of(np.random.SeedSequence(3), 5)
+    names = [f"owner-{k}" for k in range(5)]
+    block = OwnerBlock(names, [SHARED] * 5, sources, children)[1:4]
+    spec = HostSpec({"name": "gaussian_mean"}, "ledger.sqlite", block)
+    assert spec.names == names[1:4]
+    for j, owner in enumerate(block):
+        k = j + 1
+        assert owner.name == names[k] and owner.policy is SHARED and owner.rng is None
+        made = sources[k]
+        assert isinstance(owner.records, SyntheticRecords)
+        assert (owner.records.n, owner.records.true_theta) == (made.n, made.true_theta)
+        assert owner.records.seed.spawn_key == made.seed.spawn_key
+        assert owner.seed is not None and owner.seed.spawn_key == children[k].spawn_key

@@ -23,7 +23,7 @@ import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -101,6 +101,34 @@ class OwnerSpec:
 
 
 @dataclass(frozen=True)
+class OwnerBlock(Sequence[OwnerSpec]):
+    """Simulated owners as an actor builds them, owner j's ``OwnerSpec`` made when indexed
+    from its name, policy, record source and seed. Sources and seeds made on demand
+    (``data.SyntheticSources``, ``data.ChildSeeds``) and shared policies pickle to a few
+    numbers, so a million owners travel to their actors as a few arrays rather than a million
+    objects (docs/design.md §4, "Many owners")."""
+
+    names: Sequence[str]
+    policies: Sequence[Policy]
+    records: Sequence[np.ndarray | RecordSource]
+    seeds: Sequence[np.random.SeedSequence]
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    @overload
+    def __getitem__(self, k: int) -> OwnerSpec: ...
+
+    @overload
+    def __getitem__(self, k: slice) -> OwnerBlock: ...
+
+    def __getitem__(self, k: int | slice) -> OwnerSpec | OwnerBlock:
+        if isinstance(k, slice):
+            return OwnerBlock(self.names[k], self.policies[k], self.records[k], self.seeds[k])
+        return OwnerSpec(self.names[k], self.policies[k], None, self.records[k], seed=self.seeds[k])
+
+
+@dataclass(frozen=True)
 class HostSpec:
     """One actor: the ``model`` (``{"name": ..., **params}``), its ``ledger`` file (an absolute
     path on the node the actor runs on) with its SQLite ``synchronous`` mode, and its owners."""
@@ -109,6 +137,12 @@ class HostSpec:
     ledger: str
     owners: Sequence[OwnerSpec]
     synchronous: str = "NORMAL"
+
+    @property
+    def names(self) -> list[str]:
+        """Its owners' names, in order (an ``OwnerBlock``'s without making its specs)."""
+        owners = self.owners
+        return list(owners.names) if isinstance(owners, OwnerBlock) else [o.name for o in owners]
 
 
 @dataclass(frozen=True)
@@ -342,7 +376,7 @@ class RayHosts:
     def build(self, specs: Sequence[HostSpec]) -> None:
         """Actor h hosts the owners of ``specs[h]``: one call per actor, all at once; returns
         when every actor has built its owners, or raises the first start-up error."""
-        self.names = [[o.name for o in s.owners] for s in specs]
+        self.names = [s.names for s in specs]
         refs = [a.build.remote(spec) for a, spec in zip(self.actors, specs)]
         self.described = self.raise_failures(self.gather(refs))
 
