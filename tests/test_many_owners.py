@@ -4,6 +4,7 @@ still names its own owner and records nothing."""
 
 from __future__ import annotations
 
+import gc
 import pickle
 
 import numpy as np
@@ -17,7 +18,7 @@ from fedpenalty.errors import BudgetExhausted
 from fedpenalty.models import build_model
 from fedpenalty.models.api import project_to_ball
 from fedpenalty.owner import Ledger, OwnerNode
-from fedpenalty.owner.host import OwnerHost
+from fedpenalty.owner.host import OwnerHost, gc_paused
 from fedpenalty.simulation import owner_policies
 
 MODEL = build_model({"name": "gaussian_mean"})
@@ -169,3 +170,19 @@ def test_an_owner_block_is_the_per_owner_specs():
         assert (owner.records.n, owner.records.true_theta) == (made.n, made.true_theta)
         assert owner.records.seed.spawn_key == made.seed.spawn_key
         assert owner.seed is not None and owner.seed.spawn_key == children[k].spawn_key
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_gc_paused_restores_the_collector_as_it_was(enabled):
+    """Off inside, as it was after — also when the block raises."""
+    was = gc.isenabled()
+    try:
+        (gc.enable if enabled else gc.disable)()
+        with gc_paused():
+            assert not gc.isenabled()
+        assert gc.isenabled() == enabled
+        with pytest.raises(RuntimeError), gc_paused():
+            raise RuntimeError("a failed start-up")
+        assert gc.isenabled() == enabled
+    finally:
+        (gc.enable if was else gc.disable)()

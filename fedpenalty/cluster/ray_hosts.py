@@ -36,6 +36,7 @@ from ..kinds import query_kind
 from ..models import Model, build_model
 from ..owner import Ledger, OwnerHost, OwnerNode, wire
 from ..owner.aggregation import Reply
+from ..owner.host import gc_paused
 from ..owner.noise.sources import NoiseKey
 
 #: Object store of a local Ray. Per-iteration replies travel inline (below), so the store holds
@@ -177,7 +178,8 @@ def _build(spec: HostSpec) -> OwnerHost:
     ledger = Ledger.simulation(spec.ledger, spec.synchronous)
     try:
         model = build_model(spec.model)
-        return OwnerHost([o.node(model, ledger) for o in spec.owners])
+        with gc_paused():
+            return OwnerHost([o.node(model, ledger) for o in spec.owners])
     except BaseException:
         ledger.close()
         raise
