@@ -207,7 +207,7 @@ class OwnerRecords(Sequence[np.ndarray]):
     kept, so only one owner's records are in memory at a time."""
 
     def __init__(self, model: Model, sources: Sequence[RecordSource]):
-        self.model, self.sources = model, list(sources)
+        self.model, self.sources = model, sources
 
     def __len__(self) -> int:
         return len(self.sources)
@@ -241,15 +241,79 @@ class OwnerRecords(Sequence[np.ndarray]):
         return n, total
 
 
+#: numpy's default pool size: the one ``SeedSequence(entropy, spawn_key=...)`` takes
+_POOL_SIZE = np.random.SeedSequence(0).pool_size
+
+
+@dataclass(frozen=True)
+class ChildSeeds(Sequence[np.random.SeedSequence]):
+    """Child seed streams ``indices`` of a seed (``entropy``, ``spawn_key``, ``pool_size``),
+    each made when indexed: ``ChildSeeds.of(seed, K)`` holds what ``seed.spawn(K)`` returns,
+    but as a few numbers, so a million owners' seeds cost no memory and pickle to a few bytes
+    (docs/design.md §4, "Many owners"). Slices are ``ChildSeeds`` too."""
+
+    entropy: int | tuple[int, ...]
+    spawn_key: tuple[int, ...]
+    pool_size: int
+    indices: range
+
+    @classmethod
+    def of(cls, seed: np.random.SeedSequence, count: int) -> ChildSeeds:
+        """The ``count`` children ``seed.spawn(count)`` would give next, without spawning them
+        (``seed`` is left as it is)."""
+        first = seed.n_children_spawned
+        return cls(seed.entropy, tuple(seed.spawn_key), seed.pool_size, range(first, first + count))  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    @overload
+    def __getitem__(self, k: int) -> np.random.SeedSequence: ...
+
+    @overload
+    def __getitem__(self, k: slice) -> ChildSeeds: ...
+
+    def __getitem__(self, k: int | slice) -> np.random.SeedSequence | ChildSeeds:
+        if isinstance(k, slice):
+            return ChildSeeds(self.entropy, self.spawn_key, self.pool_size, self.indices[k])
+        return np.random.SeedSequence(
+            self.entropy, spawn_key=(*self.spawn_key, self.indices[k]), pool_size=self.pool_size
+        )
+
+
+@dataclass(frozen=True)
+class SyntheticSources(Sequence[SyntheticRecords]):
+    """Synthetic owners' sources: owner ``indices[j]`` has ``counts[j]`` records drawn at
+    ``true_theta`` from child ``indices[j]`` of ``seeds``' seed; each ``SyntheticRecords`` is
+    made when indexed, so a million owners' sources are one array (docs/design.md §4, "Many
+    owners"). Slices are ``SyntheticSources`` too."""
+
+    seeds: ChildSeeds
+    counts: np.ndarray
+    true_theta: tuple[float, ...]
+
+    def __len__(self) -> int:
+        return len(self.counts)
+
+    @overload
+    def __getitem__(self, k: int) -> SyntheticRecords: ...
+
+    @overload
+    def __getitem__(self, k: slice) -> SyntheticSources: ...
+
+    def __getitem__(self, k: int | slice) -> SyntheticRecords | SyntheticSources:
+        if isinstance(k, slice):
+            return SyntheticSources(self.seeds[k], self.counts[k], self.true_theta)
+        return SyntheticRecords(self.seeds[k], int(self.counts[k]), self.true_theta)
+
+
 def synthetic_sources(
     seed: np.random.SeedSequence, true_theta: np.ndarray, n_per_owner: Sequence[int]
-) -> list[SyntheticRecords]:
+) -> SyntheticSources:
     """One source per owner: owner k's records come from the k-th child stream of ``seed``
     (``seed.spawn`` of a fresh ``seed``, without changing ``seed``)."""
     theta = tuple(float(v) for v in np.ravel(true_theta))
-    return [
-        SyntheticRecords(
-            np.random.SeedSequence(seed.entropy, spawn_key=(*seed.spawn_key, k)), int(n), theta
-        )
-        for k, n in enumerate(n_per_owner)
-    ]
+    counts = np.asarray(n_per_owner, dtype=np.int64).reshape(-1)
+    key = tuple(seed.spawn_key)
+    children = ChildSeeds(seed.entropy, key, _POOL_SIZE, range(len(counts)))  # type: ignore[arg-type]
+    return SyntheticSources(children, counts, theta)

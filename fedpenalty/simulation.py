@@ -54,7 +54,7 @@ from .coordinator.reference import reference_posterior
 from .coordinator.secure_sum import SIMULATED_SECURE_NOISE, requested
 from .coordinator.transport_base import OwnerSetup
 from .coordinator.transports import TRANSPORTS
-from .data import FileRecords, OwnerRecords, synthetic_sources
+from .data import ChildSeeds, FileRecords, OwnerRecords, synthetic_sources
 from .errors import ConfigError, OutputFailed
 from .kinds import KINDS, GaussianKind, QueryKind, query_kind
 from .models import (
@@ -154,8 +154,9 @@ def owner_policies(
         if isinstance(algorithm, ChainAlgorithm) and algorithm.clips
         else {}
     )
-    return [
-        Policy(
+    levels = noise_levels(p["noise"]) | budget_levels(scenario, model)
+    made = {  # one policy object per distinct σ, shared by its owners (docs/design.md §4)
+        s: Policy(
             sigma=s,
             max_step=max_step,
             budget_epsilon=p["budget_epsilon"],
@@ -166,10 +167,11 @@ def owner_policies(
             max_answers_per_request=max(Policy.max_answers_per_request, int(sampler["chains"])),
             total_noise_sd=None if secure is None else secure.total_noise_sd,
             colluders=0 if secure is None else secure.colluders,
-            noise=noise_levels(p["noise"]) | budget_levels(scenario, model),
+            noise=dict(levels),
         )
-        for s in sigmas
-    ]
+        for s in dict.fromkeys(sigmas)
+    }
+    return [made[s] for s in sigmas]
 
 
 def budget_levels(scenario: Scenario, model: Model | None) -> dict[str, float]:
@@ -244,7 +246,7 @@ class _World:
 
     records: OwnerRecords
     n_total: int
-    seeds: list[np.random.SeedSequence]
+    seeds: Sequence[np.random.SeedSequence]
     release_rng: np.random.Generator
     reference: Reference | None
     sampled: BoundHierarchy | None = None
@@ -308,7 +310,7 @@ def _simulated_world(scenario: Scenario, model: Model) -> _World:
     reference, n_total = pooled_reference(
         model, records, progress=scenario["run"]["progress"], temperature=temperature
     )
-    seeds = owner_seed.spawn(len(records))
+    seeds = ChildSeeds.of(owner_seed, len(records))  # owner_seed.spawn's, made when asked
     return _World(records, n_total, seeds, np.random.default_rng(release_seed), reference)
 
 

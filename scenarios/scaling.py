@@ -12,9 +12,11 @@ penalty's total noise variance Σσ_k² = Kσ² grows with K), 4 chains of ``pen
 Rows (JSON list of objects) have exactly the keys ``model``, ``owners``, ``transport``,
 ``iterations_per_second`` (warmup + kept iterations over the time sampling took),
 ``startup_seconds`` (starting the owners — for ``ray`` with an empty ``run.ray_address``,
-starting Ray itself too — and opening the session), ``peak_rss_bytes`` (the coordinator's peak
-resident memory plus the peaks of the owners' processes: gRPC host processes or Ray actors; Ray's
-own processes — raylet, GCS, agents — are printed separately on stderr, not counted),
+starting Ray itself too — and opening the session), ``open_seconds`` (opening the session
+alone: every owner's session check, plan check and ledger rows), ``peak_rss_bytes`` (the
+coordinator's peak resident memory plus the peaks of the owners' processes: gRPC host processes
+or Ray actors; Ray's own processes — raylet, GCS, agents — are printed separately on stderr,
+not counted),
 ``acceptance_rate``, ``epsilon_min``/``epsilon_median``/``epsilon_max`` (each owner's ε at
 δ = 1e-5 for this run, from its own ledger) and ``error_in_sd`` (|posterior mean − exact| /
 exact sd, the largest over dimensions). With ``--footprint`` rows add ``run_directory_mb``
@@ -53,7 +55,7 @@ from fedpenalty.coordinator.base import ChainData
 from fedpenalty.coordinator.driver import sample
 from fedpenalty.coordinator.transport_base import OwnerSetup
 from fedpenalty.coordinator.transports import TRANSPORTS
-from fedpenalty.data import OwnerRecords, synthetic_sources
+from fedpenalty.data import ChildSeeds, OwnerRecords, synthetic_sources
 from fedpenalty.models import Model, build_model
 from fedpenalty.simulation import pooled_reference
 
@@ -67,6 +69,7 @@ KEYS = (
     "transport",
     "iterations_per_second",
     "startup_seconds",
+    "open_seconds",
     "peak_rss_bytes",
     "acceptance_rate",
     "epsilon_min",
@@ -142,14 +145,21 @@ def measure(model_name: str, owners: int, transport: str, args: argparse.Namespa
     with tempfile.TemporaryDirectory() as folder:
         names = [f"owner-{k}" for k in range(owners)]
         setup = OwnerSetup(
-            Path(folder), model, names, records, [policy] * owners, seeds[1].spawn(owners), run
+            Path(folder),
+            model,
+            names,
+            records,
+            [policy] * owners,
+            ChildSeeds.of(seeds[1], owners),
+            run,
         )
         started = time.perf_counter()
         launched = TRANSPORTS[transport].launch(setup)
         try:
             oracle = launched.oracle
+            built = time.perf_counter()
             oracle.open_session(LOG_RATIO, algorithm.planned_answers(sampler), session="scaling")
-            startup = time.perf_counter() - started
+            startup, opening = time.perf_counter() - started, time.perf_counter() - built
             row = _sample(model, oracle, reference, n_total, sampler, seeds[2])
             epsilons = [r.session.epsilon for r in oracle.privacy_reports()]
             driver, hosts, system = peak_memory(transport, oracle)
@@ -171,6 +181,7 @@ def measure(model_name: str, owners: int, transport: str, args: argparse.Namespa
         "transport": transport,
         "iterations_per_second": row["rate"],
         "startup_seconds": startup,
+        "open_seconds": opening,
         "peak_rss_bytes": driver + hosts,
         "acceptance_rate": row["acceptance"],
         "epsilon_min": float(np.min(epsilons)),
@@ -283,7 +294,7 @@ def rows_table(rows: list[dict]) -> str:
     """The rows as the printed table (with the ``--footprint`` columns when the rows have
     them)."""
     extra = bool(rows) and "run_directory_mb" in rows[0]
-    headers = ["model", "K", "transport", "it/s", "start s", "peak RSS MiB", "accept"]
+    headers = ["model", "K", "transport", "it/s", "start s", "open s", "peak RSS MiB", "accept"]
     headers += ["ε median", "err/sd", *(["run dir MB", "× numpy floor"] if extra else [])]
     return table(
         headers,
@@ -294,6 +305,7 @@ def rows_table(rows: list[dict]) -> str:
                 r["transport"],
                 f"{r['iterations_per_second']:.1f}",
                 f"{r['startup_seconds']:.1f}",
+                f"{r['open_seconds']:.1f}",
                 f"{r['peak_rss_bytes'] / 2**20:.0f}",
                 f"{r['acceptance_rate']:.3f}",
                 f"{r['epsilon_median']:.3g}",

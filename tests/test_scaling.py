@@ -29,6 +29,7 @@ KEYS = {
     "transport",
     "iterations_per_second",
     "startup_seconds",
+    "open_seconds",
     "peak_rss_bytes",
     "acceptance_rate",
     "epsilon_min",
@@ -49,6 +50,7 @@ def test_rows_have_the_keys_and_acceptance_does_not_grow_with_the_owners(tmp_pat
         assert set(row) == KEYS
         assert (row["model"], row["transport"]) == ("gaussian_mean", "inprocess")
         assert row["iterations_per_second"] > 0 and row["startup_seconds"] >= 0
+        assert 0 <= row["open_seconds"] <= row["startup_seconds"]
         assert row["peak_rss_bytes"] > 0
         assert 0 < row["epsilon_min"] <= row["epsilon_median"] <= row["epsilon_max"]
         assert row["error_in_sd"] >= 0

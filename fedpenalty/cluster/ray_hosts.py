@@ -23,7 +23,7 @@ import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -36,6 +36,7 @@ from ..kinds import query_kind
 from ..models import Model, build_model
 from ..owner import Ledger, OwnerHost, OwnerNode, wire
 from ..owner.aggregation import Reply
+from ..owner.host import gc_paused
 from ..owner.noise.sources import NoiseKey
 
 #: Object store of a local Ray. Per-iteration replies travel inline (below), so the store holds
@@ -101,6 +102,34 @@ class OwnerSpec:
 
 
 @dataclass(frozen=True)
+class OwnerBlock(Sequence[OwnerSpec]):
+    """Simulated owners as an actor builds them, owner j's ``OwnerSpec`` made when indexed
+    from its name, policy, record source and seed. Sources and seeds made on demand
+    (``data.SyntheticSources``, ``data.ChildSeeds``) and shared policies pickle to a few
+    numbers, so a million owners travel to their actors as a few arrays rather than a million
+    objects (docs/design.md §4, "Many owners")."""
+
+    names: Sequence[str]
+    policies: Sequence[Policy]
+    records: Sequence[np.ndarray | RecordSource]
+    seeds: Sequence[np.random.SeedSequence]
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    @overload
+    def __getitem__(self, k: int) -> OwnerSpec: ...
+
+    @overload
+    def __getitem__(self, k: slice) -> OwnerBlock: ...
+
+    def __getitem__(self, k: int | slice) -> OwnerSpec | OwnerBlock:
+        if isinstance(k, slice):
+            return OwnerBlock(self.names[k], self.policies[k], self.records[k], self.seeds[k])
+        return OwnerSpec(self.names[k], self.policies[k], None, self.records[k], seed=self.seeds[k])
+
+
+@dataclass(frozen=True)
 class HostSpec:
     """One actor: the ``model`` (``{"name": ..., **params}``), its ``ledger`` file (an absolute
     path on the node the actor runs on) with its SQLite ``synchronous`` mode, and its owners."""
@@ -109,6 +138,12 @@ class HostSpec:
     ledger: str
     owners: Sequence[OwnerSpec]
     synchronous: str = "NORMAL"
+
+    @property
+    def names(self) -> list[str]:
+        """Its owners' names, in order (an ``OwnerBlock``'s without making its specs)."""
+        owners = self.owners
+        return list(owners.names) if isinstance(owners, OwnerBlock) else [o.name for o in owners]
 
 
 @dataclass(frozen=True)
@@ -143,7 +178,8 @@ def _build(spec: HostSpec) -> OwnerHost:
     ledger = Ledger.simulation(spec.ledger, spec.synchronous)
     try:
         model = build_model(spec.model)
-        return OwnerHost([o.node(model, ledger) for o in spec.owners])
+        with gc_paused():
+            return OwnerHost([o.node(model, ledger) for o in spec.owners])
     except BaseException:
         ledger.close()
         raise
@@ -342,7 +378,7 @@ class RayHosts:
     def build(self, specs: Sequence[HostSpec]) -> None:
         """Actor h hosts the owners of ``specs[h]``: one call per actor, all at once; returns
         when every actor has built its owners, or raises the first start-up error."""
-        self.names = [[o.name for o in s.owners] for s in specs]
+        self.names = [s.names for s in specs]
         refs = [a.build.remote(spec) for a, spec in zip(self.actors, specs)]
         self.described = self.raise_failures(self.gather(refs))
 

@@ -17,6 +17,7 @@ from ..kinds import KindTerms, query_kind
 from ..models import Model
 from ..models.compat import ModelIdentity
 from ..owner import Ledger, OwnerHost, OwnerNode
+from ..owner.host import gc_paused
 from ..owner.session_request import SessionRequest
 from .oracle import Answers, Oracle, SecureAggregation, Unreported
 from .secure_sum import combine, secure_open
@@ -161,13 +162,15 @@ def clip_hits(by_owner: list[dict[str, list[int]]]) -> dict[str, dict[str, Any]]
 def launch(setup: OwnerSetup) -> Launched:
     """The simulation's owners in this process, on one ledger in the run directory."""
     ledger = Ledger.simulation(setup.folder / "ledger.sqlite", batched=True)
-    nodes = [
-        OwnerNode.simulated(name, setup.model, records, policy, ledger, seed)
-        for name, records, policy, seed in zip(
-            setup.names, setup.records, setup.policies, setup.seeds
-        )
-    ]
-    return Launched(InProcessOracle(nodes, setup.model), ledger.close)
+    with gc_paused():
+        nodes = [
+            OwnerNode.simulated(name, setup.model, records, policy, ledger, seed)
+            for name, records, policy, seed in zip(
+                setup.names, setup.records, setup.policies, setup.seeds
+            )
+        ]
+        oracle = InProcessOracle(nodes, setup.model)
+    return Launched(oracle, ledger.close)
 
 
 INPROCESS = Transport("inprocess", "owners in the coordinator's process (fastest)", launch)

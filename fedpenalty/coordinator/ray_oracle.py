@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..cluster.ray_hosts import Failure, HostSpec, OwnerSpec, RayHosts, RayRuntime, connect_ray
+from ..cluster.ray_hosts import Failure, HostSpec, OwnerBlock, RayHosts, RayRuntime, connect_ray
 from ..common import OwnerDescription, PrivacyReport
 from ..data import OwnerRecords
 from ..errors import ConfigError, OwnerError, OwnerUnavailable
@@ -165,21 +165,16 @@ PACKING = "ray-actors.json"
 
 
 def host_specs(setup: OwnerSetup, blocks: list[np.ndarray]) -> list[HostSpec]:
-    """One actor per block of owner indices, each with a ledger file in ``<run>/owners``.
-    Owners made from sources (``OwnerRecords``) travel as their sources."""
+    """One actor per contiguous block of owner indices (``packing``), each with a ledger file
+    in ``<run>/owners``. Owners made from sources (``OwnerRecords``) travel as their sources,
+    every actor's as one ``OwnerBlock``."""
     model = {"name": setup.model.name, **setup.model.params()}
     folder = (setup.folder / "owners").resolve()
     records = setup.records
     sources = records.sources if isinstance(records, OwnerRecords) else list(records)
+    owners = OwnerBlock(setup.names, setup.policies, sources, setup.seeds)
     return [
-        HostSpec(
-            model,
-            str(folder / f"ray-{h}.sqlite"),
-            [
-                OwnerSpec(setup.names[k], setup.policies[k], None, sources[k], seed=setup.seeds[k])
-                for k in block
-            ],
-        )
+        HostSpec(model, str(folder / f"ray-{h}.sqlite"), owners[block[0] : block[-1] + 1])
         for h, block in enumerate(blocks)
     ]
 

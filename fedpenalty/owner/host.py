@@ -18,7 +18,9 @@ into a ``Reply`` with ``OwnerHost.reply``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import gc
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -36,6 +38,21 @@ from .pipeline import reply as reply_of
 from .reveal import check_open, committed_keys, reveal_shares
 from .session_request import SessionRequest
 from .validation import RequestChecks, StepLimits
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while many long-lived objects are made (owners and
+    their sessions at start-up), as it was afterwards: its full passes walk every object made
+    so far, which at 10⁵ owners cost about a third of building and opening them (measured;
+    docs/design.md §4, "Many owners"). Objects are still freed by reference counting."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class OwnerHost:
@@ -109,13 +126,16 @@ class OwnerHost:
         session, secure = request.session, request.secure
         mechanisms = None
         terms = request.kinds(self.label)  # refuses no kind and a kind twice
-        for node in self.nodes:  # a session for another model is refused, naming both
+        # a session for another model is refused, naming both: checked once per model object
+        # the owners share, naming the first owner of each (docs/design.md §4, "Many owners")
+        for node in {id(n.model): n for n in reversed(self.nodes)}.values():
             check_session_model(request.model, node.model, node.name)
         if secure is not None:
             kinds = [query_kind(t.kind, self.label).ledger_name for t in terms]
             mechanisms = self._noise.secure_mechanisms(session, kinds, secure)
             check_open(self.nodes, session, secure)  # the graph's revealed shares
-        open_sessions(self.nodes, request)
+        with gc_paused():
+            open_sessions(self.nodes, request)
         if mechanisms is not None:
             self._noise.keep_secure(session, mechanisms)
         self._pipeline.refresh_caps()

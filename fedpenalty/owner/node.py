@@ -37,6 +37,7 @@ from ..models import ExpFamModel, Model, model_digest
 from ..privacy import GaussianSpend
 from ..privacy.owner_epsilon import Row, max_gdp_mu_squared, owner_epsilon
 from ..privacy.subsampled import SubsampledGaussian
+from ..schema import Neighbour
 from .aggregation import (
     PeerKey,
     SecureOpen,
@@ -166,8 +167,8 @@ class OwnerNode:
         self.fresh_attempts = deployed if fresh_attempts is None else fresh_attempts
         #: account by Rényi DP: this owner gives lattice answers, or its ledger holds some
         self.renyi_accounting = self.lattice or ledger.answered_on_lattice(name)
-        self.max_mu_squared = max_gdp_mu_squared(
-            policy.budget_epsilon, policy.delta, policy.neighbour, [], lattice=self.renyi_accounting
+        self.max_mu_squared = _initial_cap(
+            policy.budget_epsilon, policy.delta, policy.neighbour, self.renyi_accounting
         )
         self.stat_sum = (
             model.suff_stat(self.records).sum(axis=0) if isinstance(model, ExpFamModel) else None
@@ -307,10 +308,6 @@ class OwnerNode:
             session, algorithm, planned_answers, sampling_rate, client, max_step, secure
         )
         open_sessions([self], request)
-
-    def _admit(self, view: PlanView, opened: _OpenSession) -> float | None:
-        """The plan check of a session of one kind (``_admit_parts``)."""
-        return self._admit_parts([view], (opened,))
 
     def _admit_parts(self, views: list[PlanView], opened: Sequence[_OpenSession]) -> float | None:
         """Refuse the plans of a session's kinds (``views``: one per kind) unless they fit
@@ -514,6 +511,13 @@ def _secure_kinds(
     )
 
 
+@functools.lru_cache(maxsize=64)
+def _initial_cap(budget: float, delta: float, neighbour: Neighbour, lattice: bool) -> float:
+    """The μ² cap of an owner with nothing spent (``max_gdp_mu_squared`` of no events): one
+    accountant solve per distinct policy, not one per owner (docs/design.md §4, "Many owners")."""
+    return max_gdp_mu_squared(budget, delta, neighbour, [], lattice=lattice)
+
+
 # --- many owners at once: one ledger transaction (or query set) per ledger ----------------------
 #: Bumped whenever any owner opens or closes a session: hosts re-validate their cached sessions
 #: only when it moved (docs/design.md §4, the host's hot path).
@@ -582,7 +586,7 @@ def open_sessions(nodes: Sequence[OwnerNode], request: SessionRequest) -> None:
     (docs/design.md §2.6): each owner checks the peer keys and terms against its policy
     (``aggregation.agree``), and its ledger keeps them; a resumed session must show the same.
     """
-    requests = [n._check_session_request(request) for n in nodes]
+    requests = _SessionChecks(request).each(nodes)
     SESSION_EVENTS[0] += 1
     positions = {id(n): i for i, n in enumerate(nodes)}
     for group in _by_ledger(nodes):
@@ -601,15 +605,15 @@ def _open_in_ledger(
     checked kinds): a session of one kind as before, one of several as one part per kind
     with one joint plan check per owner (``Ledger.open_parts``); each owner's new cap."""
     ledger, first = group[0].ledger, opened[0]
+    checks = _PlanChecks()
     if len(first) == 1:
         openings = [
             Opening(
                 n.name,
-                n.reservation_multiplier(),
-                n.lattice,
-                functools.partial(n._admit, opened=o[0]),
+                *checks.multipliers(n, o)[:2],
+                functools.partial(checks.admit, n, opened=o),
                 o[0].record,
-                o[0].kind.session_multiplier(n, o[0].secure),
+                checks.multipliers(n, o)[2][0],
             )
             for n, o in zip(group, opened)
         ]
@@ -621,10 +625,9 @@ def _open_in_ledger(
     openings = [
         Opening(
             n.name,
-            n.reservation_multiplier(),
-            n.lattice,
-            admit_parts=functools.partial(n._admit_parts, opened=o),
-            part_multipliers=tuple(k.kind.session_multiplier(n, k.secure) for k in o),
+            *checks.multipliers(n, o)[:2],
+            admit_parts=functools.partial(checks.admit_parts, n, opened=o),
+            part_multipliers=checks.multipliers(n, o)[2],
             part_secure=tuple(k.record for k in o),
         )
         for n, o in zip(group, opened)
@@ -635,6 +638,95 @@ def _open_in_ledger(
         for o, t in zip(first, request.terms)
     ]
     return ledger.open_parts(openings, request.session, parts, request.client)
+
+
+class _SessionChecks:
+    """``OwnerNode._check_session_request`` of one plain request for many owners, checked once
+    per group of owners alike in all it reads — model, policy, public record count — and the
+    result shared (docs/design.md §4, "Many owners"). A refusal is never shared: each owner
+    whose check fails raises its own error, naming itself. Secure requests (each owner's own
+    keys and agreement) are checked owner by owner."""
+
+    def __init__(self, request: SessionRequest):
+        self.request = request
+        self._checked: dict[tuple, tuple[_OpenSession, ...]] = {}
+
+    def each(self, nodes: Sequence[OwnerNode]) -> list[tuple[_OpenSession, ...]]:
+        """Every node's checked kinds, in node order."""
+        if self.request.secure is not None:
+            return [n._check_session_request(self.request) for n in nodes]
+        return [self._one(n) for n in nodes]
+
+    def _one(self, node: OwnerNode) -> tuple[_OpenSession, ...]:
+        key = (id(node.model), id(node.policy), node.public_n)
+        found = self._checked.get(key)
+        if found is None:
+            found = self._checked[key] = node._check_session_request(self.request)
+        return found
+
+
+class _PlanChecks:
+    """One plan check (``OwnerNode._admit_parts``) per group of owners alike in everything it
+    reads — model, policy, accounting, lattice, the kinds opened and the ledger's view of their
+    spend — reused for the group: the check is a pure function of these, so the cap is the one
+    each owner's own check gives (docs/design.md §4, "Many owners"). Refusals are not kept:
+    an owner whose plan does not fit raises its own ``BudgetExhausted``."""
+
+    def __init__(self) -> None:
+        self._caps: dict[tuple, float | None] = {}
+        self._multipliers: dict[tuple, tuple[float, bool, tuple[float | None, ...]]] = {}
+
+    def multipliers(
+        self, node: OwnerNode, opened: tuple[_OpenSession, ...]
+    ) -> tuple[float, bool, tuple[float | None, ...]]:
+        """(``reservation_multiplier``, ``lattice``, each kind's ``session_multiplier``) of
+        ``node`` for ``opened``: pure functions of its model, policy and lattice, computed once
+        per group."""
+        key = (id(node.model), id(node.policy), node.lattice, opened)
+        found = self._multipliers.get(key)
+        if found is None:
+            parts = tuple(k.kind.session_multiplier(node, k.secure) for k in opened)
+            found = self._multipliers[key] = (node.reservation_multiplier(), node.lattice, parts)
+        return found
+
+    def admit(
+        self, node: OwnerNode, view: PlanView, opened: tuple[_OpenSession, ...]
+    ) -> float | None:
+        """The plan check of a session of one kind (``admit_parts`` of its one view)."""
+        return self.admit_parts(node, [view], opened)
+
+    def admit_parts(
+        self, node: OwnerNode, views: list[PlanView], opened: tuple[_OpenSession, ...]
+    ) -> float | None:
+        """``OwnerNode._admit_parts``, shared within its group."""
+        key = (
+            id(node.model),
+            id(node.policy),
+            node.renyi_accounting,
+            node.lattice,
+            opened,
+            tuple(_view_key(v) for v in views),
+        )
+        try:
+            return self._caps[key]
+        except KeyError:
+            cap = self._caps[key] = node._admit_parts(views, opened)
+            return cap
+        except TypeError:  # something unhashable in the view: checked alone
+            return node._admit_parts(views, opened)
+
+
+def _view_key(view: PlanView) -> tuple:
+    """``view`` as a hashable tuple of everything it holds (its lists as tuples)."""
+    e = view.existing
+    existing = e and (
+        e.session, e.algorithm, e.planned_answers, e.closed, e.spend, tuple(e.sampled),
+        e.sampling_rate, e.opened_at,
+    )  # fmt: skip
+    return (
+        existing, view.total, tuple(view.sampled), tuple(view.reserved), view.gaussian_open,
+        view.graph_failure,
+    )  # fmt: skip
 
 
 def close_sessions(nodes: Sequence[OwnerNode], session: str) -> None:
