@@ -525,7 +525,7 @@ def test_the_target_line_names_the_ratio_clip_per_unit_distance():
 def test_the_default_gradient_clip_never_binds_near_the_mode(dim):
     """gaussian_mean's dp_hmc table (the sampler switch, and ``--set model.dim=5``): no record's
     gradient x − θ is clipped anywhere within 20 posterior sds of the truth (docs/design.md
-    §2.9, "The gradient clip"). A clip that binds on records spread asymmetrically about θ (the
+    §2.9, "The clips at full size"). A clip that binds on records spread asymmetrically about θ (the
     data ball is centred at 0, the mode is not) moves the zero of the clipped force off the
     posterior mean by an amount ∝ √n in posterior sds — 1.1 sd per coordinate at dim 5 with
     clip 2 on 800,000 records — so the leapfrog proposes against the target (acceptance 0.23
