@@ -6,10 +6,13 @@ for an owner that has spent before fits what it has left."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
 import tomllib
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -135,19 +138,41 @@ def test_hybrid_has_a_table_that_fits_the_budget_and_the_sgld_noise(model):
     assert sampler["step"] * owner_noise / 4 <= 0.95, sampler["step"] * owner_noise / 4
 
 
-def test_a_file_with_only_the_model_name_is_the_default_scenario(capsys, tmp_path):
-    path = tmp_path / "mine.toml"
+@dataclass(frozen=True)
+class Run:
+    """A finished ``fedpenalty simulate``: its exit code, what it printed, its run folder."""
+
+    code: int
+    out: str
+    err: str
+    folder: Path
+
+
+@pytest.fixture(scope="module")
+def default_file_run(tmp_path_factory) -> Run:
+    """The embedded default scenario, run once in process from a file that names only its model:
+    shared by the test of that file and by the penalty switch on gaussian_mean, which resolves
+    to the same scenario (each test asserts it), so the same run (~30 s) is not made twice."""
+    folder = tmp_path_factory.mktemp("default")
+    path = folder / "mine.toml"
     path.write_text('[model]\nname = "gaussian_mean"\n')
-    assert load_scenario(path) == load_scenario(None)
-    code, out, err = simulate(capsys, str(path), *INPROCESS, "--out", str(tmp_path / "run"))
-    assert code == 0, err
-    privacy = json.loads((tmp_path / "run" / "privacy.json").read_text())
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["simulate", str(path), *INPROCESS, "--out", str(folder / "run")])
+    return Run(code, out.getvalue(), err.getvalue(), folder / "run")
+
+
+def test_a_file_with_only_the_model_name_is_the_default_scenario(default_file_run):
+    run = default_file_run
+    assert load_scenario(run.folder.parent / "mine.toml") == load_scenario(None)
+    assert run.code == 0, run.err
+    privacy = json.loads((run.folder / "privacy.json").read_text())
     assert all(o["epsilon"] < 10 for o in privacy["owners"])
-    assert "have not mixed" not in out + err
+    assert "have not mixed" not in run.out + run.err
     # the resolved scenario written to the run is complete: it reloads to the same scenario
-    resolved = tomllib.loads((tmp_path / "run" / "config.toml").read_text())
+    resolved = tomllib.loads((run.folder / "config.toml").read_text())
     assert resolved["sampler"]["step"] == 0.00125 and resolved["data"]["n_per_owner"] == 10**6
-    written, default = load_scenario(tmp_path / "run" / "config.toml"), load_scenario(None)
+    written, default = load_scenario(run.folder / "config.toml"), load_scenario(None)
     assert {k: v for k, v in written.sections.items() if k != "run"} == {
         k: v for k, v in default.sections.items() if k != "run"
     }
@@ -182,7 +207,9 @@ SWITCHES = [
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model,algorithm", SWITCHES, ids=str)
-def test_switching_the_sampler_brings_defaults_that_fit_and_mix(capsys, tmp_path, model, algorithm):
+def test_switching_the_sampler_brings_defaults_that_fit_and_mix(
+    capsys, request, tmp_path, model, algorithm
+):
     """``--set sampler.algorithm=NAME`` (and ``model.name``) on the embedded default, as a user
     types it: the run fits each owner's default budget and mixes — split R-hat ≤ RHAT_LIMIT
     and bulk ESS at least 1.5 × the "not mixed" threshold (ESS_PER_CHAIN per chain), so no
@@ -192,7 +219,11 @@ def test_switching_the_sampler_brings_defaults_that_fit_and_mix(capsys, tmp_path
     run at another sampler's step, 41 sd off before, fails)."""
     out = tmp_path / "run"
     switch = ["--set", f"sampler.algorithm={algorithm}", "--set", f"model.name={model}"]
-    code, stdout, err = simulate(capsys, *switch, *INPROCESS, "--out", str(out))
+    if load_scenario(None, switch[1::2]) == load_scenario(None):  # penalty on gaussian_mean
+        run = request.getfixturevalue("default_file_run")  # the same scenario, already run
+        code, stdout, err, out = run.code, run.out, run.err, run.folder
+    else:
+        code, stdout, err = simulate(capsys, *switch, *INPROCESS, "--out", str(out))
     assert code == 0, err
     assert "have not mixed" not in stdout + err
     privacy = json.loads((out / "privacy.json").read_text())
