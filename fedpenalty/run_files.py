@@ -308,12 +308,12 @@ def kinds_fields(
 ) -> dict[str, Any]:
     """privacy.json's fields of a run whose kinds are not just its ``query`` (several, or
     another one: docs/design.md §4): ``kind``, the primary kind's ledger name; ``kinds``, each
-    kind's answers per chain, the OWNER.toml key of its noise level (``secure``: every kind's
-    is ``total_noise_sd``, docs/design.md §2.6) and accounting; and ``target`` when a kind
-    clips each record's term (``ChainAlgorithm.target``). None for any other run (its
-    privacy.json as before)."""
+    kind's answers per chain (``answers_per_run`` for a kind asked once per run), the
+    OWNER.toml key of its noise level (``secure``: every kind's is ``total_noise_sd``,
+    docs/design.md §2.6) and accounting; and ``target`` when a kind clips each record's term
+    (``ChainAlgorithm.target``). None for any other run (its privacy.json as before)."""
     asks = algorithm.asks(sampler)
-    kinds = {query_kind(name).ledger_name: per_chain for name, per_chain in asks.items()}
+    kinds = {query_kind(name).ledger_name: count for name, count in asks.items()}
     target = algorithm.target(sampler)
     if list(kinds) == [query_kind(algorithm.query).ledger_name] and target is None:
         return {}
@@ -321,11 +321,11 @@ def kinds_fields(
         "kind": next(iter(kinds)),
         "kinds": {
             name: {
-                "answers_per_chain": per_chain,
+                ("answers_per_run" if algorithm.asked_once(name) else "answers_per_chain"): count,
                 "noise_key": "total_noise_sd" if secure else query_kind(name).noise_key,
                 "accounting": query_kind(name).report_basis,
             }
-            for name, per_chain in kinds.items()
+            for name, count in kinds.items()
         },
         "composition": "each owner's epsilon composes the answers of every kind in its ledger",
     }

@@ -5,6 +5,7 @@ budget; ``sampler.release = "laplace"`` for private_gibbs."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sqlite3
@@ -15,7 +16,9 @@ import pytest
 from scipy import optimize, stats
 
 from fedpenalty.common import Policy
+from fedpenalty.coordinator.private_gibbs import PRIVATE_GIBBS
 from fedpenalty.errors import BudgetExhausted, ConfigError
+from fedpenalty.kinds import query_kind
 from fedpenalty.models import build_model
 from fedpenalty.owner import Ledger, OwnerNode
 from fedpenalty.owner.host import OwnerHost
@@ -161,14 +164,61 @@ def test_a_laplace_run_is_charged_once_at_the_independent_epsilon(tmp_path):
         assert (tmp_path / "run" / name).exists()
 
 
-def test_the_calibrated_scale_spends_the_budget_over_the_plan(tmp_path):
-    """Without laplace_scale the owners' b is calibrated so that the plan (one release reserved
-    per chain) fits privacy.budget_epsilon: the one release charged costs budget/chains (to
-    within the calibration's last step), never more."""
-    privacy, _ = _run(tmp_path, "run", {}, **{"sampler.iterations": 20})
+def test_the_calibrated_scale_spends_the_whole_budget_on_the_one_release(tmp_path):
+    """Without laplace_scale the owners' b is calibrated to the plan, which counts the release
+    once per run (``ChainAlgorithm.once``), not once per chain: with 4 chains each owner's one
+    release ends its ledger at ε just under privacy.budget_epsilon (within 1e-9 relative, the
+    calibration's last step), and b = (Δ₁ + γw)/budget with Δ₁ and γ computed here. A plan
+    that reserved one release per chain spends budget/4 at 4× this b (issue 24's leftover)."""
+    privacy, _ = _run(tmp_path, "run", {}, **{"sampler.iterations": 20, "sampler.chains": 4})
+    budget = privacy["owners"][0]["budget_epsilon"]
     for owner in privacy["owners"]:
-        assert owner["epsilon"] <= privacy["owners"][0]["budget_epsilon"] / 2
-        assert owner["epsilon"] == pytest.approx(owner["budget_epsilon"] / 2, rel=1e-9)
+        assert owner["answers"] == 1
+        assert budget * (1 - 1e-9) <= owner["epsilon"] <= budget
+        assert budget * (1 - 1e-9) <= owner["ledger_epsilon"] <= budget
+        scale = owner["laplace_scale"]
+        gamma = 2.0 ** (math.floor(math.log2(scale)) - 20)  # the owner's lattice step
+        d, r, y = 2, MODEL.data_bound, MODEL.y_bound
+        worst = np.array([[*np.full(d, r / math.sqrt(d)), y]])
+        l1 = 2 * float(np.abs(MODEL.suff_stat(worst)).sum())  # replace-one
+        assert scale == pytest.approx((l1 + gamma * MODEL.stat_dim) / budget, rel=1e-9)
+
+
+SAMPLER = {"warmup": 5, "iterations": 20, "step": 0.05}
+
+
+@pytest.mark.parametrize("release", ["laplace", "gaussian"])
+@pytest.mark.parametrize("chains", [1, 4, 7])
+def test_the_release_is_planned_once_per_run_whatever_the_chains(release, chains):
+    """private_gibbs's session terms reserve one release per run for either release kind,
+    whatever the chain count; the same entry without ``once`` reserves one per chain (the
+    multiplication the flag turns off, still applied to every other kind)."""
+    sampler = {**SAMPLER, "chains": chains, "release": release}
+    kind = "laplace_stats" if release == "laplace" else "suff_stats"
+    [terms] = PRIVATE_GIBBS.kind_terms(sampler)
+    assert query_kind(terms.kind) is query_kind(kind) and terms.planned_answers == 1
+    assert PRIVATE_GIBBS.planned_answers(sampler) == 1
+    per_chain = dataclasses.replace(PRIVATE_GIBBS, once=())
+    assert [t.planned_answers for t in per_chain.kind_terms(sampler)] == [chains]
+    assert per_chain.planned_answers(sampler) == chains
+
+
+def test_the_owner_refuses_a_second_release_past_the_run_plan(tmp_path):
+    """The plan private_gibbs declares for 4 chains (one release) is the owners' bound: chain
+    0's release is answered and charged; chain 1's — a coordinator asking a release per chain —
+    is refused by every owner though its budget (50) would pay for many, charging nothing."""
+    nodes = _nodes(tmp_path)
+    host = OwnerHost(nodes)
+    [terms] = PRIVATE_GIBBS.kind_terms({**SAMPLER, "chains": 4, "release": "laplace"})
+    host.open_session("lap", terms.kind, terms.planned_answers)
+    host.answer("laplace_stats", "lap", 0, np.array([0]))
+    assert 2 * _independent_epsilon(SCALE) < 50.0  # the budget is not what refuses
+    with pytest.raises(BudgetExhausted, match="pure-ε statistic answers"):
+        host.answer("laplace_stats", "lap", 0, np.array([1]))
+    for node in nodes:
+        report = node.privacy_report("lap")
+        assert report.total.answers == 1
+        assert report.total.epsilon == pytest.approx(_independent_epsilon(SCALE), rel=1e-12)
 
 
 def test_tiny_laplace_noise_gives_the_exact_conjugate_posterior(tmp_path):

@@ -163,6 +163,9 @@ class ChainAlgorithm:
     declared when the session opens, and owners check the plan and every request against it.
     ``kinds(sampler)``, when set, names every kind a run asks for with its answers per chain
     (``asks``; docs/design.md §4, "Algorithms of several kinds"); unset: ``query`` alone.
+    ``once`` names the kinds (v2 or ledger names) a run asks once in all, not per chain (a
+    one-shot release, chain 0's): their ``asks`` count is the run's, not multiplied by the
+    chains in the plan (``planned``) or in a budget-calibrated level.
     ``clips(sampler)``, when set, gives the per-record clip each clipping kind (``clipped_*``)
     of the run is asked at: the run then samples the clipped-likelihood posterior
     (``target``); ``clip_units(sampler)``, when set, names the unit of a clip that is not
@@ -189,6 +192,7 @@ class ChainAlgorithm:
     clip_units: Callable[[Mapping[str, Any]], dict[str, str]] | None = None
     hierarchical: bool = False
     temperature: Callable[[Mapping[str, Any]], float] | None = None
+    once: tuple[str, ...] = ()
 
     @property
     def settings(self) -> tuple[str, ...]:
@@ -231,7 +235,21 @@ class ChainAlgorithm:
 
     def planned_answers(self, sampler: Mapping[str, Any]) -> int:
         """Answers each owner is asked for at most in a run (all chains, every kind)."""
-        return int(sampler["chains"]) * sum(self.asks(sampler).values())
+        return sum(self.planned(sampler).values())
+
+    def asked_once(self, kind: str) -> bool:
+        """``kind`` (v2 or ledger name) is asked once per run, not per chain (``once``)."""
+        return query_kind(kind).name in {query_kind(k).name for k in self.once}
+
+    def planned(self, sampler: Mapping[str, Any]) -> dict[str, int]:
+        """Every kind ``asks`` names → the most answers each owner gives of it in a run: its
+        answers per chain × ``sampler.chains``, or its count as it is for a kind asked once per
+        run (``asked_once``; docs/design.md §4, "Algorithms of several kinds")."""
+        chains = int(sampler["chains"])
+        return {
+            name: count if self.asked_once(name) else chains * count
+            for name, count in self.asks(sampler).items()
+        }
 
     def asks(self, sampler: Mapping[str, Any]) -> dict[str, int]:
         """Every query kind (v2 or ledger name) a run with ``sampler`` asks the owners for →
@@ -261,16 +279,16 @@ class ChainAlgorithm:
 
     def kind_terms(self, sampler: Mapping[str, Any]) -> list[KindTerms]:
         """The session's terms, one ``KindTerms`` per kind ``asks`` names: its planned answers
-        (all chains), the sampling rate for the kind that takes one and ``max_step`` for the
-        kinds whose sensitivity grows with the step (``session_options``)."""
+        (``planned``: all chains, or once per run), the sampling rate for the kind that takes one
+        and ``max_step`` for the kinds whose sensitivity grows with the step
+        (``session_options``)."""
         options = self.session_options(sampler)
-        chains = int(sampler["chains"])
         terms = []
-        for name, per_chain in self.asks(sampler).items():
+        for name, planned in self.planned(sampler).items():
             kind = query_kind(name)
             rate = options.get("sampling_rate") if kind.takes_rate else None
             step = options.get("max_step") if kind.step_scaled else None
-            terms.append(KindTerms(name, chains * per_chain, rate, step))
+            terms.append(KindTerms(name, planned, rate, step))
         return terms
 
 

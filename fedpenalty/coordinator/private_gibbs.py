@@ -231,12 +231,14 @@ def build(
 
 
 def plan(sampler: Mapping[str, Any]) -> int:
-    """One statistic answer per chain is reserved; only chain 0's is asked (and charged)."""
+    """One statistic answer per run, chain 0's, whatever the chain count (``once``)."""
     return 1
 
 
 def asks(sampler: Mapping[str, Any]) -> dict[str, int]:
-    """The release's kind (``sampler.release``), one answer reserved per chain."""
+    """The release's kind (``sampler.release``) and its one answer per run: the entry's
+    ``once`` names every release kind, so the plan (and a budget-calibrated Laplace scale)
+    counts it once, not per chain, and an owner refuses a second release."""
     return {RELEASES[sampler.get("release", "gaussian")]: plan(sampler)}
 
 
@@ -264,4 +266,5 @@ PRIVATE_GIBBS = ChainAlgorithm(
     plan=plan,
     check=check,
     kinds=asks,
+    once=tuple(RELEASES.values()),
 )

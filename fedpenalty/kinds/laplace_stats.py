@@ -43,7 +43,8 @@ class LaplaceStats(QueryKind):
     scenario_noise_key = "[privacy.noise] laplace_scale"
     simulated_noise = "exact discrete Laplace noise on the owner's lattice"
     arrays = ()
-    spend_keys = ("sampler.chains", "privacy.budget_epsilon")
+    #: private_gibbs asks it once per run (``ChainAlgorithm.once``): sampler.chains adds no spend
+    spend_keys = ("privacy.budget_epsilon",)
 
     def check_model(self, model: Model, public_n: int | None, owner: str) -> None:
         """Only exponential-family models have statistics, and releasing them needs the record
