@@ -55,6 +55,11 @@ def _check_reopen(
         raise UnknownSession(f"session {session!r} is closed", owner)
 
 
+def _spend(totals: tuple) -> GaussianSpend:
+    """The Gaussian spend line of ``totals`` (answers, Σ μ², max μ)."""
+    return GaussianSpend(int(totals[0]), float(totals[1]), float(totals[2]))
+
+
 class SessionBook:
     """The sessions of the owners of one ledger ``store``: ``totals`` reads their spend, ``keys``
     records their secure sessions, ``book`` is told of the caps and plans that change."""
@@ -260,18 +265,19 @@ class SessionBook:
         alike: dict[tuple, PlanView] = {}
         views = []
         for k, (opening, owner_id) in enumerate(zip(owners, ids)):
-            total = GaussianSpend(int(totals[0][k]), float(totals[1][k]), float(totals[2][k]))
+            spent = (totals[0][k], totals[1][k], totals[2][k])
             rows, mine = sampled.get(owner_id, []), open_rows.get(opening.owner, [])
             record = existing.get(opening.owner)
             if not rows and not mine and record is None:
-                key = (total, graphs[k])
+                key = (spent, graphs[k])
                 view = alike.get(key)
                 if view is None:
                     view = alike[key] = PlanView(
-                        None, total, [], [], parts_gaussian, sessions_failure(graphs[k])
+                        None, _spend(spent), [], [], parts_gaussian, sessions_failure(graphs[k])
                     )
                 views.append(view)
                 continue
+            total = _spend(spent)
             reserved = []
             for name, kind, planned, rate, recorded_multiplier in mine:
                 if query_kind(kind).takes_rate and name not in siblings:
@@ -280,9 +286,7 @@ class SessionBook:
                     reserved.append(SubsampledGaussian(rate, multiplier, max(planned - used, 0)))
             current = None
             if record is not None:
-                spend = GaussianSpend(
-                    int(in_session[0][k]), float(in_session[1][k]), float(in_session[2][k])
-                )
+                spend = _spend((in_session[0][k], in_session[1][k], in_session[2][k]))
                 events = events_of([r for r in rows if r[0] == session_id])
                 current = Session(
                     session, record[0], record[1], record[2] is not None, spend, events, record[3]
