@@ -184,9 +184,18 @@ class NoiseLevels(dict[str, float]):
 
 
 def _ledger_names() -> dict[str, QueryKind]:
-    """The registered query kinds (``kinds.KINDS``, read when asked: a kind registered later
-    counts) by ledger name."""
-    return {kind.ledger_name: kind for kind in KINDS.values()}
+    """The registered query kinds (``kinds.KINDS``, read when asked: a kind registered or
+    removed later counts) by ledger name, rebuilt only when the registry changed (a host's
+    ``HostNoise`` asks 9 × K times at open; docs/design.md §4 "Many owners")."""
+    global _LEDGER_NAMES
+    kinds = tuple(KINDS.values())
+    if kinds != _LEDGER_NAMES[0]:
+        _LEDGER_NAMES = (kinds, {kind.ledger_name: kind for kind in kinds})
+    return _LEDGER_NAMES[1]
+
+
+#: ``_ledger_names``' last answer and the registry's kinds it was built from
+_LEDGER_NAMES: tuple[tuple[QueryKind, ...], dict[str, QueryKind]] = ((), {})
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,13 @@ from fedpenalty.common import LOG_RATIO, Policy
 from fedpenalty.config import load_scenario
 from fedpenalty.data import ChildSeeds, SyntheticRecords, synthetic_sources
 from fedpenalty.errors import BudgetExhausted
+from fedpenalty.kinds import KINDS
 from fedpenalty.models import build_model
 from fedpenalty.models.api import project_to_ball
 from fedpenalty.owner import Ledger, OwnerNode
 from fedpenalty.owner.host import OwnerHost, gc_paused
+from fedpenalty.owner.ledger_records import Opening, PlanView, SessionPart
+from fedpenalty.owner.mechanism import HostNoise
 from fedpenalty.simulation import owner_policies
 
 MODEL = build_model({"name": "gaussian_mean"})
@@ -85,6 +88,47 @@ def test_a_refusal_in_a_group_names_its_owner_and_records_nothing(tmp_path):
     assert ledger.store.db.execute("SELECT COUNT(*) FROM sessions").fetchone()[0] == 0
     host.open_session("s", LOG_RATIO, 1, max_step=0.001)
     assert ledger.store.db.execute("SELECT COUNT(*) FROM sessions").fetchone()[0] == 4
+
+
+def _views(ledger: Ledger, names: list[str], part: SessionPart) -> list[PlanView]:
+    """The plan views admission reads when ``names`` open ``part`` together."""
+    book, openings = ledger.sessions_book, [Opening(n) for n in names]
+    with ledger.store.writing():
+        return book._plan_views(openings, [ledger.store.id(n) for n in names], part, [part])
+
+
+def test_plan_views_shared_by_alike_owners_are_each_owners_own(tmp_path):
+    """The views six owners read opening together equal, field by field, those each reads
+    opening alone: o2 holds an open session (read alone), o3 spent in a closed one (its
+    spend line is its own), the four others spent nothing and share one view; for a new
+    session and for resuming o2's."""
+    ledger = Ledger.simulation(tmp_path / "one.sqlite")
+    nodes = _nodes([ledger], POLICIES)
+    spent = OwnerHost(nodes[2:4])
+    spent.open_session("s", LOG_RATIO, 30, max_step=0.01)
+    _answer_twice(spent)
+    ledger.close_sessions(["o3"], "s")
+    names = [n.name for n in nodes]
+    for part in (SessionPart("t", "penalty", 10), SessionPart("s", "penalty", 30)):
+        together = _views(ledger, names, part)
+        alone = [_views(ledger, [n], part)[0] for n in names]
+        assert together == alone
+        assert together[0] is together[1] is together[4] is together[5]
+        assert together[3].total != together[0].total and together[3].total.answers > 0
+    assert together[2].existing is not None and together[2].existing.spend.answers > 0
+
+
+def test_host_noise_levels_are_each_owners_noise_for(tmp_path):
+    """``HostNoise.levels``, read once per distinct policy, is each owner's
+    ``Policy.noise_for`` of each kind, in owner order."""
+    noisy = Policy(sigma=0.3, max_step=0.1, noise={"sgmcmc": 0.9})
+    policies = [SHARED, noisy, *POLICIES[4:], noisy, SHARED]
+    nodes = _nodes([Ledger.simulation(tmp_path / "one.sqlite")], policies)
+    levels = HostNoise(nodes, "h").levels
+    assert levels.keys() == {k.ledger_name for k in KINDS.values()}
+    for name, sigma in levels.items():
+        assert sigma.tolist() == [p.noise_for(name) for p in policies]
+    assert levels["sgmcmc"][1] == 0.9 and levels["penalty"][1] == 0.3
 
 
 def test_simulated_owners_share_one_policy_per_sigma():

@@ -111,11 +111,16 @@ class HostNoise:
     def __init__(self, nodes: Sequence[OwnerNode], label: str):
         self.nodes = list(nodes)
         self.host_label = label
-        #: each kind's noise level σ_k ``(K,)`` by ledger name (``Policy.noise_for``)
-        self.levels = {
-            kind.ledger_name: np.array([n.policy.noise_for(kind.ledger_name) for n in nodes])
-            for kind in KINDS.values()
-        }
+        #: each kind's noise level σ_k ``(K,)`` by ledger name (``Policy.noise_for``, asked
+        #: once per distinct policy: owners alike share one; docs/design.md §4 "Many owners")
+        names = [kind.ledger_name for kind in KINDS.values()]
+        by_policy = {id(n.policy): n.policy for n in nodes}
+        row = {key: k for k, key in enumerate(by_policy)}
+        table = np.array(
+            [[p.noise_for(name) for name in names] for p in by_policy.values()], dtype=float
+        ).reshape(len(by_policy), len(names))
+        at = np.array([row[id(n.policy)] for n in nodes], dtype=np.intp)
+        self.levels = {name: table[at, j] for j, name in enumerate(names)}
         self.lattice = self._lattice_noise(np.concatenate(list(self.levels.values())))
         self.fresh = self.lattice and any(n.fresh_attempts for n in nodes)
         if not self.lattice:

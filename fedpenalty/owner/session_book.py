@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from dataclasses import replace
 
 import numpy as np
 
@@ -54,6 +53,11 @@ def _check_reopen(
         )
     if row[1] is not None:
         raise UnknownSession(f"session {session!r} is closed", owner)
+
+
+def _spend(totals: tuple) -> GaussianSpend:
+    """The Gaussian spend line of ``totals`` (answers, Σ μ², max μ)."""
+    return GaussianSpend(int(totals[0]), float(totals[1]), float(totals[2]))
 
 
 class SessionBook:
@@ -123,11 +127,11 @@ class SessionBook:
             recorded = self._check_parts(names, session, parts, client)
             for j, part in enumerate(parts):  # each part keeps its own secure record
                 self.keys.check_reopen([o.part(j) for o in owners], part.name, recorded[j])
-            views = [self._plan_views(owners, p, parts) for p in parts]
+            ids = [self.store.id(name) for name in names]
+            views = [self._plan_views(owners, ids, p, parts) for p in parts]
             caps = [self._admit(o, [v[k] for v in views]) for k, o in enumerate(owners)]
             for j, part in enumerate(parts):
                 self._record_sessions(owners, part, client, set(recorded[j]), j)
-            ids = [self.store.id(name) for name in names]
             self._record_owners(ids, owners, caps, parts)
         for part in parts:
             self.book.plans_changed(part.name)
@@ -229,13 +233,14 @@ class SessionBook:
             self.keys.record(ids, [o.part(j) for o in owners], part.name)
 
     def _plan_views(
-        self, owners: list[Opening], part: SessionPart, parts: list[SessionPart]
+        self, owners: list[Opening], ids: list[int], part: SessionPart, parts: list[SessionPart]
     ) -> list[PlanView]:
         """Each owner's spend and reservations for ``part`` of the session of ``parts`` (whose
-        other parts are not reservations of other sessions), in a constant number of statements
-        (call inside the transaction)."""
+        other parts are not reservations of other sessions), owners of ledger ``ids``, in a
+        constant number of statements (call inside the transaction). Owners with nothing
+        recorded but their spend line share one view per distinct (spend, masking-graph
+        terms): the view is a pure function of these (docs/design.md §4 "Many owners")."""
         session, siblings = part.name, {p.name for p in parts}
-        ids = np.array([self.store.id(o.owner) for o in owners], dtype=np.int64)
         session_id = self.store.id(session)
         open_rows: dict[str, list[tuple]] = defaultdict(list)
         for owner, *rest in self.store.db.execute(
@@ -244,7 +249,9 @@ class SessionBook:
         ):
             open_rows[owner].append(tuple(rest))
         sampled = self.totals.sampled_rows()
-        totals, in_session = self.totals.spend(ids), self.totals.spend(ids, session_id)
+        id_array = np.array(ids, dtype=np.int64)
+        totals = [column.tolist() for column in self.totals.spend(id_array)]
+        in_session = self.totals.spend(id_array, session_id)
         existing = {
             row[0]: row[1:]
             for row in self.store.db.execute(
@@ -253,51 +260,67 @@ class SessionBook:
                 (session,),
             )
         }
+        graphs = self._graph_rows(owners, ids, session.partition(PART_SEPARATOR)[0])
+        parts_gaussian = any(not query_kind(p.algorithm).takes_rate for p in parts)
+        alike: dict[tuple, PlanView] = {}
         views = []
-        for k, (opening, owner_id) in enumerate(zip(owners, ids.tolist())):
-            rows = sampled.get(owner_id, [])
-            mine = open_rows.get(opening.owner, [])
+        for k, (opening, owner_id) in enumerate(zip(owners, ids)):
+            spent = (totals[0][k], totals[1][k], totals[2][k])
+            rows, mine = sampled.get(owner_id, []), open_rows.get(opening.owner, [])
+            record = existing.get(opening.owner)
+            if not rows and not mine and record is None:
+                key = (spent, graphs[k])
+                view = alike.get(key)
+                if view is None:
+                    view = alike[key] = PlanView(
+                        None, _spend(spent), [], [], parts_gaussian, sessions_failure(graphs[k])
+                    )
+                views.append(view)
+                continue
+            total = _spend(spent)
             reserved = []
             for name, kind, planned, rate, recorded_multiplier in mine:
                 if query_kind(kind).takes_rate and name not in siblings:
                     used = sum(c for sid, _, _, c in rows if sid == self.store.id(name))
                     multiplier = recorded_multiplier or opening.noise_multiplier
                     reserved.append(SubsampledGaussian(rate, multiplier, max(planned - used, 0)))
-            record = existing.get(opening.owner)
             current = None
             if record is not None:
-                spend = GaussianSpend(
-                    int(in_session[0][k]), float(in_session[1][k]), float(in_session[2][k])
-                )
+                spend = _spend((in_session[0][k], in_session[1][k], in_session[2][k]))
                 events = events_of([r for r in rows if r[0] == session_id])
                 current = Session(
                     session, record[0], record[1], record[2] is not None, spend, events, record[3]
                 )
-            total = GaussianSpend(int(totals[0][k]), float(totals[1][k]), float(totals[2][k]))
-            gaussian_open = any(not query_kind(p.algorithm).takes_rate for p in parts) or any(
+            gaussian_open = parts_gaussian or any(
                 not query_kind(kind).takes_rate for _, kind, *_ in mine
             )
-            views.append(PlanView(current, total, events_of(rows), reserved, gaussian_open))
-        return self._with_graphs(views, owners, ids, session.partition(PART_SEPARATOR)[0])
+            views.append(
+                PlanView(
+                    current, total, events_of(rows), reserved, gaussian_open,
+                    sessions_failure(graphs[k]),
+                )
+            )  # fmt: skip
+        return views
 
-    def _with_graphs(
-        self, views: list[PlanView], owners: list[Opening], ids: np.ndarray, base: str
-    ) -> list[PlanView]:
-        """``views`` with each owner's masking-graph failure bound over its recorded secure
-        sessions other than ``base`` (the session being opened) and, when secure, ``base`` at
-        the terms it is opened with (docs/design.md §2.6; call inside the transaction)."""
+    def _graph_rows(
+        self, owners: list[Opening], ids: list[int], base: str
+    ) -> list[tuple[tuple[str, int, int], ...]]:
+        """Each owner's secure sessions (name, K, t) other than ``base`` (the session being
+        opened) and, when secure, ``base`` at the terms it is opened with: what its
+        masking-graph failure bound counts (docs/design.md §2.6; call inside the
+        transaction)."""
         recorded: dict[int, list[tuple[str, int, int]]] = defaultdict(list)
-        for kept in self.keys.secure_sessions(set(ids.tolist())).values():
+        for kept in self.keys.secure_sessions(set(ids)).values():
             for owner_id, name, terms in kept:
                 if name.partition(PART_SEPARATOR)[0] != base:
                     recorded[owner_id].append((name, terms.owners, terms.colluders))
         out = []
-        for opening, owner_id in zip(owners, ids.tolist()):
+        for opening, owner_id in zip(owners, ids):
             rows = recorded.get(owner_id, [])
             if opening.secure is not None:
                 rows = [*rows, (base, opening.secure.terms.owners, opening.secure.terms.colluders)]
-            out.append(sessions_failure(rows))
-        return [replace(v, graph_failure=g) for v, g in zip(views, out)]
+            out.append(tuple(rows))
+        return out
 
     def session_opener(self, owners: list[str], session: str) -> str | None:
         """The client that opened ``session`` (or, with several kinds, its parts) for some of
@@ -328,8 +351,13 @@ class SessionBook:
         self.book.plans_changed(session)
 
     def answered_on_lattice(self, owner: str) -> bool:
-        """Whether the owner ever answered with lattice noise (table ``mechanisms``; a writer
-        reads the table once)."""
+        """Whether the owner ever answered with lattice noise (table ``mechanisms``). A writer
+        reads the table and the names once and answers every owner after from memory (kept
+        current by ``open_parts``; docs/design.md §4 "Many owners"), without the batched
+        store's flush: what it answers is never in the pending blocks."""
+        with self.store.lock:
+            if self._lattice_ids is not None and not self.store.read_only:
+                return self.store.known_id(owner) in self._lattice_ids
         with self.store.reading():
             if self.store.read_only:
                 row = self.store.db.execute(
