@@ -25,7 +25,7 @@ from .noise.lattice import (
     noisy_lattice_answers,
     noisy_lattice_multiples,
 )
-from .noise.seeded import SeededNormals, seed_material
+from .noise.seeded import SeededNormals, seed_materials
 from .noise.sources import WordSource, word_source
 
 #: Exact values are clipped to ±2⁵² γ before rounding (data independent; 1-Lipschitz).
@@ -124,8 +124,11 @@ class HostNoise:
         self.lattice = self._lattice_noise(np.concatenate(list(self.levels.values())))
         self.fresh = self.lattice and any(n.fresh_attempts for n in nodes)
         if not self.lattice:
-            self.seeded = SeededNormals([seed_material(n.rng) for n in nodes])
-        multipliers = np.array([n.gradient_noise_multiplier for n in nodes])
+            self.seeded = SeededNormals(seed_materials([n.rng for n in nodes]))
+        #: the gradient multiplier, asked once per alike owners (policy, dimension, lattice)
+        keys = [(id(n.policy), n.model.dim, n.lattice) for n in nodes]
+        alike = {key: n.gradient_noise_multiplier for key, n in dict(zip(keys, nodes)).items()}
+        multipliers = np.array([alike[key] for key in keys])
         gamma = self.gamma if self.lattice else None
         self.plain = {
             kind: Mechanism(sd, sd, gamma, LATTICE_LIMIT, multipliers)

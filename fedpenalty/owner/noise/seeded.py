@@ -160,7 +160,38 @@ class SeededNormals:
 def seed_material(rng: np.random.Generator) -> bytes:
     """32 bytes that identify a simulated owner's seeded generator (its ``SeedSequence``) —
     taken from the seed, not drawn, so the generator itself is left untouched."""
-    seed_seq = getattr(rng.bit_generator, "seed_seq", None)
-    if isinstance(seed_seq, np.random.SeedSequence):
-        return seed_seq.generate_state(4, np.uint64).astype("<u8").tobytes()
-    return rng.bytes(32)
+    return seed_materials([rng])[0]
+
+
+#: ``SeedSequence.generate_state``'s hash constants (numpy/random/bit_generator.pyx)
+_INIT_B, _MULT_B, _XSHIFT = np.uint32(0x8B51F9DD), np.uint32(0x58F38DED), np.uint32(16)
+
+
+def seed_materials(rngs: Sequence[np.random.Generator]) -> list[bytes]:
+    """``seed_material`` of every generator of ``rngs``, byte for byte, computed for all the
+    seeded ones at once: ``generate_state(4, uint64)`` of each ``SeedSequence`` is a fixed
+    hash of its 4-word pool, here applied to the pools ``(K, 4)`` as array operations
+    (docs/design.md §4 "Many owners"). A generator without one gives ``rng.bytes(32)``."""
+    seqs = [getattr(rng.bit_generator, "seed_seq", None) for rng in rngs]
+    seeded = [k for k, s in enumerate(seqs) if isinstance(s, np.random.SeedSequence)]
+    out = [b""] * len(rngs)
+    if seeded:
+        pools = np.array([seqs[k].pool for k in seeded], dtype=np.uint32)  # type: ignore[union-attr]
+        if pools.shape[1] != 4:
+            raise ValueError("seed_materials: a SeedSequence pool of 4 words is expected")
+        words = np.empty((len(seeded), 8), dtype=np.uint32)
+        hash_const = _INIT_B
+        with np.errstate(over="ignore"):
+            for i in range(8):
+                value = pools[:, i % 4] ^ hash_const
+                hash_const = hash_const * _MULT_B
+                value *= hash_const
+                value ^= value >> _XSHIFT
+                words[:, i] = value
+        material = words.view(np.uint64).astype("<u8")
+        for row, k in enumerate(seeded):
+            out[k] = material[row].tobytes()
+    for k, s in enumerate(seqs):
+        if not isinstance(s, np.random.SeedSequence):
+            out[k] = rngs[k].bytes(32)
+    return out
