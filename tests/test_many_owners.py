@@ -22,6 +22,8 @@ from fedpenalty.owner import Ledger, OwnerNode
 from fedpenalty.owner.host import OwnerHost, gc_paused
 from fedpenalty.owner.ledger_records import Opening, PlanView, SessionPart
 from fedpenalty.owner.mechanism import HostNoise
+from fedpenalty.owner.noise.seeded import seed_materials
+from fedpenalty.owner.noise.sources import NoiseKey
 from fedpenalty.simulation import owner_policies
 
 MODEL = build_model({"name": "gaussian_mean"})
@@ -129,6 +131,73 @@ def test_host_noise_levels_are_each_owners_noise_for(tmp_path):
     for name, sigma in levels.items():
         assert sigma.tolist() == [p.noise_for(name) for p in policies]
     assert levels["sgmcmc"][1] == 0.9 and levels["penalty"][1] == 0.3
+
+
+def test_host_noise_multipliers_are_each_owners_own(tmp_path):
+    """The gradient multipliers, asked once per alike owners, are each owner's
+    ``gradient_noise_multiplier`` in owner order (policies differing in σ and in the gradient
+    kind's own level)."""
+    noisy = Policy(sigma=0.3, max_step=0.1, noise={"sgmcmc": 0.9})
+    policies = [SHARED, noisy, *POLICIES[4:], noisy, SHARED]
+    nodes = _nodes([Ledger.simulation(tmp_path / "one.sqlite")], policies)
+    multipliers = HostNoise(nodes, "h").plain["sgmcmc"].gradient_multiplier
+    assert multipliers.tolist() == [n.gradient_noise_multiplier for n in nodes]
+    assert multipliers.tolist() == [0.5, 0.9, 0.5, 0.7, 0.9, 0.5]
+
+
+def test_seed_materials_at_once_are_each_owners_seed_material():
+    """The seed material of many seeded owners, hashed as arrays, is byte for byte what each
+    ``SeedSequence.generate_state(4, uint64)`` gives (what ``seed_material`` took before)."""
+    seeds = [
+        *ChildSeeds.of(np.random.SeedSequence(5), 40),
+        np.random.SeedSequence(2**130 + 1),
+        np.random.SeedSequence(7, spawn_key=(3, 1)),
+        np.random.SeedSequence(),
+    ]
+    rngs = [np.random.default_rng(s) for s in seeds]
+    expected = [s.generate_state(4, np.uint64).astype("<u8").tobytes() for s in seeds]
+    assert seed_materials(rngs) == expected
+    assert len(set(expected)) == len(seeds)
+    assert seed_materials([]) == []
+
+
+def test_answered_on_lattice_asked_once_is_each_owners_answer(tmp_path):
+    """``Ledger.answered_on_lattice_of`` (the builder's one question) equals asking owner by
+    owner, on a writer and on a reader, and a node given it accounts as one that asked."""
+    path = tmp_path / "l.sqlite"
+    ledger = Ledger(path)
+    records = MODEL.simulate_records(np.random.default_rng(1), np.array([0.2]), 40)
+    policy = Policy(sigma=0.8, budget_epsilon=1e9)
+    lattice = [
+        OwnerNode(name, MODEL, records, policy, ledger, noise_key=NoiseKey.derive(b"k", name))
+        for name in ("o1", "o3")
+    ]
+    OwnerHost(lattice).open_session("s", "penalty", 10)
+    ledger.close()
+    names = ["o0", "o1", "o2", "o3", "never"]
+    for read_only in (False, True):
+        batch = Ledger(path, read_only=read_only)
+        assert batch.answered_on_lattice_of(names) == [False, True, False, True, False]
+        batch.close()
+        alone = Ledger(path, read_only=read_only)
+        assert [alone.answered_on_lattice(n) for n in names] == [False, True, False, True, False]
+        alone.close()
+    ledger = Ledger.simulation(path)
+    answered = ledger.answered_on_lattice_of(names)
+    given = _nodes_answered(ledger, names, answered)
+    asked = _nodes_answered(ledger, names, [None] * len(names))
+    assert [n.renyi_accounting for n in given] == [n.renyi_accounting for n in asked] == answered
+    assert [n.max_mu_squared for n in given] == [n.max_mu_squared for n in asked]
+    ledger.close()
+
+
+def _nodes_answered(ledger: Ledger, names: list[str], answered: list) -> list[OwnerNode]:
+    seeds = np.random.SeedSequence(3).spawn(len(names))
+    records = MODEL.simulate_records(np.random.default_rng(0), np.array([0.2]), 30)
+    return [
+        OwnerNode.simulated(name, MODEL, records, SHARED, ledger, seed, True, lattice)
+        for name, seed, lattice in zip(names, seeds, answered)
+    ]
 
 
 def test_simulated_owners_share_one_policy_per_sigma():

@@ -79,12 +79,22 @@ class OwnerSpec:
     fresh_attempts: bool | None = None
     simulated_peers: bool = False
 
-    def node(self, model: Model, ledger: Ledger) -> OwnerNode:
-        """The owner, its records made or read here."""
+    def node(
+        self, model: Model, ledger: Ledger, answered_on_lattice: bool | None = None
+    ) -> OwnerNode:
+        """The owner, its records made or read here; ``answered_on_lattice`` as ``OwnerNode``
+        takes it (its host's builder asks the ledger once for all its owners)."""
         records = self.records if isinstance(self.records, np.ndarray) else self.records.make(model)
         if self.seed is not None:
             return OwnerNode.simulated(
-                self.name, model, records, self.policy, ledger, self.seed, self.simulation
+                self.name,
+                model,
+                records,
+                self.policy,
+                ledger,
+                self.seed,
+                self.simulation,
+                answered_on_lattice,
             )
         return OwnerNode(
             self.name,
@@ -98,6 +108,7 @@ class OwnerSpec:
             seeded_streams=self.seeded_streams,
             fresh_attempts=self.fresh_attempts,
             simulated_peers=self.simulated_peers,
+            answered_on_lattice=answered_on_lattice,
         )
 
 
@@ -179,7 +190,10 @@ def _build(spec: HostSpec) -> OwnerHost:
     try:
         model = build_model(spec.model)
         with gc_paused():
-            return OwnerHost([o.node(model, ledger) for o in spec.owners])
+            answered = ledger.answered_on_lattice_of([o.name for o in spec.owners])
+            return OwnerHost(
+                [o.node(model, ledger, lattice) for o, lattice in zip(spec.owners, answered)]
+            )
     except BaseException:
         ledger.close()
         raise

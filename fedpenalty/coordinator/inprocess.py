@@ -163,10 +163,11 @@ def launch(setup: OwnerSetup) -> Launched:
     """The simulation's owners in this process, on one ledger in the run directory."""
     ledger = Ledger.simulation(setup.folder / "ledger.sqlite", batched=True)
     with gc_paused():
+        answered = ledger.answered_on_lattice_of(setup.names)  # once: docs/design.md §4
         nodes = [
-            OwnerNode.simulated(name, setup.model, records, policy, ledger, seed)
-            for name, records, policy, seed in zip(
-                setup.names, setup.records, setup.policies, setup.seeds
+            OwnerNode.simulated(name, setup.model, records, policy, ledger, seed, True, lattice)
+            for name, records, policy, seed, lattice in zip(
+                setup.names, setup.records, setup.policies, setup.seeds, answered
             )
         ]
         oracle = InProcessOracle(nodes, setup.model)

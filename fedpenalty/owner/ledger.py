@@ -60,7 +60,7 @@ key store (``key_store.KeyStore``: secure-session records and agreement secrets)
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 
@@ -246,6 +246,10 @@ class Ledger:
     def answered_on_lattice(self, owner: str) -> bool:
         """Whether the owner ever answered with lattice noise."""
         return self.sessions_book.answered_on_lattice(owner)
+
+    def answered_on_lattice_of(self, owners: Sequence[str]) -> list[bool]:
+        """Whether each owner of ``owners`` ever answered with lattice noise, asked at once."""
+        return self.sessions_book.answered_on_lattice_of(owners)
 
     def agreement_secret(self, owner: str) -> bytes:
         """The owner's 32-byte agreement secret (``KeyStore.agreement_secret``)."""

@@ -125,6 +125,9 @@ class OwnerNode:
         a key or seed is given, whose noise is then reproducible (tests, audits, simulation).
     seeded_streams: SIMULATION ONLY — lattice noise from seeded Philox streams and secure-
         aggregation masks from a SplitMix64 mixer instead of ChaCha20 (``OwnerNode.simulated``).
+    answered_on_lattice: whether ``ledger`` holds lattice answers of this owner, when the
+        builder of many owners asked the ledger once for all (``Ledger.answered_on_lattice_of``;
+        docs/design.md §4 "Many owners"). None: the owner asks its ledger.
     simulated_peers: SIMULATION ONLY — its secure sessions' peers are the simulation's own
         owners, so K is real and it is charged at s without peer authentication
         (``OwnerNode.simulated``). A deployed owner counts other owners' noise only when its
@@ -149,6 +152,7 @@ class OwnerNode:
         seeded_streams: bool = False,
         fresh_attempts: bool | None = None,
         simulated_peers: bool = False,
+        answered_on_lattice: bool | None = None,
     ):
         self.name = name
         self.model = model
@@ -166,7 +170,9 @@ class OwnerNode:
         self.noise_key = NoiseKey.from_os() if deployed else noise_key
         self.fresh_attempts = deployed if fresh_attempts is None else fresh_attempts
         #: account by Rényi DP: this owner gives lattice answers, or its ledger holds some
-        self.renyi_accounting = self.lattice or ledger.answered_on_lattice(name)
+        if answered_on_lattice is None:
+            answered_on_lattice = ledger.answered_on_lattice(name)
+        self.renyi_accounting = self.lattice or answered_on_lattice
         self.max_mu_squared = _initial_cap(
             policy.budget_epsilon, policy.delta, policy.neighbour, self.renyi_accounting
         )
@@ -190,11 +196,13 @@ class OwnerNode:
         ledger: Ledger,
         seed: np.random.SeedSequence,
         simulation: bool = True,
+        answered_on_lattice: bool | None = None,
     ) -> OwnerNode:
         """SIMULATION ONLY: an owner whose noise is seeded from ``seed`` — float Gaussian noise,
         or, when its policy allows secure aggregation (``total_noise_sd``), lattice noise under
         a key derived from the seed (docs/design.md §2.6, §2.7). Whoever knows the seed knows
-        the noise. ``simulation``: keep the simulation-only diagnostics."""
+        the noise. ``simulation``: keep the simulation-only diagnostics. ``answered_on_lattice``:
+        as ``OwnerNode`` takes it."""
         rng = np.random.default_rng(seed)
         key = None
         if policy.total_noise_sd is not None:
@@ -210,6 +218,7 @@ class OwnerNode:
             noise_key=key,
             seeded_streams=True,
             simulated_peers=True,
+            answered_on_lattice=answered_on_lattice,
         )
 
     @functools.cached_property

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -349,6 +350,17 @@ class SessionBook:
                 [(now, owner, session) for owner in owners],
             )
         self.book.plans_changed(session)
+
+    def answered_on_lattice_of(self, owners: Sequence[str]) -> list[bool]:
+        """``answered_on_lattice`` of every owner of ``owners``: a writer asks the table once
+        and then looks each owner up under one lock (a builder of many owners;
+        docs/design.md §4 "Many owners"); a reader asks owner by owner."""
+        if not owners or self.store.read_only:
+            return [self.answered_on_lattice(owner) for owner in owners]
+        self.answered_on_lattice(owners[0])  # reads the table and the names once
+        with self.store.lock:
+            lattice = self._lattice_ids if self._lattice_ids is not None else set()
+            return [self.store.known_id(owner) in lattice for owner in owners]
 
     def answered_on_lattice(self, owner: str) -> bool:
         """Whether the owner ever answered with lattice noise (table ``mechanisms``). A writer
