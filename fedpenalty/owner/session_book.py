@@ -278,30 +278,50 @@ class SessionBook:
                     )
                 views.append(view)
                 continue
-            total = _spend(spent)
-            reserved = []
-            for name, kind, planned, rate, recorded_multiplier in mine:
-                if query_kind(kind).takes_rate and name not in siblings:
-                    used = sum(c for sid, _, _, c in rows if sid == self.store.id(name))
-                    multiplier = recorded_multiplier or opening.noise_multiplier
-                    reserved.append(SubsampledGaussian(rate, multiplier, max(planned - used, 0)))
-            current = None
-            if record is not None:
-                spend = _spend((in_session[0][k], in_session[1][k], in_session[2][k]))
-                events = events_of([r for r in rows if r[0] == session_id])
-                current = Session(
-                    session, record[0], record[1], record[2] is not None, spend, events, record[3]
-                )
-            gaussian_open = parts_gaussian or any(
-                not query_kind(kind).takes_rate for _, kind, *_ in mine
-            )
+            in_this = (in_session[0][k], in_session[1][k], in_session[2][k])
             views.append(
-                PlanView(
-                    current, total, events_of(rows), reserved, gaussian_open,
+                self._own_view(
+                    opening, session, siblings, spent, in_this, rows, mine, record, parts_gaussian,
                     sessions_failure(graphs[k]),
                 )
             )  # fmt: skip
         return views
+
+    def _own_view(
+        self,
+        opening: Opening,
+        session: str,
+        siblings: set[str],
+        spent: tuple,
+        in_this: tuple,
+        rows: list,
+        mine: list[tuple],
+        record: tuple | None,
+        parts_gaussian: bool,
+        graph_failure: float,
+    ) -> PlanView:
+        """One owner's ``PlanView`` (``_plan_views``) from its spend ``spent`` (all sessions)
+        and ``in_this`` (this one), sampled ``rows``, open sessions ``mine`` and ``session``'s
+        ``record`` (None: never opened by it)."""
+        session_id = self.store.id(session)
+        total = _spend(spent)
+        reserved = []
+        for name, kind, planned, rate, recorded_multiplier in mine:
+            if query_kind(kind).takes_rate and name not in siblings:
+                used = sum(c for sid, _, _, c in rows if sid == self.store.id(name))
+                multiplier = recorded_multiplier or opening.noise_multiplier
+                reserved.append(SubsampledGaussian(rate, multiplier, max(planned - used, 0)))
+        current = None
+        if record is not None:
+            events = events_of([r for r in rows if r[0] == session_id])
+            current = Session(
+                session, record[0], record[1], record[2] is not None, _spend(in_this), events,
+                record[3],
+            )  # fmt: skip
+        gaussian_open = parts_gaussian or any(
+            not query_kind(kind).takes_rate for _, kind, *_ in mine
+        )
+        return PlanView(current, total, events_of(rows), reserved, gaussian_open, graph_failure)
 
     def _graph_rows(
         self, owners: list[Opening], ids: list[int], base: str

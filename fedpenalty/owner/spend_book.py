@@ -41,6 +41,7 @@ class SpendBook:
     def __init__(self, store: LedgerStore, totals: SpendTotals):
         self.store = store
         self.totals = totals
+        self.lines = SpendLines(store)
         store.on_forget(self._forget)
         self._forget()
 
@@ -52,11 +53,6 @@ class SpendBook:
         self._caps = np.zeros(0)  # per owner: recorded μ² cap (inf: none)
         self._caps_version = 0  # counts changes of _caps
         self._pending: PendingLine | None = None  # charges not yet in _totals
-        self._lines: dict[tuple[int, int, bytes, bytes], int] = {}  # spend line ids
-        # the usual charge's group (by its owner count) and line (by session and group), kept
-        # with the very arrays they were found for (``_every_group``, ``_line_of``)
-        self._groups_of: dict[int, tuple[np.ndarray, int]] = {}
-        self._lines_of: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, int]] = {}
         self._plans: dict[str, dict[str, int]] = {}  # open session → owner → admitted plan
         self._session_ids: dict[str, int] = {}  # sessions charged: their ids
 
@@ -141,12 +137,12 @@ class SpendBook:
             self._check_unanswered(c, owner_ids, session_id, every)
             groups: list[tuple[int, Index, Index]]
             if every:
-                groups = [(self._every_group(owner_ids), EVERY, EVERY)]
+                groups = [(self.lines.every_group(owner_ids), EVERY, EVERY)]
             else:
                 groups = [
                     (self.store.group(owner_ids[m]), m, keys) for m, keys in key_groups(c.new)
                 ]
-            lines = [self._spend_line(c, session_id, *group) for group in groups]
+            lines = [self.lines.of_charge(c, session_id, *group) for group in groups]
             committed = None
             if c.mus is not None:  # checked before anything is stored
                 committed = self._admit(c, slots, lines[0] if every else None)
@@ -265,36 +261,6 @@ class SpendBook:
                     c.owners[position[owner_id]],
                 )
 
-    def _every_group(self, owner_ids: np.ndarray) -> int:
-        """``store.group`` of every owner ``owner_ids`` of a charge, kept by the array's
-        identity (a host passes the same array with every request)."""
-        kept = self._groups_of.get(len(owner_ids))
-        if kept is None or kept[0] is not owner_ids:
-            kept = self._groups_of[len(owner_ids)] = (owner_ids, self.store.group(owner_ids))
-        return kept[1]
-
-    def _spend_line(
-        self, c: Charge, session_id: int, group_id: int, members: Index, keys: Index
-    ) -> tuple[int | None, StepSums]:
-        """The spend line of a group's answers to ``keys`` and their step sums (None and no
-        steps for gradient answers, which are counted in ``sampled``)."""
-        if c.mus is None:
-            return None, StepSums(0, 0.0, 0.0, 0.0)
-        if members is EVERY:
-            return self._line_of(session_id, group_id, c.mus), StepSums.of(c.mus.steps)
-        line = self._line(session_id, group_id, c.mus.slope[members], c.mus.offset[members])
-        return line, StepSums.of(c.mus.steps[keys])
-
-    def _line_of(self, session_id: int, group_id: int, mus: AffineMus) -> int:
-        """``_line`` of every owner's ``mus``, kept by the identity of its slope and offset (a
-        kind's path passes the same arrays while the session's mechanism stays)."""
-        key = (session_id, group_id)
-        kept = self._lines_of.get(key)
-        if kept is None or kept[0] is not mus.slope or kept[1] is not mus.offset:
-            line = self._line(session_id, group_id, mus.slope, mus.offset)
-            kept = self._lines_of[key] = (mus.slope, mus.offset, line)
-        return kept[2]
-
     def _store_answers(
         self,
         c: Charge,
@@ -324,27 +290,6 @@ class SpendBook:
             counts = (sums.count, sums.total, sums.squares, sums.largest)
             rows.append((session_id, first, last, gid, line, *counts, *blobs, c.substep))
         self.store.store_blocks(rows)
-
-    def _line(self, session_id: int, group_id: int, slope: np.ndarray, offset: np.ndarray) -> int:
-        """Id of the spend line (session, group, slope, offset), recorded on first use."""
-        key = (
-            session_id,
-            group_id,
-            np.ascontiguousarray(slope, dtype="<f8").tobytes(),
-            np.ascontiguousarray(offset, dtype="<f8").tobytes(),
-        )
-        if key not in self._lines:
-            self.store.db.execute(
-                "INSERT OR IGNORE INTO spend_lines(session_id, group_id, slope, offset) "
-                "VALUES (?,?,?,?)",
-                key,
-            )
-            self._lines[key] = self.store.db.execute(
-                "SELECT id FROM spend_lines WHERE session_id=? AND group_id=? AND slope=? "
-                "AND offset=?",
-                key,
-            ).fetchone()[0]
-        return self._lines[key]
 
     def _charge_sampled(
         self, c: Charge, owner_ids: np.ndarray, session_id: int, add: np.ndarray
@@ -466,3 +411,71 @@ class SpendBook:
             owner,
             epsilon_left=left,
         )
+
+
+class SpendLines:
+    """Ids of a ledger's owner groups and spend lines (session, group, μ slope and offset),
+    recorded on first use and kept in memory until the store forgets its caches."""
+
+    def __init__(self, store: LedgerStore):
+        self.store = store
+        store.on_forget(self._forget)
+        self._forget()
+
+    def _forget(self) -> None:
+        self._lines: dict[tuple[int, int, bytes, bytes], int] = {}  # spend line ids
+        # the usual charge's group (by its owner count) and line (by session and group), kept
+        # with the very arrays they were found for (``every_group``, ``_of_every``)
+        self._groups_of: dict[int, tuple[np.ndarray, int]] = {}
+        self._lines_of: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, int]] = {}
+
+    def every_group(self, owner_ids: np.ndarray) -> int:
+        """``LedgerStore.group`` of every owner ``owner_ids`` of a charge, kept by the array's
+        identity (a host passes the same array with every request)."""
+        kept = self._groups_of.get(len(owner_ids))
+        if kept is None or kept[0] is not owner_ids:
+            kept = self._groups_of[len(owner_ids)] = (owner_ids, self.store.group(owner_ids))
+        return kept[1]
+
+    def of_charge(
+        self, c: Charge, session_id: int, group_id: int, members: Index, keys: Index
+    ) -> tuple[int | None, StepSums]:
+        """The spend line of a group's answers to ``keys`` and their step sums (None and no
+        steps for gradient answers, which are counted in ``sampled``)."""
+        if c.mus is None:
+            return None, StepSums(0, 0.0, 0.0, 0.0)
+        if members is EVERY:
+            return self._of_every(session_id, group_id, c.mus), StepSums.of(c.mus.steps)
+        line = self.line(session_id, group_id, c.mus.slope[members], c.mus.offset[members])
+        return line, StepSums.of(c.mus.steps[keys])
+
+    def _of_every(self, session_id: int, group_id: int, mus: AffineMus) -> int:
+        """``line`` of every owner's ``mus``, kept by the identity of its slope and offset (a
+        kind's path passes the same arrays while the session's mechanism stays)."""
+        key = (session_id, group_id)
+        kept = self._lines_of.get(key)
+        if kept is None or kept[0] is not mus.slope or kept[1] is not mus.offset:
+            line = self.line(session_id, group_id, mus.slope, mus.offset)
+            kept = self._lines_of[key] = (mus.slope, mus.offset, line)
+        return kept[2]
+
+    def line(self, session_id: int, group_id: int, slope: np.ndarray, offset: np.ndarray) -> int:
+        """Id of the spend line (session, group, slope, offset), recorded on first use."""
+        key = (
+            session_id,
+            group_id,
+            np.ascontiguousarray(slope, dtype="<f8").tobytes(),
+            np.ascontiguousarray(offset, dtype="<f8").tobytes(),
+        )
+        if key not in self._lines:
+            self.store.db.execute(
+                "INSERT OR IGNORE INTO spend_lines(session_id, group_id, slope, offset) "
+                "VALUES (?,?,?,?)",
+                key,
+            )
+            self._lines[key] = self.store.db.execute(
+                "SELECT id FROM spend_lines WHERE session_id=? AND group_id=? AND slope=? "
+                "AND offset=?",
+                key,
+            ).fetchone()[0]
+        return self._lines[key]

@@ -140,7 +140,7 @@ class LogRatioPath:
             [kind.sensitivity(model, n.policy.neighbour, 1.0) for n in nodes]
         )
         #: the last mechanism asked and its μ (slope, offset): the ledger keeps the usual
-        #: charge's spend line by the identity of these arrays (``SpendBook._line_of``)
+        #: charge's spend line by the identity of these arrays (``SpendLines._of_every``)
         self._unit: tuple[Mechanism, AffineMus] | None = None
 
     def plan(
