@@ -21,11 +21,11 @@ from typing import Any
 
 import matplotlib
 import numpy as np
-from tqdm.auto import tqdm
 
 from . import __version__
 from .cli import table
 from .config import Scenario, resolve
+from .progress import ProgressBar
 from .simulation import RunResult, run_scenario
 
 matplotlib.use("Agg")
@@ -56,7 +56,7 @@ def scenario_parser(description: str, quick: str) -> argparse.ArgumentParser:
 def progress(total: int, description: str, enabled: bool = True) -> Any:
     """A progress bar on stderr for ``total`` steps (``.update()`` after each; a context
     manager), silent when not ``enabled``."""
-    return tqdm(total=total, desc=description, disable=not enabled, leave=False, unit="run")
+    return ProgressBar(total=total, desc=description, disable=not enabled, leave=False, unit="run")
 
 
 @dataclass(frozen=True)

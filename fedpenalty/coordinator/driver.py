@@ -16,9 +16,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from ..errors import Interrupted, OwnerError
+from ..progress import ProgressBar
 from .base import (
     ACCEPTED,
     EXCESS,
@@ -250,7 +250,7 @@ def sample(
         run = replace(resume, derive=algorithm.derived, reports_excess=EXCESS in algorithm.info)
         rng.bit_generator.state = run.rng_state
     total = warmup + iterations
-    with tqdm(
+    with ProgressBar(
         total=total,
         initial=run.done,
         desc=description,
