@@ -134,6 +134,20 @@ class Model(ABC):
     def grad_log_lik(self, records: np.ndarray, theta: np.ndarray) -> np.ndarray:
         """Per-record gradient ∇_θ ℓ(x, θ): ``(C, n, d)``."""
 
+    # --- clip certification (optional) ----------------------------------------------------
+    def gradient_norm_bound(self, theta: np.ndarray) -> np.ndarray | None:
+        """An upper bound per chain ``(C,)`` on ‖∇_θ ℓ(x, θ_c)‖₂ over every record x of the data
+        domain (nats per unit of θ), or ``None``: not certified (the default). Where it is no
+        more than a gradient clip, that clip cannot bind on any record (docs/design.md §2.9,
+        "Answers without the per-record pass")."""
+        return None
+
+    def log_lik_diff_bound(self, theta: np.ndarray, theta_prop: np.ndarray) -> np.ndarray | None:
+        """An upper bound per chain ``(C,)`` on |ℓ(x, θ'_c) − ℓ(x, θ_c)| over every record x of
+        the data domain (nats), or ``None``: not certified (the default); likewise for a ratio
+        clip."""
+        return None
+
     # --- prior ---------------------------------------------------------------------------
     @abstractmethod
     def log_prior(self, theta: np.ndarray) -> np.ndarray:
@@ -222,6 +236,23 @@ class ExpFamModel(Model):
         """Moments of the posterior given all ``records`` (prepared first) pooled, over Θ."""
         prepared = self.prepare_records(records)
         return self.reference_from_stats(prepared.shape[0], self.suff_stat(prepared).sum(axis=0))
+
+    def log_lik_diff_from_stats(
+        self, n: int, stat_sum: np.ndarray, theta: np.ndarray, theta_prop: np.ndarray
+    ) -> np.ndarray:
+        """Σ_x ℓ(x, θ'_c) − ℓ(x, θ_c) = Δηᵀ Σ S(x) − n ΔA over ``n`` records whose statistics
+        sum to ``stat_sum`` ``(s,)``: ``(C,)`` nats, O(s) per chain."""
+        d_eta = self.natural_param(theta_prop) - self.natural_param(theta)
+        d_a = self.log_partition(theta_prop) - self.log_partition(theta)
+        return d_eta @ np.asarray(stat_sum, dtype=float) - n * d_a
+
+    def grad_log_lik_from_stats(
+        self, n: int, stat_sum: np.ndarray, theta: np.ndarray
+    ) -> np.ndarray | None:
+        """Σ_x ∇_θ ℓ(x, θ_c) = J_η(θ)ᵀ Σ S(x) − n ∇A(θ) over ``n`` records whose statistics sum
+        to ``stat_sum`` ``(s,)``: ``(C, d)``; ``None`` when the model does not give it (the
+        default: its owners then sum record by record)."""
+        return None
 
     @property
     @abstractmethod

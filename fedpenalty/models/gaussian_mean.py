@@ -122,6 +122,26 @@ class GaussianMean(Configured, ExpFamModel):
         th = as_theta(theta, self.dim)
         return (x[None, :, :] - th[:, None, :]) / self._var
 
+    # --- clip certification: records lie in the ball ‖x‖ ≤ data_bound ---------------------
+    def gradient_norm_bound(self, theta: np.ndarray) -> np.ndarray:
+        """‖∇ℓ‖ = ‖x − θ‖/σ² ≤ (data_bound + ‖θ‖)/σ² per chain ``(C,)``."""
+        th = as_theta(theta, self.dim)
+        return (self.data_bound + np.linalg.norm(th, axis=1)) / self._var
+
+    def log_lik_diff_bound(self, theta: np.ndarray, theta_prop: np.ndarray) -> np.ndarray:
+        """ℓ(x, θ') − ℓ(x, θ) = (θ' − θ)·(x − θ̄)/σ² with θ̄ = (θ + θ')/2, so its size is at most
+        ‖θ' − θ‖ (data_bound + ‖θ̄‖)/σ² per chain ``(C,)``."""
+        th, prop = as_theta(theta, self.dim), as_theta(theta_prop, self.dim)
+        mid = np.linalg.norm(0.5 * (th + prop), axis=1)
+        return np.linalg.norm(prop - th, axis=1) * (self.data_bound + mid) / self._var
+
+    def grad_log_lik_from_stats(
+        self, n: int, stat_sum: np.ndarray, theta: np.ndarray
+    ) -> np.ndarray:
+        """Σ_x (x − θ)/σ² = (Σ x − n θ)/σ²: ``(C, d)``."""
+        total = np.asarray(stat_sum, dtype=float).reshape(self.dim)
+        return (total[None, :] - n * as_theta(theta, self.dim)) / self._var
+
     # --- prior -----------------------------------------------------------------------------
     def log_prior(self, theta: np.ndarray) -> np.ndarray:
         """−Σ (θ_j − m)²/(2 s²): ``(C, d)`` → ``(C,)``."""

@@ -1,6 +1,7 @@
 """Per-record-clipped gradient sums over all of an owner's records (docs/design.md §2.8):
 owner k's exact answer for chain c is Σ_x ∇_θ ℓ(x, θ_c) clipped to L2 norm ``clip``, noised at
-sd σ_k·clip on each coordinate. ``ClippedGradientPath``: the kind's answer path at one host —
+sd σ_k·clip on each coordinate — summed from Σ S(x) where the model certifies that the clip
+cannot bind (``clip_free``). ``ClippedGradientPath``: the kind's answer path at one host —
 its checks, digests and charge μ = Δ/σ_k per answer (Δ per unit clip: 2 or 1)."""
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ...models import ExpFamModel, Model
 from ..mechanism import HostNoise, Keys
 from ..node import OwnerNode
 from ..pipeline import Asked, Planned, Request
+from .clip_free import clip_free
 from .gradient import clipped_gradients
 from .noisy import NoisyExact
 
@@ -40,20 +43,43 @@ def clipped_gradient_total(
     node: OwnerNode, theta: np.ndarray, clip: float, kind: str
 ) -> np.ndarray:
     """Σ over ``node``'s records of ∇_θ ℓ(x, θ_c) clipped to L2 norm ``clip``: ``(C, d)``; no
-    noise, never released. Counts the records whose clip binds under ``kind`` (a ledger
-    name) in simulation diagnostics."""
+    noise, never released. Chains whose clip the model certifies cannot bind (``clip_free``)
+    are summed from Σ S(x); the others record by record. Counts the records whose clip binds
+    under ``kind`` (a ledger name) in simulation diagnostics (none on a certified chain)."""
     c, d = theta.shape
-    records = node.records
+    model, n = node.model, len(node.records)
+    free = clip_free(node, model.gradient_norm_bound(theta), np.full(c, clip))
+    total = np.zeros((c, d))
+    if free.any():
+        summed = None
+        if isinstance(model, ExpFamModel) and node.stat_sum is not None:
+            summed = model.grad_log_lik_from_stats(n, node.stat_sum, theta[free])
+        if summed is None:
+            free[:] = False
+        else:
+            total[free] = summed
+    hits = 0
+    if not free.all():
+        total[~free], hits = _per_record_total(model, node.records, theta[~free], clip)
+    if node.diagnostics is not None:
+        node.diagnostics.count(kind, hits, c * n)
+    return total
+
+
+def _per_record_total(
+    model: Model, records: np.ndarray, theta: np.ndarray, clip: float
+) -> tuple[np.ndarray, int]:
+    """Σ_x ∇_θ ℓ(x, θ_c) clipped to L2 norm ``clip`` ``(C, d)``, record by record in chunks
+    of at most ``CHUNK_COMPONENTS`` components, and how many records' clip bound."""
+    c, d = theta.shape
     chunk = max(1, CHUNK_COMPONENTS // (c * d))
     total = np.zeros((c, d))
     hits = 0
     for first in range(0, len(records), chunk):
-        grads, scale = clipped_gradients(node.model, records[first : first + chunk], theta, clip)
+        grads, scale = clipped_gradients(model, records[first : first + chunk], theta, clip)
         total += np.einsum("cm,cmd->cd", scale, grads)
         hits += int((scale < 1.0).sum())
-    if node.diagnostics is not None:
-        node.diagnostics.count(kind, hits, c * len(records))
-    return total
+    return total, hits
 
 
 class ClippedGradientCompute:

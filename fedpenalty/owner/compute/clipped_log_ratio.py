@@ -1,6 +1,7 @@
 """Per-record-clipped log-likelihood-ratio sums at a query's clip (docs/design.md §2.8): owner
 k's exact answer for chain c is Σ_x clip(ℓ(x,θ'_c) − ℓ(x,θ_c), ±clip), record by record, noised
-at sd σ_k·clip. ``ClippedLogRatioPath``: the kind's answer path at one host — its checks,
+at sd σ_k·clip — summed from Σ S(x) where the model certifies that the clip cannot bind
+(``clip_free``). ``ClippedLogRatioPath``: the kind's answer path at one host — its checks,
 digests and charge μ = Δ/σ_k per answer (Δ per unit clip: 2 or 1), whatever the step."""
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ...errors import InvalidRequest
+from ...models import ExpFamModel
 from ..mechanism import HostNoise, Keys
 from ..node import OwnerNode
 from ..pipeline import Asked, Planned, Request
 from ..validation import row_digests
+from .clip_free import clip_free
 from .log_ratio import clipped_ratio_sum
 from .noisy import NoisyExact
 
@@ -53,6 +56,29 @@ def step_lengths(theta: np.ndarray, theta_prop: np.ndarray, label: str) -> np.nd
     return distance
 
 
+def clip_free_ratio_sum(
+    node: OwnerNode, theta: np.ndarray, theta_prop: np.ndarray, bound: np.ndarray, kind: str
+) -> np.ndarray:
+    """``clipped_ratio_sum`` ``(C,)`` (each record's term clipped to ±bound_c), with the chains
+    whose bound the model certifies cannot bind (``clip_free``) summed from Σ S(x); their
+    records count as evaluated with no hit in simulation diagnostics."""
+    model, n = node.model, len(node.records)
+    free = clip_free(node, model.log_lik_diff_bound(theta, theta_prop), bound)
+    if not free.any():
+        return clipped_ratio_sum(node, theta, theta_prop, bound, kind)
+    stats = node.stat_sum
+    # clip_free certifies only exponential-family owners that keep Σ S(x)
+    assert isinstance(model, ExpFamModel) and stats is not None
+    total = np.empty(len(theta))
+    total[free] = model.log_lik_diff_from_stats(n, stats, theta[free], theta_prop[free])
+    rest = ~free
+    if rest.any():
+        total[rest] = clipped_ratio_sum(node, theta[rest], theta_prop[rest], bound[rest], kind)
+    if node.diagnostics is not None:
+        node.diagnostics.count(kind, 0, int(free.sum()) * n)
+    return total
+
+
 class ClippedLogRatioCompute:
     """The clipped log-ratio answers of one host's owners ``nodes``."""
 
@@ -69,7 +95,7 @@ class ClippedLogRatioCompute:
 
         def exact() -> np.ndarray:
             sums = [
-                clipped_ratio_sum(n, query.theta, query.theta_prop, bound, self.kind) / unit
+                clip_free_ratio_sum(n, query.theta, query.theta_prop, bound, self.kind) / unit
                 for n in self.nodes
             ]
             return np.stack(sums)[:, :, None]
