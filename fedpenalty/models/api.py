@@ -15,7 +15,9 @@ A user's own model (``examples/user_model/laplace_location.py``) subclasses ``Co
 → ``(C,)``) and ``grad_log_prior`` (→ ``(C, d)``). It may leave out ``name`` (the name it is
 selected by), ``lipschitz`` (None: runs on the clipped kinds, ``sampler.ratio_clip``),
 ``simulate_records`` (then only on the owners' files), ``log_lik_diff``, ``param_names``,
-``in_theta_space`` and ``reference_posterior``. It is selected as ``[model] name =
+``in_theta_space``, ``reference_posterior``, and ``gradient_norm_bound`` and
+``log_lik_diff_bound`` (certified bounds over the data domain that let owners skip a clip that
+cannot bind). It is selected as ``[model] name =
 "package.module:Class"`` or by a ``fedpenalty.models`` entry point (``registry.py``).
 """
 
