@@ -170,10 +170,7 @@ class AnswerPipeline:
         if len(self.parts) == 1 and not stored[0]:
             # the usual request: one ledger file, nothing answered before — one transaction
             part = self.parts[0]
-            with part.ledger.charging(self._charge(part, request, new)) as store:
-                out = fresh.every()
-                store(out)
-            return out
+            return part.ledger.book.charge_drawn(self._charge(part, request, new), fresh.every)
         return self._answer_parts(request, fresh, new, stored)
 
     def _answer_parts(

@@ -158,8 +158,60 @@ class SpendBook:
             committed()
         if groups:
             answered = max(span(c.iterations[keys])[1] for _, _, keys in groups)
-            frontier = (session_id, c.substep)
-            self.store.frontier[frontier] = max(self.store.frontier[frontier], answered)
+            self._answered(session_id, c.substep, answered)
+
+    def charge_drawn(self, c: Charge, draw: Callable[[], np.ndarray]) -> np.ndarray:
+        """``charging`` with the answers ``draw()`` ``(K, M, w)`` drawn once every check has
+        passed: they are stored and returned. The usual charge of a batched store (every owner
+        and key new, past the session's answered iterations, on the pending line within its
+        bound: ``_usual``) is admitted, buffered and recorded by the very steps ``charging``
+        takes for it, without its other cases' bookkeeping (docs/design.md §4, "The usual
+        charge"); any other charge goes through ``charging``."""
+        usual = None
+        if self.store.batched and c.sampled is None and c.pure is None:
+            with self.store.buffering():
+                usual = self._usual(c)
+                if usual is not None:
+                    session_id, group, line, used = usual
+                    out = draw()
+                    self._store_answers(c, session_id, [(group, EVERY, EVERY)], [line], out)
+        if usual is None:
+            with self.charging(c) as store:
+                out = draw()
+                store(out)
+            return out
+        pending = self._pending
+        assert pending is not None  # _usual found it
+        pending.add(line[1], used)  # committed: the caches follow
+        self._answered(session_id, c.substep, span(c.iterations)[1])
+        return out
+
+    def _usual(
+        self, c: Charge
+    ) -> tuple[int, int, tuple[int | None, StepSums], float] | None:
+        """For ``charge_drawn``: the (session id, group, (line, step sums), pending bound
+        after it) of a Gaussian charge of every owner and key that ``charging`` would
+        admit on the pending line (``_on_pending``) with every key past the session's highest
+        answered iteration (``_check_unanswered``'s free case); None for any other charge
+        (call under the lock)."""
+        session_id = self._session_ids.get(c.session)
+        highest = None if session_id is None else self.store.frontier.get((session_id, c.substep))
+        if c.mus is None or highest is None or c.owner_ids is None or not c.new.all():
+            return None
+        if span(c.iterations)[0] <= highest:
+            return None
+        group = self.lines.every_group(c.owner_ids)
+        line = self.lines.of_charge(c, session_id, group, EVERY, EVERY)
+        used = self._on_pending(c, line)
+        if used is None:
+            return None
+        return session_id, group, line, used
+
+    def _answered(self, session_id: int, substep: int, answered: int) -> None:
+        """The session's highest answered iteration at ``substep`` is at least ``answered``
+        (a charge committed)."""
+        frontier = (session_id, substep)
+        self.store.frontier[frontier] = max(self.store.frontier[frontier], answered)
 
     def _admit(
         self, c: Charge, slots: np.ndarray, every: tuple[int | None, StepSums] | None
@@ -173,18 +225,11 @@ class SpendBook:
         mus = c.mus
         assert mus is not None  # gradient charges add no μ²
         p = self._pending
-        line, sums = every if every is not None else (None, None)
-        if (
-            line is not None
-            and sums is not None
-            and p is not None
-            and p.line == line
-            and p.limits is c.max_mu_squared
-            and p.caps_version == self._caps_version
-        ):
-            used = p.used + p.cost(sums)
-            if used <= 1.0:
-                return lambda: p.add(sums, used)
+        line = None if every is None else every[0]
+        used = None if every is None else self._on_pending(c, every)
+        if used is not None and p is not None:
+            sums = every[1]  # type: ignore[index]
+            return lambda: p.add(sums, used)
         self._fold()
         add = gdp_add(mus, c.new)
         cap = self._check_gdp_limit(c, slots, add[1])
@@ -198,6 +243,23 @@ class SpendBook:
                 )
 
         return record
+
+    def _on_pending(self, c: Charge, every: tuple[int | None, StepSums]) -> float | None:
+        """The pending bound once a charge of every owner and key on spend line ``every``
+        (line, step sums) is added, when that charge is on the pending line, for the caps it
+        was built for, and keeps the bound within 1 (``PendingLine``); None otherwise."""
+        p = self._pending
+        line, sums = every
+        if (
+            line is None
+            or p is None
+            or p.line != line
+            or p.limits is not c.max_mu_squared
+            or p.caps_version != self._caps_version
+        ):
+            return None
+        used = p.used + p.cost(sums)
+        return used if used <= 1.0 else None
 
     def _fold(self) -> None:
         """Add the pending line's charges to its members' totals (they are exact after it)."""
