@@ -65,10 +65,8 @@ class InProcessOracle(Oracle):
         session = self._require_session()
         asked = query_kind(kind)
         # the host checks the kind's arrays (``QueryKind.ask`` would check them twice)
-        values = self.host.answer(kind, session, iteration, chains, substep, **arrays)
-        return combine(
-            [self.host.reply(session, values, asked.reply_scale(arrays), asked.ledger_name)]
-        )
+        values = self.host.answer(asked, session, iteration, chains, substep, **arrays)
+        return combine([self.host.reply(session, values, asked.reply_scale(arrays), asked)])
 
     def privacy_reports(self) -> list[PrivacyReport]:
         return self.host.privacy_reports(self.session)

@@ -89,10 +89,11 @@ class OwnerHost:
         session: str,
         answers: np.ndarray | Reply,
         scale: float = 1.0,
-        kind: str | None = None,
+        kind: str | QueryKind | None = None,
     ) -> Reply:
         """Any answer of this host as a transport carries it: plain answers ``(K, ...)`` of
-        ``kind`` (its v2 or ledger name; None: owners with one noise level for every kind)
+        ``kind`` (the kind, or its v2 or ledger name; None: owners with one noise level for
+        every kind)
         with each owner's noise sd σ_k·``scale`` (a secure session's reply is already one)."""
         if isinstance(answers, Reply):  # a secure session's: its sd and lattice step are set
             return answers
@@ -210,16 +211,16 @@ class OwnerHost:
     # --- queries ------------------------------------------------------------------------------
     def answer(
         self,
-        kind: str,
+        kind: str | QueryKind,
         session: str,
         iteration: int,
         chains: np.ndarray,
         substep: int = 0,
         **arrays: Any,
     ) -> np.ndarray | Reply:
-        """Every hosted owner's answers to one query of ``kind`` (its v2 or ledger name,
-        ``kinds.query_kind``) in ``session``: ``(K, C, ...)`` as the kind shapes them (a secure
-        session: their masked sum, a ``Reply``). Keys (session, chain, iteration …) for
+        """Every hosted owner's answers to one query of ``kind`` (the kind, or its v2 or ledger
+        name: ``kinds.query_kind``) in ``session``: ``(K, C, ...)`` as the kind shapes them (a
+        secure session: their masked sum, a ``Reply``). Keys (session, chain, iteration …) for
         ``chains`` ``(C,)`` at ``substep``; ``arrays``: exactly the kind's named arrays.
 
         The kind's path (``QueryKind.answer_path``) checks the query, digests it and says what

@@ -186,9 +186,7 @@ class SpendBook:
         self._answered(session_id, c.substep, span(c.iterations)[1])
         return out
 
-    def _usual(
-        self, c: Charge
-    ) -> tuple[int, int, tuple[int | None, StepSums], float] | None:
+    def _usual(self, c: Charge) -> tuple[int, int, tuple[int | None, StepSums], float] | None:
         """For ``charge_drawn``: the (session id, group, (line, step sums), pending bound
         after it) of a Gaussian charge of every owner and key that ``charging`` would
         admit on the pending line (``_on_pending``) with every key past the session's highest
@@ -196,9 +194,10 @@ class SpendBook:
         (call under the lock)."""
         session_id = self._session_ids.get(c.session)
         highest = None if session_id is None else self.store.frontier.get((session_id, c.substep))
-        if c.mus is None or highest is None or c.owner_ids is None or not c.new.all():
+        if session_id is None or highest is None or c.mus is None or c.owner_ids is None:
             return None
-        if span(c.iterations)[0] <= highest:
+        # every answer new (c.new.all(), without a ufunc reduction) and past the answered ones
+        if np.count_nonzero(c.new) != c.new.size or span(c.iterations)[0] <= highest:
             return None
         group = self.lines.every_group(c.owner_ids)
         line = self.lines.of_charge(c, session_id, group, EVERY, EVERY)
