@@ -2,10 +2,12 @@
 §3, invariants 1, 2 and 12; §4, "A charge is one row" and "The ledger's parts").
 
 A charge of Gaussian answers is admitted by μ-GDP composition of spend-line events
-(``GaussianSpend``; the pending bound of ``ledger_rows.PendingLine`` makes the usual charge O(1)),
-a charge of gradient answers by the session's admitted plan of subsampled-Gaussian events. The
-book keeps each owner's totals and caps in memory (a writer is its file's only writer), updated
-only once a transaction has committed and dropped on a rollback (``LedgerStore.on_forget``).
+(``GaussianSpend``; the pending bound of ``ledger_rows.PendingLine`` makes the usual charge O(1),
+and ``SpendBook.charge_drawn`` takes it without the general transaction's bookkeeping), a
+charge of gradient answers or pure-ε statistics by the session's admitted plan
+(``CountedReleases``). The book keeps each owner's totals and caps in memory (a writer is its
+file's only writer), updated only once a transaction has committed and dropped on a rollback
+(``LedgerStore.on_forget``).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class SpendBook:
         self.store = store
         self.totals = totals
         self.lines = SpendLines(store)
+        self.counted = CountedReleases(store, totals)
         store.on_forget(self._forget)
         self._forget()
 
@@ -53,7 +56,6 @@ class SpendBook:
         self._caps = np.zeros(0)  # per owner: recorded μ² cap (inf: none)
         self._caps_version = 0  # counts changes of _caps
         self._pending: PendingLine | None = None  # charges not yet in _totals
-        self._plans: dict[str, dict[str, int]] = {}  # open session → owner → admitted plan
         self._session_ids: dict[str, int] = {}  # sessions charged: their ids
 
     def unanswered_from(self, session: str, first: int, substep: int) -> bool:
@@ -76,7 +78,7 @@ class SpendBook:
 
     def plans_changed(self, session: str) -> None:
         """A session opened or closed: its admitted plans are read again."""
-        self._plans.pop(session, None)
+        self.counted.plans_changed(session)
 
     def _slots_for(self, owner_ids: np.ndarray) -> np.ndarray:
         """Rows of the cached totals and caps for ``owner_ids`` ``(K,)``; owners seen for the
@@ -130,9 +132,9 @@ class SpendBook:
             )
             session_id = self._session_ids[c.session] = self.store.id(c.session)
             if c.sampled is not None:
-                self._charge_sampled(c, owner_ids, session_id, c.new.sum(axis=1))
+                self.counted.sampled(c, owner_ids, session_id, c.new.sum(axis=1))
             if c.pure is not None:
-                self._charge_pure(c, owner_ids, session_id, c.new.sum(axis=1))
+                self.counted.pure(c, owner_ids, session_id, c.new.sum(axis=1))
             slots = self._slots_for(owner_ids)
             self._check_unanswered(c, owner_ids, session_id, every)
             groups: list[tuple[int, Index, Index]]
@@ -352,9 +354,48 @@ class SpendBook:
             rows.append((session_id, first, last, gid, line, *counts, *blobs, c.substep))
         self.store.store_blocks(rows)
 
-    def _charge_sampled(
-        self, c: Charge, owner_ids: np.ndarray, session_id: int, add: np.ndarray
+    @staticmethod
+    def _refuse(
+        owner: str,
+        before: GaussianSpend,
+        mus: np.ndarray,
+        budget_epsilon: float,
+        delta: float,
+        lattice: bool,
     ) -> None:
+        # the μ_t already hold the neighbour factor: without gradient answers the relation
+        # does not change ε, so any valid one will do
+        eps_before, _ = owner_epsilon(before, [], delta, "add_remove", lattice)
+        eps_after, _ = owner_epsilon(before.add(mus), [], delta, "add_remove", lattice)
+        left = max(budget_epsilon - eps_before, 0.0)
+        raise BudgetExhausted(
+            f"privacy budget exhausted: {len(mus)} more answers would take ε from "
+            f"{eps_before:.4g} to {eps_after:.4g} at δ={delta:g}, past the budget "
+            f"ε={budget_epsilon:g} ({left:.4g} left)",
+            owner,
+            epsilon_left=left,
+        )
+
+
+class CountedReleases:
+    """The answers a ledger counts rather than composes as μ-GDP — Poisson-subsampled gradient
+    answers (``sampled``) and pure-ε statistics (``pure_releases``) — each refused past the
+    owner's session plan as the ledger admitted it (docs/design.md §3, invariant 12)."""
+
+    def __init__(self, store: LedgerStore, totals: SpendTotals):
+        self.store = store
+        self.totals = totals
+        store.on_forget(self._forget)
+        self._forget()
+
+    def _forget(self) -> None:
+        self._plans: dict[str, dict[str, int]] = {}  # open session → owner → admitted plan
+
+    def plans_changed(self, session: str) -> None:
+        """A session opened or closed: its admitted plans are read again."""
+        self._plans.pop(session, None)
+
+    def sampled(self, c: Charge, owner_ids: np.ndarray, session_id: int, add: np.ndarray) -> None:
         """Count subsampled-Gaussian answers, refusing past any owner's session plan as the
         ledger admitted it against the budget (docs/design.md §3, invariant 12)."""
         sampled = c.sampled
@@ -373,9 +414,7 @@ class SpendBook:
             ],
         )
 
-    def _charge_pure(
-        self, c: Charge, owner_ids: np.ndarray, session_id: int, add: np.ndarray
-    ) -> None:
+    def pure(self, c: Charge, owner_ids: np.ndarray, session_id: int, add: np.ndarray) -> None:
         """Count pure-ε answers (the Laplace statistics, docs/design.md §2.10) at each owner's ε
         ``c.pure``, refusing past any owner's session plan as the ledger admitted it."""
         pure = c.pure
@@ -450,28 +489,6 @@ class SpendBook:
                 ).fetchall()
             )
         return plans
-
-    @staticmethod
-    def _refuse(
-        owner: str,
-        before: GaussianSpend,
-        mus: np.ndarray,
-        budget_epsilon: float,
-        delta: float,
-        lattice: bool,
-    ) -> None:
-        # the μ_t already hold the neighbour factor: without gradient answers the relation
-        # does not change ε, so any valid one will do
-        eps_before, _ = owner_epsilon(before, [], delta, "add_remove", lattice)
-        eps_after, _ = owner_epsilon(before.add(mus), [], delta, "add_remove", lattice)
-        left = max(budget_epsilon - eps_before, 0.0)
-        raise BudgetExhausted(
-            f"privacy budget exhausted: {len(mus)} more answers would take ε from "
-            f"{eps_before:.4g} to {eps_after:.4g} at δ={delta:g}, past the budget "
-            f"ε={budget_epsilon:g} ({left:.4g} left)",
-            owner,
-            epsilon_left=left,
-        )
 
 
 class SpendLines:
