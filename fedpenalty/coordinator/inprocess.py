@@ -64,10 +64,9 @@ class InProcessOracle(Oracle):
     ) -> Answers:
         session = self._require_session()
         asked = query_kind(kind)
-        values = asked.ask(self.host, session, iteration, chains, arrays, substep)
-        return combine(
-            [self.host.reply(session, values, asked.reply_scale(arrays), asked.ledger_name)]
-        )
+        # the host checks the kind's arrays (``QueryKind.ask`` would check them twice)
+        values = self.host.answer(asked, session, iteration, chains, substep, **arrays)
+        return combine([self.host.reply(session, values, asked.reply_scale(arrays), asked)])
 
     def privacy_reports(self) -> list[PrivacyReport]:
         return self.host.privacy_reports(self.session)

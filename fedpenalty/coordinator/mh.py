@@ -242,6 +242,10 @@ def oracle_ratio(oracle: Oracle, clip: float = 0.0) -> RatioFn:
     variance they return); ``clip`` > 0: their per-record clipped ratios at that clip
     (``clipped_log_ratio``, s² = Σ_k (σ_k·clip)²)."""
 
+    # the last answers' noise sd array and Σ_k sd_k²: an in-process host replies with the same
+    # array of its owners' sd while its session's mechanism stays, so the sum is kept for it
+    kept: list = [None, 0.0]
+
     def ratio(iteration: int, chains: np.ndarray, theta: np.ndarray, theta_prop: np.ndarray):
         if clip > 0:
             answers = oracle.query(
@@ -249,7 +253,11 @@ def oracle_ratio(oracle: Oracle, clip: float = 0.0) -> RatioFn:
             )
         else:
             answers = oracle.log_ratio(iteration, chains, theta, theta_prop)
-        lam, s2 = answers.total()
+        if answers.noise_sd is kept[0]:
+            lam, s2 = answers.values.sum(axis=0), kept[1]
+        else:
+            lam, s2 = answers.total()
+            kept[:] = answers.noise_sd, s2
         return lam, np.full(len(chains), s2)
 
     return ratio

@@ -45,8 +45,10 @@ def kind_names() -> str:
 
 
 def query_kind(name: object, owner: str | None = None) -> QueryKind:
-    """The kind called ``name`` (its v2 name or its ledger name); ``InvalidRequest`` naming
-    the known kinds (and ``owner``, when given) for anything else."""
+    """The kind called ``name`` (its v2 name or its ledger name; a kind itself is itself);
+    ``InvalidRequest`` naming the known kinds (and ``owner``, when given) for anything else."""
+    if isinstance(name, QueryKind):  # an in-process caller hands the kind it looked up
+        return name
     kind = None
     if isinstance(name, str):  # by ledger name: the names stored on disk and spoken by v1 clients
         kind = KINDS.get(name) or next((k for k in KINDS.values() if k.ledger_name == name), None)

@@ -25,10 +25,10 @@ def has_owner_axis(arrays: Mapping[str, Any], owners: int, label: str | None = N
     """Whether ``arrays`` carry one θ row per owner (every θ array 3-D with a leading axis of
     ``owners``); ``InvalidRequest`` when some θ arrays have it and others not, or the axis has
     another length."""
+    if all(name not in arrays or _ndim(arrays[name]) != 3 for name in THETA_ARRAYS):
+        return False  # the usual request: no θ array carries the axis
     dims = {name: _ndim(arrays[name]) for name in THETA_ARRAYS if name in arrays}
     per_owner = [name for name, ndim in dims.items() if ndim == 3]
-    if not per_owner:
-        return False
     if len(per_owner) != len(dims):
         raise InvalidRequest(
             f"{', '.join(dims)} must all carry the per-owner axis (K, C, d) or none", label

@@ -73,8 +73,9 @@ class OwnerHost:
             raise ValueError("all owners of a host must use the same model")
         self.names = names
         self.label = names[0] if len(names) == 1 else f"host of {len(names)} owners"
-        # (session, kind asked) → (session events seen, every owner's open kind, step limits)
-        self._checked: dict[tuple[str, str], tuple[int, list, StepLimits]] = {}
+        # (session, kind asked) → (session events seen, every owner's open kind, step limits,
+        # the query at sub-step 0 as its kind's path takes it)
+        self._checked: dict[tuple[str, str], tuple[int, list, StepLimits, Asked]] = {}
         self._checks = RequestChecks(self.nodes, self.label)
         self._pipeline = AnswerPipeline(self.nodes)
         self._noise = HostNoise(self.nodes, self.label)
@@ -88,10 +89,11 @@ class OwnerHost:
         session: str,
         answers: np.ndarray | Reply,
         scale: float = 1.0,
-        kind: str | None = None,
+        kind: str | QueryKind | None = None,
     ) -> Reply:
         """Any answer of this host as a transport carries it: plain answers ``(K, ...)`` of
-        ``kind`` (its v2 or ledger name; None: owners with one noise level for every kind)
+        ``kind`` (the kind, or its v2 or ledger name; None: owners with one noise level for
+        every kind)
         with each owner's noise sd σ_k·``scale`` (a secure session's reply is already one)."""
         if isinstance(answers, Reply):  # a secure session's: its sd and lattice step are set
             return answers
@@ -157,13 +159,15 @@ class OwnerHost:
         close_sessions(self.nodes, session)
         self._noise.forget_secure(session)
 
-    def _require_session(self, session: str, algorithm: str) -> list:
-        """Every owner's open ``session``'s kind ``algorithm``: validated in full, then kept
-        until any owner anywhere opens or closes a session (``SESSION_EVENTS``)."""
+    def _session(self, session: str, algorithm: str) -> tuple[int, list, StepLimits, Asked]:
+        """Every owner's open ``session``'s kind ``algorithm``, validated in full, then kept
+        until any owner anywhere opens or closes a session (``SESSION_EVENTS``): (session
+        events seen, every owner's open kind, the steps it admits, a query of it at sub-step 0
+        as a kind's path takes it)."""
         key = (session, algorithm)
         checked = self._checked.get(key) if isinstance(session, str) else None
         if checked is not None and checked[0] == SESSION_EVENTS[0]:
-            return checked[1]
+            return checked
         opened = [node.require_session(session, algorithm) for node in self.nodes]
         if any(o.secure is not None for o in opened) != self._noise.is_secure(session):
             raise UnknownSession(
@@ -172,12 +176,10 @@ class OwnerHost:
                 self.label,
             )
         steps = np.array([np.inf if o.max_step is None else o.max_step for o in opened])
-        self._checked[key] = (SESSION_EVENTS[0], opened, self._checks.step_limits(steps))
-        return opened
-
-    def _step_limits(self, session: str, algorithm: str) -> StepLimits:
-        """What steps ``session``'s kind ``algorithm`` admits (after ``_require_session``)."""
-        return self._checked[(session, algorithm)][2]
+        limits = self._checks.step_limits(steps)
+        asked = Asked(session, opened, limits, self._checks, self._noise, self.label)
+        checked = self._checked[key] = (SESSION_EVENTS[0], opened, limits, asked)
+        return checked
 
     def privacy_reports(self, session: str | None = None) -> list[PrivacyReport]:
         return privacy_reports(self.nodes, session)
@@ -209,16 +211,16 @@ class OwnerHost:
     # --- queries ------------------------------------------------------------------------------
     def answer(
         self,
-        kind: str,
+        kind: str | QueryKind,
         session: str,
         iteration: int,
         chains: np.ndarray,
         substep: int = 0,
         **arrays: Any,
     ) -> np.ndarray | Reply:
-        """Every hosted owner's answers to one query of ``kind`` (its v2 or ledger name,
-        ``kinds.query_kind``) in ``session``: ``(K, C, ...)`` as the kind shapes them (a secure
-        session: their masked sum, a ``Reply``). Keys (session, chain, iteration …) for
+        """Every hosted owner's answers to one query of ``kind`` (the kind, or its v2 or ledger
+        name: ``kinds.query_kind``) in ``session``: ``(K, C, ...)`` as the kind shapes them (a
+        secure session: their masked sum, a ``Reply``). Keys (session, chain, iteration …) for
         ``chains`` ``(C,)`` at ``substep``; ``arrays``: exactly the kind's named arrays.
 
         The kind's path (``QueryKind.answer_path``) checks the query, digests it and says what
@@ -242,9 +244,9 @@ class OwnerHost:
         arrays: dict[str, Any],
     ) -> Planned:
         """``kind``'s checked, digested and priced plan of one query (nothing recorded yet)."""
-        opened = self._require_session(session, kind.ledger_name)
-        limits = self._step_limits(session, kind.ledger_name)
-        asked = Asked(session, opened, limits, self._checks, self._noise, self.label, substep)
+        _, opened, limits, asked = self._session(session, kind.ledger_name)
+        if type(substep) is not int or substep != 0:  # sub-step 0: the session's kept query
+            asked = Asked(session, opened, limits, self._checks, self._noise, self.label, substep)
         return self._path(kind).plan(asked, iteration, chains, arrays)
 
     def _answer_each(

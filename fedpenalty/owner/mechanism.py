@@ -160,7 +160,7 @@ class HostNoise:
 
     def mechanism(self, session: str, kind: str | None) -> Mechanism:
         """How ``session``'s answers of ``kind`` (a ledger name; ``KeyError`` for an unknown
-        one) are noised and charged (after ``_require_session``): a secure session's (of
+        one) are noised and charged (after ``OwnerHost._session``): a secure session's (of
         ``session``, a ledger session, or of ``kind``'s part of it), or the kind's plain one.
         ``kind`` None: the plain one of every kind, when the owners have one level for every
         kind (``ValueError`` otherwise)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
@@ -85,10 +86,16 @@ class Asked:
         """The request's keys ``(M,)`` at ``substep`` (a non-negative int): keyed and charged in
         the asked kind's ledger session, their noise addressed with the sub-step folded in
         when it is not 0 (``noise_address``), under a fresh ``HostNoise.label``."""
+        substep, ledger_session, address = self._address
+        return Keys(ledger_session, self.noise.label(address), chains, iterations, substep)
+
+    @cached_property
+    def _address(self) -> tuple[int, str, str]:
+        """The checked sub-step, the ledger session and the noise address of every request
+        asked with these terms (a host keeps a session's ``Asked`` for sub-step 0)."""
         substep = self.checks.index("substep", self.substep)
         ledger_session = self.opened[0].ledger_session
-        label = self.noise.label(noise_address(ledger_session, substep))
-        return Keys(ledger_session, label, chains, iterations, substep)
+        return substep, ledger_session, noise_address(ledger_session, substep)
 
     @property
     def mechanism(self) -> Mechanism:
@@ -130,6 +137,8 @@ class AnswerPipeline:
         for i, node in enumerate(nodes):
             by_ledger.setdefault(id(node.ledger), []).append(i)
         self.parts = [LedgerPart(self.nodes, idx) for idx in by_ledger.values()]
+        #: the usual request's new answers ``(K, M)`` (all of them), read-only, by M
+        self._every: dict[int, np.ndarray] = {}
 
     def refresh_caps(self) -> None:
         """Re-read every owner's μ² cap (after a session opens)."""
@@ -159,7 +168,6 @@ class AnswerPipeline:
         11). A refused request draws no noise.
         """
         keys = request.keys
-        new = np.ones((len(self.nodes), len(keys.chains)), dtype=bool)
         first, last = span(keys.iterations)
         stored = [
             {}
@@ -168,13 +176,20 @@ class AnswerPipeline:
             for part in self.parts
         ]
         if len(self.parts) == 1 and not stored[0]:
-            # the usual request: one ledger file, nothing answered before — one transaction
+            # the usual request: one ledger file, nothing answered before — one charge
             part = self.parts[0]
-            with part.ledger.charging(self._charge(part, request, new)) as store:
-                out = fresh.every()
-                store(out)
-            return out
+            every = self._all_new(len(keys.chains))
+            return part.ledger.book.charge_drawn(self._charge(part, request, every), fresh.every)
+        new = np.ones((len(self.nodes), len(keys.chains)), dtype=bool)
         return self._answer_parts(request, fresh, new, stored)
+
+    def _all_new(self, keys: int) -> np.ndarray:
+        """``(K, keys)`` all True, read-only: the new answers of the usual request."""
+        every = self._every.get(keys)
+        if every is None:
+            every = self._every[keys] = np.ones((len(self.nodes), keys), dtype=bool)
+            every.flags.writeable = False
+        return every
 
     def _answer_parts(
         self, request: Request, fresh: Fresh, new: np.ndarray, stored_by_part: list[dict]

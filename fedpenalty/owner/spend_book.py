@@ -2,10 +2,12 @@
 §3, invariants 1, 2 and 12; §4, "A charge is one row" and "The ledger's parts").
 
 A charge of Gaussian answers is admitted by μ-GDP composition of spend-line events
-(``GaussianSpend``; the pending bound of ``ledger_rows.PendingLine`` makes the usual charge O(1)),
-a charge of gradient answers by the session's admitted plan of subsampled-Gaussian events. The
-book keeps each owner's totals and caps in memory (a writer is its file's only writer), updated
-only once a transaction has committed and dropped on a rollback (``LedgerStore.on_forget``).
+(``GaussianSpend``; the pending bound of ``ledger_rows.PendingLine`` makes the usual charge O(1),
+and ``SpendBook.charge_drawn`` takes it without the general transaction's bookkeeping), a
+charge of gradient answers or pure-ε statistics by the session's admitted plan
+(``CountedReleases``). The book keeps each owner's totals and caps in memory (a writer is its
+file's only writer), updated only once a transaction has committed and dropped on a rollback
+(``LedgerStore.on_forget``).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class SpendBook:
         self.store = store
         self.totals = totals
         self.lines = SpendLines(store)
+        self.counted = CountedReleases(store, totals)
         store.on_forget(self._forget)
         self._forget()
 
@@ -53,7 +56,6 @@ class SpendBook:
         self._caps = np.zeros(0)  # per owner: recorded μ² cap (inf: none)
         self._caps_version = 0  # counts changes of _caps
         self._pending: PendingLine | None = None  # charges not yet in _totals
-        self._plans: dict[str, dict[str, int]] = {}  # open session → owner → admitted plan
         self._session_ids: dict[str, int] = {}  # sessions charged: their ids
 
     def unanswered_from(self, session: str, first: int, substep: int) -> bool:
@@ -76,7 +78,7 @@ class SpendBook:
 
     def plans_changed(self, session: str) -> None:
         """A session opened or closed: its admitted plans are read again."""
-        self._plans.pop(session, None)
+        self.counted.plans_changed(session)
 
     def _slots_for(self, owner_ids: np.ndarray) -> np.ndarray:
         """Rows of the cached totals and caps for ``owner_ids`` ``(K,)``; owners seen for the
@@ -130,9 +132,9 @@ class SpendBook:
             )
             session_id = self._session_ids[c.session] = self.store.id(c.session)
             if c.sampled is not None:
-                self._charge_sampled(c, owner_ids, session_id, c.new.sum(axis=1))
+                self.counted.sampled(c, owner_ids, session_id, c.new.sum(axis=1))
             if c.pure is not None:
-                self._charge_pure(c, owner_ids, session_id, c.new.sum(axis=1))
+                self.counted.pure(c, owner_ids, session_id, c.new.sum(axis=1))
             slots = self._slots_for(owner_ids)
             self._check_unanswered(c, owner_ids, session_id, every)
             groups: list[tuple[int, Index, Index]]
@@ -158,8 +160,59 @@ class SpendBook:
             committed()
         if groups:
             answered = max(span(c.iterations[keys])[1] for _, _, keys in groups)
-            frontier = (session_id, c.substep)
-            self.store.frontier[frontier] = max(self.store.frontier[frontier], answered)
+            self._answered(session_id, c.substep, answered)
+
+    def charge_drawn(self, c: Charge, draw: Callable[[], np.ndarray]) -> np.ndarray:
+        """``charging`` with the answers ``draw()`` ``(K, M, w)`` drawn once every check has
+        passed: they are stored and returned. The usual charge of a batched store (every owner
+        and key new, past the session's answered iterations, on the pending line within its
+        bound: ``_usual``) is admitted, buffered and recorded by the very steps ``charging``
+        takes for it, without its other cases' bookkeeping (docs/design.md §4, "The usual
+        charge"); any other charge goes through ``charging``."""
+        usual = None
+        if self.store.batched and c.sampled is None and c.pure is None:
+            with self.store.buffering():
+                usual = self._usual(c)
+                if usual is not None:
+                    session_id, group, line, used = usual
+                    out = draw()
+                    self._store_answers(c, session_id, [(group, EVERY, EVERY)], [line], out)
+        if usual is None:
+            with self.charging(c) as store:
+                out = draw()
+                store(out)
+            return out
+        pending = self._pending
+        assert pending is not None  # _usual found it
+        pending.add(line[1], used)  # committed: the caches follow
+        self._answered(session_id, c.substep, span(c.iterations)[1])
+        return out
+
+    def _usual(self, c: Charge) -> tuple[int, int, tuple[int | None, StepSums], float] | None:
+        """For ``charge_drawn``: the (session id, group, (line, step sums), pending bound
+        after it) of a Gaussian charge of every owner and key that ``charging`` would
+        admit on the pending line (``_on_pending``) with every key past the session's highest
+        answered iteration (``_check_unanswered``'s free case); None for any other charge
+        (call under the lock)."""
+        session_id = self._session_ids.get(c.session)
+        highest = None if session_id is None else self.store.frontier.get((session_id, c.substep))
+        if session_id is None or highest is None or c.mus is None or c.owner_ids is None:
+            return None
+        # every answer new (c.new.all(), without a ufunc reduction) and past the answered ones
+        if np.count_nonzero(c.new) != c.new.size or span(c.iterations)[0] <= highest:
+            return None
+        group = self.lines.every_group(c.owner_ids)
+        line = self.lines.of_charge(c, session_id, group, EVERY, EVERY)
+        used = self._on_pending(c, line)
+        if used is None:
+            return None
+        return session_id, group, line, used
+
+    def _answered(self, session_id: int, substep: int, answered: int) -> None:
+        """The session's highest answered iteration at ``substep`` is at least ``answered``
+        (a charge committed)."""
+        frontier = (session_id, substep)
+        self.store.frontier[frontier] = max(self.store.frontier[frontier], answered)
 
     def _admit(
         self, c: Charge, slots: np.ndarray, every: tuple[int | None, StepSums] | None
@@ -173,18 +226,11 @@ class SpendBook:
         mus = c.mus
         assert mus is not None  # gradient charges add no μ²
         p = self._pending
-        line, sums = every if every is not None else (None, None)
-        if (
-            line is not None
-            and sums is not None
-            and p is not None
-            and p.line == line
-            and p.limits is c.max_mu_squared
-            and p.caps_version == self._caps_version
-        ):
-            used = p.used + p.cost(sums)
-            if used <= 1.0:
-                return lambda: p.add(sums, used)
+        line = None if every is None else every[0]
+        used = None if every is None else self._on_pending(c, every)
+        if used is not None and p is not None:
+            sums = every[1]  # type: ignore[index]
+            return lambda: p.add(sums, used)
         self._fold()
         add = gdp_add(mus, c.new)
         cap = self._check_gdp_limit(c, slots, add[1])
@@ -198,6 +244,23 @@ class SpendBook:
                 )
 
         return record
+
+    def _on_pending(self, c: Charge, every: tuple[int | None, StepSums]) -> float | None:
+        """The pending bound once a charge of every owner and key on spend line ``every``
+        (line, step sums) is added, when that charge is on the pending line, for the caps it
+        was built for, and keeps the bound within 1 (``PendingLine``); None otherwise."""
+        p = self._pending
+        line, sums = every
+        if (
+            line is None
+            or p is None
+            or p.line != line
+            or p.limits is not c.max_mu_squared
+            or p.caps_version != self._caps_version
+        ):
+            return None
+        used = p.used + p.cost(sums)
+        return used if used <= 1.0 else None
 
     def _fold(self) -> None:
         """Add the pending line's charges to its members' totals (they are exact after it)."""
@@ -291,9 +354,48 @@ class SpendBook:
             rows.append((session_id, first, last, gid, line, *counts, *blobs, c.substep))
         self.store.store_blocks(rows)
 
-    def _charge_sampled(
-        self, c: Charge, owner_ids: np.ndarray, session_id: int, add: np.ndarray
+    @staticmethod
+    def _refuse(
+        owner: str,
+        before: GaussianSpend,
+        mus: np.ndarray,
+        budget_epsilon: float,
+        delta: float,
+        lattice: bool,
     ) -> None:
+        # the μ_t already hold the neighbour factor: without gradient answers the relation
+        # does not change ε, so any valid one will do
+        eps_before, _ = owner_epsilon(before, [], delta, "add_remove", lattice)
+        eps_after, _ = owner_epsilon(before.add(mus), [], delta, "add_remove", lattice)
+        left = max(budget_epsilon - eps_before, 0.0)
+        raise BudgetExhausted(
+            f"privacy budget exhausted: {len(mus)} more answers would take ε from "
+            f"{eps_before:.4g} to {eps_after:.4g} at δ={delta:g}, past the budget "
+            f"ε={budget_epsilon:g} ({left:.4g} left)",
+            owner,
+            epsilon_left=left,
+        )
+
+
+class CountedReleases:
+    """The answers a ledger counts rather than composes as μ-GDP — Poisson-subsampled gradient
+    answers (``sampled``) and pure-ε statistics (``pure_releases``) — each refused past the
+    owner's session plan as the ledger admitted it (docs/design.md §3, invariant 12)."""
+
+    def __init__(self, store: LedgerStore, totals: SpendTotals):
+        self.store = store
+        self.totals = totals
+        store.on_forget(self._forget)
+        self._forget()
+
+    def _forget(self) -> None:
+        self._plans: dict[str, dict[str, int]] = {}  # open session → owner → admitted plan
+
+    def plans_changed(self, session: str) -> None:
+        """A session opened or closed: its admitted plans are read again."""
+        self._plans.pop(session, None)
+
+    def sampled(self, c: Charge, owner_ids: np.ndarray, session_id: int, add: np.ndarray) -> None:
         """Count subsampled-Gaussian answers, refusing past any owner's session plan as the
         ledger admitted it against the budget (docs/design.md §3, invariant 12)."""
         sampled = c.sampled
@@ -312,9 +414,7 @@ class SpendBook:
             ],
         )
 
-    def _charge_pure(
-        self, c: Charge, owner_ids: np.ndarray, session_id: int, add: np.ndarray
-    ) -> None:
+    def pure(self, c: Charge, owner_ids: np.ndarray, session_id: int, add: np.ndarray) -> None:
         """Count pure-ε answers (the Laplace statistics, docs/design.md §2.10) at each owner's ε
         ``c.pure``, refusing past any owner's session plan as the ledger admitted it."""
         pure = c.pure
@@ -389,28 +489,6 @@ class SpendBook:
                 ).fetchall()
             )
         return plans
-
-    @staticmethod
-    def _refuse(
-        owner: str,
-        before: GaussianSpend,
-        mus: np.ndarray,
-        budget_epsilon: float,
-        delta: float,
-        lattice: bool,
-    ) -> None:
-        # the μ_t already hold the neighbour factor: without gradient answers the relation
-        # does not change ε, so any valid one will do
-        eps_before, _ = owner_epsilon(before, [], delta, "add_remove", lattice)
-        eps_after, _ = owner_epsilon(before.add(mus), [], delta, "add_remove", lattice)
-        left = max(budget_epsilon - eps_before, 0.0)
-        raise BudgetExhausted(
-            f"privacy budget exhausted: {len(mus)} more answers would take ε from "
-            f"{eps_before:.4g} to {eps_after:.4g} at δ={delta:g}, past the budget "
-            f"ε={budget_epsilon:g} ({left:.4g} left)",
-            owner,
-            epsilon_left=left,
-        )
 
 
 class SpendLines:
