@@ -238,13 +238,18 @@ class ExpFamModel(Model):
         return self.reference_from_stats(prepared.shape[0], self.suff_stat(prepared).sum(axis=0))
 
     def log_lik_diff_from_stats(
-        self, n: int, stat_sum: np.ndarray, theta: np.ndarray, theta_prop: np.ndarray
+        self,
+        n: float | np.ndarray,
+        stat_sum: np.ndarray,
+        theta: np.ndarray,
+        theta_prop: np.ndarray,
     ) -> np.ndarray:
         """Σ_x ℓ(x, θ'_c) − ℓ(x, θ_c) = Δηᵀ Σ S(x) − n ΔA over ``n`` records whose statistics
-        sum to ``stat_sum`` ``(s,)``: ``(C,)`` nats, O(s) per chain."""
+        sum to ``stat_sum`` ``(s,)``: ``(C,)`` nats, O(s) per chain; for K owners at once,
+        ``n`` ``(K,)`` and ``stat_sum`` ``(K, s)`` give ``(K, C)``."""
         d_eta = self.natural_param(theta_prop) - self.natural_param(theta)
         d_a = self.log_partition(theta_prop) - self.log_partition(theta)
-        return d_eta @ np.asarray(stat_sum, dtype=float) - n * d_a
+        return np.asarray(stat_sum, dtype=float) @ d_eta.T - np.multiply.outer(n, d_a)
 
     def grad_log_lik_from_stats(
         self, n: int, stat_sum: np.ndarray, theta: np.ndarray

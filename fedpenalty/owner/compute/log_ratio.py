@@ -79,10 +79,7 @@ class ExpFamShortcut:
     def sums(self, theta: np.ndarray, theta_prop: np.ndarray, step: np.ndarray) -> np.ndarray:
         """``(K, C)`` exact sums, each clipped to ±n·clip·step (a bound the per-record sum
         meets too)."""
-        m = self.model
-        d_eta = m.natural_param(theta_prop) - m.natural_param(theta)
-        d_a = m.log_partition(theta_prop) - m.log_partition(theta)
-        total = self.stat_sum @ d_eta.T - self.n[:, None] * d_a[None, :]
+        total = self.model.log_lik_diff_from_stats(self.n, self.stat_sum, theta, theta_prop)
         bound = self.n[:, None] * (self.clip * step)[None, :]
         np.maximum(total, -bound, out=total)  # np.clip, without its wrapper's cost
         return np.minimum(total, bound, out=total)
