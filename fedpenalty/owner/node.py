@@ -132,10 +132,12 @@ class OwnerNode:
         owners, so K is real and it is charged at s without peer authentication
         (``OwnerNode.simulated``). A deployed owner counts other owners' noise only when its
         server authenticated them (``SecureOpen.authenticated``; docs/design.md §2.6).
-    per_record: evaluate log-ratios record by record with the per-record clip. By default
-    exponential-family models use the identity Σ_x ℓ(x,θ') − ℓ(x,θ) = Δηᵀ Σ S(x) − n ΔA, which is
-    O(1) per answer and equal to the clipped sum: records are clipped into the data domain
-    when loaded and L bounds the gradient there, so the per-record clip cannot bind.
+    per_record: evaluate log-ratios (and the clipped kinds' gradients and ratios) record by
+    record with the per-record clip. By default exponential-family models use the identity
+    Σ_x ℓ(x,θ') − ℓ(x,θ) = Δηᵀ Σ S(x) − n ΔA, which is O(1) per answer and equal to the clipped
+    sum: records are clipped into the data domain when loaded and L bounds the gradient there,
+    so the per-record clip cannot bind; the clipped kinds do the same for the chains where the
+    model certifies that no record's clip can bind (``compute/clip_free.py``).
     """
 
     def __init__(
