@@ -127,8 +127,8 @@ class DPHMCSettings(mh.MHSettings):
         description="dp_hmc: estimate a diagonal mass matrix during warmup after the descent "
         "(Stan's windows, regularised variances pooled over the chains, the smallest scaled to 1 "
         "so that step stays the narrowest coordinate's leapfrog step in units of θ, the wider "
-        "ones moving faster) and restart the step adaptation after each window; needs sampler.warmup − warmup_descent ≥ 20; no "
-        "privacy cost",
+        "ones moving faster) and restart the step adaptation after each window; needs "
+        "sampler.warmup − warmup_descent ≥ 20; no privacy cost",
     )
 
 
