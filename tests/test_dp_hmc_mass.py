@@ -15,13 +15,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from arviz_stats.base import array_stats
-from test_dp_hmc import GAUSS2, GRAD_CLIP, RECORDS, Crash, CrashingOracle, owners_oracle
+from test_dp_hmc import crash_and_resume, small_run
 from test_samplers import Z, z_scores
 
 from fedpenalty.config import load_scenario
 from fedpenalty.coordinator import dp_hmc
 from fedpenalty.coordinator.adapt import MassAdaptation, StepAdaptation, mass_windows
-from fedpenalty.coordinator.base import ChainData
 from fedpenalty.coordinator.driver import sample
 from fedpenalty.errors import ConfigError
 from fedpenalty.models import build_model
@@ -164,48 +163,12 @@ def test_bad_adapt_mass_settings_are_refused_naming_the_key(sets, names):
 def test_a_resumed_chain_with_an_adapting_mass_matrix_equals_the_uninterrupted_one(tmp_path):
     """The mass matrix and its window's sums survive a checkpoint taken inside the window
     (iteration 30 of the window [10, 37)): the resumed chain gives the same draws."""
-    from fedpenalty.coordinator import checkpoint
-    from fedpenalty.kinds import KindTerms
 
     def run(oracle, **kwargs):
-        algo = dp_hmc.build(
-            GAUSS2,
-            ChainData(oracle, n_total=300),
-            step=0.1,
-            adapt_step=True,
-            target_accept=0.65,
-            leapfrog_steps=2,
-            grad_clip=GRAD_CLIP,
-            hmc_ratio_clip=2.0,
-            step_jitter=1.0,
-            warmup_descent=5,
-            warmup=40,
-            adapt_mass=True,
-        )
-        theta0 = np.array([[0.4, -0.3], [0.3, -0.2]])
-        rng = np.random.default_rng(5)
-        return sample(algo, rng, theta0, iterations=20, warmup=40, progress=False, **kwargs)
+        return small_run(oracle, warmup=40, iterations=20, adapt_mass=True, **kwargs)
 
-    def opened(name):
-        oracle = owners_oracle(RECORDS, 2.0, 0.3, path=tmp_path / f"{name}.sqlite")
-        oracle.open_kinds(
-            [KindTerms("clipped_gradient", 500), KindTerms("clipped_log_ratio", 500)], "run"
-        )
-        return oracle
-
-    reference = run(opened("reference"))
+    reference, _, saved, resumed, _ = crash_and_resume(tmp_path, run)
     assert not np.allclose(reference.state.metric.inv_mass, 1.0)  # a mass was estimated
-    crashed = opened("crashed")
-    path = tmp_path / "checkpoint.npz"
-    with pytest.raises(Crash):
-        run(
-            CrashingOracle(crashed, calls=100),
-            checkpoint=lambda p: checkpoint.save(path, p),
-            checkpoint_every=10,
-        )
-    saved = checkpoint.load(path)
     assert saved.done == 30 and saved.state.metric.count == 2 * 20, saved.state.metric
-    crashed.host.nodes[0].ledger.close()
-    resumed = run(opened("crashed"), resume=saved)
     np.testing.assert_array_equal(resumed.theta, reference.theta)
     np.testing.assert_array_equal(resumed.state.metric.inv_mass, reference.state.metric.inv_mass)
