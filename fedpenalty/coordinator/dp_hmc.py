@@ -137,8 +137,8 @@ class HMCState:
     """``theta`` ``(C, d)`` inside Θ, its ``log_prior`` ``(C,)``, the owners' noisy gradient
     sum ``grad`` ``(C, d)`` at ``theta`` (likelihood only) with its noise variance
     ``grad_var`` ``(C,)``, the next ``iteration`` (it keys the owners' answers) and the
-    leapfrog step with its warmup adaptation (``tuning``) and the diagonal mass matrix with
-    its (``metric``; checkpoints carry both)."""
+    leapfrog step with its warmup adaptation (``tuning``) and the diagonal mass matrix with its
+    warmup estimate (``metric``; checkpoints carry both)."""
 
     theta: np.ndarray
     log_prior: np.ndarray
