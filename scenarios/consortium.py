@@ -2,6 +2,7 @@
 per-owner ε, against the non-private posterior of the pooled records.
 
     python scenarios/consortium.py [--quick] [--out DIR] [--seed 0] [--no-progress]
+        [--methods penalty,dp_hmc,sgld] [--epsilons 1,2,4,8] [--adapt-mass]
 
 Data: statsmodels' copy of the RAND Health Insurance Experiment (``randhie``: 20,190
 person-years). Outcome y = log(1 + doctor visits), standardised; seven covariates (income,
@@ -24,7 +25,8 @@ Methods, each calibrated so that every owner's planned answers compose to exactl
   (``sampler.ratio_clip``), noise multiplier for its planned answers, the radius adapted in
   warmup;
 * ``dp_hmc`` — DP-HMC: leapfrog on clipped noisy gradient sums, penalty test on clipped noisy
-  ratios; half the μ² budget to each kind; its first warmup iterations descend;
+  ratios; half the μ² budget to each kind; its first warmup iterations descend; with
+  ``--adapt-mass`` the rest of warmup adapts a diagonal mass matrix (``sampler.adapt_mass``);
 
 both penalty methods clip each record's ratio where the owners' summed ratio noise has
 variance 1 nat² (``ratio_clip``);
@@ -42,7 +44,7 @@ from __future__ import annotations
 import math
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +85,8 @@ class Setup:
     chains: int
     warmup: int
     iterations: int
+    methods: tuple[str, ...] = METHODS
+    adapt_mass: bool = False  # dp_hmc's sampler.adapt_mass
 
 
 FULL = Setup((1.0, 2.0, 4.0, 8.0), 4, 500, 1000)
@@ -141,10 +145,11 @@ def ratio_clip(sigma: float) -> float:
     return 1.0 / (sigma * math.sqrt(OWNERS))
 
 
-def calibrate(method: str, raw: dict, epsilon: float) -> dict:
+def calibrate(method: str, raw: dict, epsilon: float, adapt_mass: bool = False) -> dict:
     """``raw`` calibrated for ``method`` at the per-owner target ``epsilon`` (the penalty
     methods' noise multipliers from their planned answers; dp_hmc gives half of μ² to each
-    kind; SGLD the accountant's multiplier and admissible step)."""
+    kind and adapts a diagonal mass matrix when ``adapt_mass``; SGLD the accountant's
+    multiplier and admissible step)."""
     sampler, privacy = raw["sampler"], raw["privacy"]
     privacy["budget_epsilon"] = epsilon * 1.001
     mu2 = mu_for_epsilon(epsilon, DELTA) ** 2
@@ -168,6 +173,7 @@ def calibrate(method: str, raw: dict, epsilon: float) -> dict:
             leapfrog_steps=LEAPFROG,
             step=HMC_STEP,
             warmup_descent=DESCENT,
+            adapt_mass=adapt_mass,
         )
     asks = ALGORITHMS[method].asks(sampler)
     share = mu2 / len(asks)
@@ -214,9 +220,9 @@ def run(setup: Setup, seed: int, folder: Path, bar) -> list[dict]:
         with np.load(path) as owner:
             records += len(owner["y"])
     rows = []
-    for method in METHODS:
+    for method in setup.methods:
         for eps in setup.epsilons:
-            raw = calibrate(method, scenario(paths, setup, method, seed), eps)
+            raw = calibrate(method, scenario(paths, setup, method, seed), eps, setup.adapt_mass)
             sim = reporting.simulate(raw, folder / f"{method}-{eps:g}")
             bar.update()
             row = {"method": method, "target_epsilon": eps, **measure(sim)}
@@ -237,7 +243,7 @@ def plot(rows: list[dict], setup: Setup) -> Any:
         ("rhat_max", "max R-hat", "linear"),
     )
     for ax, (key, label, scale) in zip(axes[0], panels):
-        for m in METHODS:
+        for m in setup.methods:
             mine = [r for r in rows if r["method"] == m]
             ax.plot([r["target_epsilon"] for r in mine], [r[key] for r in mine], "o-", label=m)
         reporting.log_x(ax, setup.epsilons)
@@ -258,15 +264,23 @@ def headlines(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = reporting.scenario_parser(__doc__ or NAME, "ε = 4 only, 200 + 300 iterations")
+    parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset")
+    parser.add_argument("--epsilons", default="", help="comma-separated ε (default: the mode's)")
+    parser.add_argument("--adapt-mass", action="store_true", help="dp_hmc: sampler.adapt_mass")
     args = parser.parse_args(argv)
+    methods = tuple(args.methods.split(","))
+    if not methods or not set(methods) <= set(METHODS):
+        parser.error(f"--methods takes a comma-separated subset of {', '.join(METHODS)}")
     try:
         require("statsmodels", f"scenarios/{NAME}.py (statsmodels' RAND HIE records)")
     except FedPenaltyError as exc:
         print(exc, file=sys.stderr)
         return 2
     sys.path.insert(0, str(Path(__file__).resolve().parent))  # consortium_model
-    setup = QUICK if args.quick else FULL
-    total = len(METHODS) * len(setup.epsilons)
+    setup = replace(QUICK if args.quick else FULL, methods=methods, adapt_mass=args.adapt_mass)
+    if args.epsilons:
+        setup = replace(setup, epsilons=tuple(float(e) for e in args.epsilons.split(",")))
+    total = len(setup.methods) * len(setup.epsilons)
     with (
         tempfile.TemporaryDirectory() as tmp,
         reporting.progress(total, NAME, not args.no_progress) as bar,

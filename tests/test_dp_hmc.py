@@ -377,30 +377,35 @@ class CrashingOracle:
         return self.oracle.query(*args, **kwargs)
 
 
-def test_a_resumed_dp_hmc_chain_equals_the_uninterrupted_one(tmp_path):
-    """The state (θ, the kept noisy gradient, the step's adaptation) survives a checkpoint, and
-    the restarted owners replay the re-asked keys: same draws, same answers charged."""
-    from fedpenalty.coordinator import checkpoint
+def small_run(oracle, *, warmup=20, iterations=30, adapt_mass=False, **kwargs):
+    """Two chains of DP-HMC through ``oracle`` (5 descent iterations, L = 2)."""
     from fedpenalty.coordinator.base import ChainData
-    from fedpenalty.kinds import KindTerms
 
-    def run(oracle, **kwargs):
-        algo = dp_hmc.build(
-            GAUSS2,
-            ChainData(oracle, n_total=300),
-            step=0.1,
-            adapt_step=True,
-            target_accept=0.65,
-            leapfrog_steps=2,
-            grad_clip=GRAD_CLIP,
-            hmc_ratio_clip=2.0,
-            step_jitter=1.0,
-            warmup_descent=5,
-            warmup=20,
-        )
-        theta0 = np.array([[0.4, -0.3], [0.3, -0.2]])
-        rng = np.random.default_rng(5)
-        return sample(algo, rng, theta0, iterations=30, warmup=20, progress=False, **kwargs)
+    algo = dp_hmc.build(
+        GAUSS2,
+        ChainData(oracle, n_total=300),
+        step=0.1,
+        adapt_step=True,
+        target_accept=0.65,
+        leapfrog_steps=2,
+        grad_clip=GRAD_CLIP,
+        hmc_ratio_clip=2.0,
+        step_jitter=1.0,
+        warmup_descent=5,
+        warmup=warmup,
+        adapt_mass=adapt_mass,
+    )
+    theta0 = np.array([[0.4, -0.3], [0.3, -0.2]])
+    rng = np.random.default_rng(5)
+    return sample(algo, rng, theta0, iterations=iterations, warmup=warmup, progress=False, **kwargs)
+
+
+def crash_and_resume(tmp_path, run):
+    """``run(oracle, **kwargs)`` uninterrupted, then crashed between two checkpoints (every 10
+    iterations) and resumed from the last with restarted owners: (uninterrupted run, its
+    owners, the checkpoint, resumed run, its owners)."""
+    from fedpenalty.coordinator import checkpoint
+    from fedpenalty.kinds import KindTerms
 
     def opened(name):
         oracle = owners_oracle(RECORDS, 2.0, 0.3, path=tmp_path / f"{name}.sqlite")
@@ -411,22 +416,28 @@ def test_a_resumed_dp_hmc_chain_equals_the_uninterrupted_one(tmp_path):
 
     reference_oracle = opened("reference")
     reference = run(reference_oracle)
-    answers = [r.session.answers for r in reference_oracle.privacy_reports()]
     crashed = opened("crashed")
     path = tmp_path / "checkpoint.npz"
-    with pytest.raises(Crash):  # checkpoints every 10 iterations, crash between two of them
+    with pytest.raises(Crash):
         run(
             CrashingOracle(crashed, calls=100),
             checkpoint=lambda p: checkpoint.save(path, p),
             checkpoint_every=10,
         )
     saved = checkpoint.load(path)
-    assert 0 < saved.done < 50
     crashed.host.nodes[0].ledger.close()
     oracle = opened("crashed")
-    resumed = run(oracle, resume=saved)
+    return reference, reference_oracle, saved, run(oracle, resume=saved), oracle
+
+
+def test_a_resumed_dp_hmc_chain_equals_the_uninterrupted_one(tmp_path):
+    """The state (θ, the kept noisy gradient, the step's adaptation) survives a checkpoint, and
+    the restarted owners replay the re-asked keys: same draws, same answers charged."""
+    reference, reference_oracle, saved, resumed, oracle = crash_and_resume(tmp_path, small_run)
+    assert 0 < saved.done < 50
     np.testing.assert_array_equal(resumed.theta, reference.theta)
     np.testing.assert_array_equal(resumed.accepted, reference.accepted)
+    answers = [r.session.answers for r in reference_oracle.privacy_reports()]
     assert [r.session.answers for r in oracle.privacy_reports()] == answers
 
 

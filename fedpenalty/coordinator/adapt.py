@@ -89,6 +89,11 @@ class StepAdaptation:
             ceiling=float(np.mean(ceiling)),
         )
 
+    def restart(self) -> StepAdaptation:
+        """The adaptation begun afresh at ``admitted`` with the same bounds and target (after a
+        change of the mass matrix, whose step scale the old averages do not know)."""
+        return StepAdaptation.start(self.admitted, self.target, self.lower, self.charged)
+
     def summary(self) -> dict[str, float | int | str | None]:
         """diagnostics.json's ``step_adaptation``: the step kept draws used and how it was
         chosen; ``bound`` says which end of [lower, admitted] it stopped within 1% of (the
@@ -112,3 +117,85 @@ class StepAdaptation:
 
 #: The tuning of an MH state that no kernel set (``mh.init`` alone: pilots, tests): no step.
 UNSET = StepAdaptation()
+
+
+# ---------------------------------------------------- diagonal mass matrix (DP-HMC's warmup)
+
+#: Stan's windowed adaptation (iterations): the fast buffer before the first slow window, the
+#: fast buffer after the last and the first slow window's length; a shorter span than their sum
+#: is split 15% / 75% / 10%, and one shorter than ``MIN_SPAN`` adapts no mass.
+INIT_BUFFER, TERM_BUFFER, BASE_WINDOW, MIN_SPAN = 75, 50, 25, 20
+#: Stan's regularisation of a window's variance towards 1e-3 with the weight of 5 draws.
+SHRINK_DRAWS, SHRINK_TARGET = 5.0, 1e-3
+
+
+def mass_windows(begin: int, end: int) -> tuple[tuple[int, int], ...]:
+    """Stan's slow windows ``[start, stop)`` (iteration numbers) inside warmup iterations
+    ``begin`` … ``end − 1``: after a fast buffer, windows doubling from ``BASE_WINDOW``, a window
+    stretched to the last slow iteration when the next one would not fit twice; then a fast
+    buffer in which only the step adapts. Empty when the span is under ``MIN_SPAN``."""
+    span = end - begin
+    if span < MIN_SPAN:
+        return ()
+    init, term, size = INIT_BUFFER, TERM_BUFFER, BASE_WINDOW
+    if span < init + term + size:
+        init, term = int(0.15 * span), int(0.1 * span)
+        size = span - init - term
+    start, stop, windows = begin + init, end - term, []
+    while start < stop:
+        close = start + size
+        if close + 2 * size >= stop:
+            close = stop
+        windows.append((start, close))
+        start, size = close, 2 * size
+    return tuple(windows)
+
+
+@dataclass(frozen=True)
+class MassAdaptation:
+    """A diagonal mass matrix M and its warmup estimate, pooled over the chains.
+    ``inv_mass`` ``(d,)``: M⁻¹, the regularised posterior variances of the last window scaled
+    so that their smallest is 1 (the narrowest coordinate moves ε per unit momentum, in units of
+    θ, as under M = I, and the wider ones faster: a step stable under M = I stays so; ones:
+    M = I; empty: M = I too, for a state no kernel set). ``count``, ``mean`` ``(d,)``,
+    ``m2`` ``(d,)``: Welford's sums over the current window's draws (all chains)."""
+
+    inv_mass: np.ndarray
+    count: int
+    mean: np.ndarray
+    m2: np.ndarray
+
+    @classmethod
+    def identity(cls, dim: int) -> MassAdaptation:
+        """M = I in ``dim`` dimensions, nothing collected."""
+        return cls(np.ones(dim), 0, np.zeros(dim), np.zeros(dim))
+
+    def add(self, theta: np.ndarray) -> MassAdaptation:
+        """The window's sums with the draws ``theta`` ``(C, d)`` added (Chan et al.'s merge)."""
+        k = len(theta)
+        mean_b = theta.mean(axis=0)
+        m2_b = ((theta - mean_b) ** 2).sum(axis=0)
+        n = self.count + k
+        delta = mean_b - self.mean
+        mean = self.mean + delta * (k / n)
+        m2 = self.m2 + m2_b + delta**2 * (self.count * k / n)
+        return replace(self, count=n, mean=mean, m2=m2)
+
+    def estimate(self) -> MassAdaptation:
+        """The window closed: M⁻¹ ∝ (n/(n+5))·var + 1e-3·(5/(n+5)) (Stan's), smallest 1; sums
+        reset. Fewer than two draws keep the current M."""
+        zeros = np.zeros_like(self.mean)
+        if self.count < 2:
+            return MassAdaptation(self.inv_mass, 0, zeros, zeros.copy())
+        n = float(self.count)
+        var = self.m2 / (n - 1.0)
+        reg = (n / (n + SHRINK_DRAWS)) * var + SHRINK_TARGET * (SHRINK_DRAWS / (n + SHRINK_DRAWS))
+        return MassAdaptation(reg / reg.min(), 0, zeros, zeros.copy())
+
+    def inverse(self, dim: int) -> np.ndarray:
+        """M⁻¹'s diagonal ``(dim,)`` (ones for a state no kernel set)."""
+        return self.inv_mass if self.inv_mass.size else np.ones(dim)
+
+
+#: The mass matrix of a DP-HMC state that no kernel set (tests building states by hand): M = I.
+IDENTITY = MassAdaptation(np.ones(0), 0, np.zeros(0), np.zeros(0))

@@ -24,9 +24,10 @@ from .base import ChainAlgorithm
 from .driver import Progress
 
 #: 3: MH states carry their step adaptation (``tuning``); a checkpoint of format 2 predates it.
+#: 4: DP-HMC states carry their mass matrix (``metric``); a format-3 one predates it.
 #: The buffers of a kernel's further kept info fields (``Progress.stats``) are saved as arrays
 #: ``stats.<name>``; a checkpoint without them reads as a kernel that has none.
-FORMAT = "fedpenalty-checkpoint-3"
+FORMAT = "fedpenalty-checkpoint-4"
 #: The array-name prefix of ``Progress.stats`` buffers.
 STATS = "stats."
 

@@ -14,12 +14,13 @@ scenario computes the sums on pooled records (``pooled_gradient``, ``pooled_rati
 G = Σ_k (Σ_x clip_c(∇ℓ(x, θ)) + N(0, s_{g,k}² I)) and s_g² = Σ_k s_{g,k}² its noise variance
 per coordinate; λ̂ = Σ_k (Σ_x clip_r(ℓ(x, θ') − ℓ(x, θ)) + N(0, s_k²)) and s² = Σ_k s_k².
 
-One iteration, per chain (mass I, step ε = ``step`` × (1 − j·u), u ~ U(0, 1), j = ``jitter``):
-p ~ N(0, I); L leapfrog steps with the noisy gradient g̃ = ∇log p(θ) + G (the gradient at the
-current θ is the one kept in the state: asked once at the start and then taken from the
-accepted end point or kept on a rejection); then
+One iteration, per chain (diagonal mass M, I unless adapted; step ε = ``step`` × (1 − j·u),
+u ~ U(0, 1), j = ``jitter``): p ~ N(0, M); L leapfrog steps θ += ε M⁻¹p, p += ε g̃ with the
+noisy gradient g̃ = ∇log p(θ) + G (the gradient at the current θ is the one kept in the state:
+asked once at the start and then taken from the accepted end point or kept on a rejection);
+then
 
-    log α = log p(θ_L) − log p(θ) + λ̂ − s²/2 − ½‖p_L‖² + ½‖p‖²,
+    log α = log p(θ_L) − log p(θ) + λ̂ − s²/2 − ½ p_Lᵀ M⁻¹ p_L + ½ pᵀ M⁻¹ p,
 
 accepted when log U < log α. A trajectory that leaves Θ is rejected at once: the owners are
 asked nothing more for that chain in the iteration (neither gradients nor the ratio).
@@ -27,7 +28,10 @@ asked nothing more for that chain in the iteration (neither gradients nor the ra
 The first ``warmup_descent`` warmup iterations *descend* instead (``descend``): the same L
 leapfrog steps from rest (p = 0), kept without a ratio test, so each ends no higher in
 potential than it started (up to the gradient noise) and a far start reaches the mode's basin,
-which the clipped ratio test cannot do (docs/design.md §2.9, "Far starts").
+which the clipped ratio test cannot do (docs/design.md §2.9, "Far starts"). With
+``adapt_mass`` the warmup after the descent estimates M⁻¹ from the chains' own draws in Stan's
+windows (``adapt.mass_windows``) and restarts the step adaptation after each (§2.9, "Mass
+matrix"): coordinator-side work on released answers, no privacy cost.
 """
 
 from __future__ import annotations
@@ -41,9 +45,9 @@ from pydantic import Field
 
 from ..kinds import KINDS
 from ..models import Model
-from ..schema import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Rate
+from ..schema import Bool, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Rate
 from . import mh
-from .adapt import UNSET, StepAdaptation
+from .adapt import IDENTITY, MIN_SPAN, UNSET, MassAdaptation, StepAdaptation, mass_windows
 from .base import (
     ACCEPTED,
     KERNEL_KEYS,
@@ -54,7 +58,9 @@ from .base import (
     Info,
     InfoField,
     SamplingAlgorithm,
+    Sections,
     planned_steps,
+    require,
 )
 from .mh import RatioFn
 
@@ -116,6 +122,14 @@ class DPHMCSettings(mh.MHSettings):
         "leapfrog steps from rest and keep the end point without a ratio test: a descent that "
         "brings far starts to the mode (L gradient answers each, no ratio); 0: none",
     )
+    adapt_mass: Bool = Field(
+        default=False,
+        description="dp_hmc: estimate a diagonal mass matrix during warmup after the descent "
+        "(Stan's windows, regularised variances pooled over the chains, the smallest scaled to 1 "
+        "so that step stays the narrowest coordinate's leapfrog step in units of θ, the wider "
+        "ones moving faster) and restart the step adaptation after each window; needs "
+        "sampler.warmup − warmup_descent ≥ 20; no privacy cost",
+    )
 
 
 @dataclass(frozen=True)
@@ -123,7 +137,8 @@ class HMCState:
     """``theta`` ``(C, d)`` inside Θ, its ``log_prior`` ``(C,)``, the owners' noisy gradient
     sum ``grad`` ``(C, d)`` at ``theta`` (likelihood only) with its noise variance
     ``grad_var`` ``(C,)``, the next ``iteration`` (it keys the owners' answers) and the
-    leapfrog step with its warmup adaptation (``tuning``)."""
+    leapfrog step with its warmup adaptation (``tuning``) and the diagonal mass matrix with its
+    warmup estimate (``metric``; checkpoints carry both)."""
 
     theta: np.ndarray
     log_prior: np.ndarray
@@ -131,11 +146,17 @@ class HMCState:
     grad_var: np.ndarray
     iteration: int = 0
     tuning: StepAdaptation = UNSET
+    metric: MassAdaptation = IDENTITY
 
     @property
     def position(self) -> np.ndarray:
         """The chains' θ ``(C, d)``."""
         return self.theta
+
+    @property
+    def inv_mass(self) -> np.ndarray:
+        """M⁻¹'s diagonal ``(d,)``."""
+        return self.metric.inverse(self.theta.shape[1])
 
     def with_tuning(self, tuning: StepAdaptation) -> HMCState:
         return replace(self, tuning=tuning)
@@ -163,7 +184,9 @@ def init(theta: np.ndarray, model: Model, grad: GradFn) -> HMCState:
     if theta.shape[1] != model.dim or not np.all(model.in_theta_space(theta)):
         raise ValueError(f"initial points must have shape (C, {model.dim}) and lie inside Θ")
     g, s2 = _checked(grad(0, 0, np.arange(len(theta)), theta), theta.shape)
-    return HMCState(theta, model.log_prior(theta), g, s2, 0)
+    return HMCState(
+        theta, model.log_prior(theta), g, s2, 0, metric=MassAdaptation.identity(model.dim)
+    )
 
 
 def _checked(answer: tuple[np.ndarray, np.ndarray], shape: tuple[int, ...]):
@@ -195,8 +218,9 @@ def leapfrog(
     state: HMCState, model: Model, grad: GradFn, p0: np.ndarray, eps: np.ndarray, steps: int
 ) -> _Trajectory:
     """L leapfrog steps of size ``eps`` ``(C,)`` from (θ, ``p0``) on g̃ = ∇log p + G: half
-    kick, then per step a drift, the owners' gradient at the new position (sub-step j) and a
-    kick (half at the last). A chain whose position leaves Θ stops; nobody is asked for it."""
+    kick, then per step a drift ε M⁻¹p, the owners' gradient at the new position (sub-step j)
+    and a kick (half at the last). A chain whose position leaves Θ stops; nobody is asked for
+    it."""
     t = _Trajectory(
         state.theta.copy(),
         p0.copy(),
@@ -205,12 +229,12 @@ def leapfrog(
         np.ones(len(p0), dtype=bool),
         np.zeros(len(p0), dtype=int),
     )
-    e = eps[:, None]
+    e, inv_mass = eps[:, None], state.inv_mass
     with np.errstate(over="ignore", invalid="ignore"):
         t.p += 0.5 * e * (model.grad_log_prior(t.q) + t.grad)
         for j in range(1, steps + 1):
             live = np.flatnonzero(t.alive)
-            t.q[live] += e[live] * t.p[live]
+            t.q[live] += e[live] * inv_mass * t.p[live]
             t.alive[live] = model.in_theta_space(t.q[live])
             live = np.flatnonzero(t.alive)
             if not live.size:
@@ -240,8 +264,8 @@ def step(
             f"dp_hmc: the leapfrog step is {eps!r}; the owners' ratio noise s² is too large for "
             "the acceptance test (lower sampler.hmc_ratio_clip or the ratio noise multiplier)"
         )
-    c = len(state.theta)
-    p0 = rng.standard_normal(state.theta.shape)
+    c, inv_mass = len(state.theta), state.inv_mass
+    p0 = rng.standard_normal(state.theta.shape) / np.sqrt(inv_mass)
     step_sizes = eps * (1.0 - jitter * rng.random(c))
     log_u = np.log(rng.random(c))
     t = leapfrog(state, model, grad, p0, step_sizes, steps)
@@ -252,7 +276,7 @@ def step(
     if idx.size:
         lam, s2 = ratio(state.iteration, idx, state.theta[idx], t.q[idx])
         lp = model.log_prior(t.q[idx])
-        kinetic = 0.5 * (np.sum(p0[idx] ** 2, axis=1) - np.sum(t.p[idx] ** 2, axis=1))
+        kinetic = kinetic_energy(p0[idx], inv_mass) - kinetic_energy(t.p[idx], inv_mass)
         log_alpha = lp - state.log_prior[idx] + lam - 0.5 * s2 + kinetic
         log_alpha = np.where(np.isfinite(log_alpha), log_alpha, -np.inf)
         passed = log_u[idx] < log_alpha
@@ -261,8 +285,20 @@ def step(
         accept_prob[idx] = np.exp(np.minimum(log_alpha, 0.0))
         theta[acc], log_prior[acc] = t.q[acc], lp[passed]
         g_kept[acc], v_kept[acc] = t.grad[acc], t.grad_var[acc]
-    new = HMCState(theta, log_prior, g_kept, v_kept, state.iteration + 1, state.tuning)
+    new = replace(
+        state,
+        theta=theta,
+        log_prior=log_prior,
+        grad=g_kept,
+        grad_var=v_kept,
+        iteration=state.iteration + 1,
+    )
     return new, HMCInfo(accepted, t.alive, noise_var, t.grad_var, accept_prob, t.asked)
+
+
+def kinetic_energy(p: np.ndarray, inv_mass: np.ndarray) -> np.ndarray:
+    """½ pᵀ M⁻¹ p per chain ``(m,)`` for momenta ``p`` ``(m, d)`` and M⁻¹'s diagonal ``(d,)``."""
+    return 0.5 * np.sum(inv_mass * p**2, axis=1)
 
 
 def descend(
@@ -279,7 +315,14 @@ def descend(
     theta = np.where(moved[:, None], t.q, state.theta)
     g_kept = np.where(moved[:, None], t.grad, state.grad)
     v_kept = np.where(moved, t.grad_var, state.grad_var)
-    new = HMCState(theta, model.log_prior(theta), g_kept, v_kept, state.iteration + 1, state.tuning)
+    new = replace(
+        state,
+        theta=theta,
+        log_prior=model.log_prior(theta),
+        grad=g_kept,
+        grad_var=v_kept,
+        iteration=state.iteration + 1,
+    )
     none = np.zeros(c)
     return new, HMCInfo(moved, np.zeros(c, bool), none, t.grad_var, none, t.asked)
 
@@ -306,6 +349,21 @@ def record(info: HMCInfo) -> Info:
     }
 
 
+def adapt_metric(state: HMCState, windows: tuple[tuple[int, int], ...], restart: bool) -> HMCState:
+    """After warmup iteration ``state.iteration − 1``: its draws added to the mass matrix's
+    window when one of ``windows`` holds it; at a window's end M⁻¹ re-estimated and, when
+    ``restart``, the step adaptation begun afresh (docs/design.md §2.9, "Mass matrix")."""
+    done = state.iteration - 1
+    window = next((w for w in windows if w[0] <= done < w[1]), None)
+    if window is None:
+        return state
+    metric = state.metric.add(state.theta)
+    if state.iteration < window[1]:
+        return replace(state, metric=metric)
+    tuning = state.tuning.restart() if restart else state.tuning
+    return replace(state, metric=metric.estimate(), tuning=tuning)
+
+
 def kernel(
     model: Model,
     grad: GradFn,
@@ -317,12 +375,15 @@ def kernel(
     adapt: bool,
     descent: int = 0,
     ceiling: bool = True,
+    windows: tuple[tuple[int, int], ...] = (),
 ) -> SamplingAlgorithm:
     """DP-HMC over ``grad`` and ``ratio`` as a built algorithm: its leapfrog step from
     ``tuning`` (adapted during warmup when ``adapt``, as ``mh.tuned`` does for MH); the first
     ``descent`` iterations descend from rest (``descend``; the caller keeps them in warmup).
     ``ceiling``: adapt the acceptance relative to the noise ceiling 2Φ(−s/2); False for a ratio
-    noise sd ∝ ‖θ' − θ‖, which vanishes with the step (the plain acceptance then)."""
+    noise sd ∝ ‖θ' − θ‖, which vanishes with the step (the plain acceptance then).
+    ``windows``: the warmup iterations ``[start, stop)`` whose draws estimate the mass matrix
+    (``adapt.mass_windows``; none: M = I throughout)."""
 
     def move(rng: np.random.Generator, state: HMCState, eps: float):
         return step(rng, state, model, grad, ratio, eps, leapfrog_steps, step_jitter)
@@ -339,13 +400,14 @@ def kernel(
             new, info = descend(state, model, grad, state.tuning.warmup_step, leapfrog_steps)
             return new, record(info)
         if not adapt:
-            return kept(rng, state)
-        new, info = move(rng, state, state.tuning.warmup_step)
-        noise_var = info.noise_var if ceiling else np.zeros_like(info.noise_var)
-        tuning = new.tuning.update(info.accept_prob, noise_var)
-        return new.with_tuning(tuning), record(info)
+            new, info = move(rng, state, state.tuning.step)
+        else:
+            new, info = move(rng, state, state.tuning.warmup_step)
+            noise_var = info.noise_var if ceiling else np.zeros_like(info.noise_var)
+            new = new.with_tuning(new.tuning.update(info.accept_prob, noise_var))
+        return adapt_metric(new, windows, adapt), record(info)
 
-    warmup = warming if adapt or descent else None
+    warmup = warming if adapt or descent or windows else None
     return SamplingAlgorithm(start, kept, INFO, warmup, mh.step_sizes)
 
 
@@ -363,15 +425,18 @@ def build(
     warmup_descent: int,
     warmup: int,
     hmc_ratio_clip_per_distance: float = 0.0,
+    adapt_mass: bool = False,
 ) -> SamplingAlgorithm:
     """DP-HMC through the owners behind ``data.oracle``: ``step`` is the largest leapfrog step
     (units of θ; adapted below it during warmup when ``adapt_step``), the first
     min(``warmup_descent``, ``warmup``) iterations descend; the ratio is clipped at
     ``hmc_ratio_clip_per_distance`` × ‖θ' − θ‖ when that is > 0, else at ``hmc_ratio_clip``.
     The clipped kinds' cost does not depend on the step, so the step is free of the privacy
-    budget."""
+    budget; nor does the mass matrix (``adapt_mass``: estimated in Stan's windows between the
+    descent and the end of warmup)."""
     oracle = data.require_oracle("dp_hmc")
     per_distance = hmc_ratio_clip_per_distance > 0
+    descent = min(warmup_descent, warmup)
     return kernel(
         model,
         oracle_gradient(oracle, grad_clip),
@@ -382,8 +447,9 @@ def build(
         leapfrog_steps=leapfrog_steps,
         step_jitter=step_jitter,
         adapt=adapt_step,
-        descent=min(warmup_descent, warmup),
+        descent=descent,
         ceiling=not per_distance,
+        windows=mass_windows(descent, warmup) if adapt_mass else (),
     )
 
 
@@ -496,6 +562,21 @@ def clip_units(sampler: Mapping[str, Any]) -> dict[str, str]:
     return {}
 
 
+def check(sections: Sections, model: Model) -> None:
+    """``adapt_mass`` needs warmup iterations after the descent to estimate from."""
+    sampler = sections["sampler"]
+    if not sampler.get("adapt_mass", False):
+        return
+    warmup = int(sampler["warmup"])
+    descent = min(int(sampler.get("warmup_descent", DPHMCSettings().warmup_descent)), warmup)
+    require(
+        bool(mass_windows(descent, warmup)),
+        f"sampler.adapt_mass = true needs at least {MIN_SPAN} warmup iterations after the "
+        f"descent; sampler.warmup = {warmup} with warmup_descent = {descent} leaves "
+        f"{warmup - descent}: raise sampler.warmup or lower sampler.warmup_descent",
+    )
+
+
 DP_HMC = ChainAlgorithm(
     "dp_hmc",
     "DP-HMC: leapfrog on owners' clipped noisy gradients, penalty test on clipped noisy ratios",
@@ -507,4 +588,5 @@ DP_HMC = ChainAlgorithm(
     kinds=asks,
     clips=clips,
     clip_units=clip_units,
+    check=check,
 )
