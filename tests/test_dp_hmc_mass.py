@@ -10,6 +10,7 @@ Z = 4.5 MCSE (arviz-stats, autocorrelation accounted for) of the closed form; fi
 from __future__ import annotations
 
 import dataclasses
+import json
 from types import SimpleNamespace
 
 import numpy as np
@@ -172,3 +173,35 @@ def test_a_resumed_chain_with_an_adapting_mass_matrix_equals_the_uninterrupted_o
     assert saved.done == 30 and saved.state.metric.count == 2 * 20, saved.state.metric
     np.testing.assert_array_equal(resumed.theta, reference.theta)
     np.testing.assert_array_equal(resumed.state.metric.inv_mass, reference.state.metric.inv_mass)
+
+
+def test_a_checkpoint_older_than_the_mass_matrix_resumes_with_mass_i(tmp_path):
+    """A DP-HMC checkpoint written before states carried ``metric`` (its ``state.metric.*``
+    entries removed) still loads — the field takes its default, the identity the run had — and
+    resumes to the uninterrupted run's draws; without the default it would fail to load."""
+    from fedpenalty.coordinator import checkpoint
+
+    def run(oracle, **kwargs):
+        return small_run(oracle, **kwargs)
+
+    holder = {}
+
+    def resumed_from_old(oracle, resume=None, **kwargs):
+        if resume is None:
+            return run(oracle, **kwargs)
+        old = tmp_path / "old.npz"
+        checkpoint.save(old, resume)
+        with np.load(old) as f:
+            meta = json.loads(str(f["meta"]))
+            arrays = {k: f[k] for k in f.files if k != "meta" and not k.startswith("state.metric")}
+        meta["state_scalars"] = {
+            k: v for k, v in meta["state_scalars"].items() if not k.startswith("state.metric")
+        }
+        assert any(k.startswith("state.metric") for k in np.load(old).files)  # it was written
+        np.savez(old, meta=np.array(json.dumps(meta)), **arrays)
+        holder["loaded"] = checkpoint.load(old)
+        return run(oracle, resume=holder["loaded"], **kwargs)
+
+    reference, _, _, resumed, _ = crash_and_resume(tmp_path, resumed_from_old)
+    np.testing.assert_array_equal(holder["loaded"].state.metric.inverse(2), np.ones(2))
+    np.testing.assert_array_equal(resumed.theta, reference.theta)

@@ -13,7 +13,7 @@ import json
 import os
 import tempfile
 import typing
-from dataclasses import fields, is_dataclass
+from dataclasses import MISSING, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +24,11 @@ from .base import ChainAlgorithm
 from .driver import Progress
 
 #: 3: MH states carry their step adaptation (``tuning``); a checkpoint of format 2 predates it.
-#: 4: DP-HMC states carry their mass matrix (``metric``); a format-3 one predates it.
+#: A state field with a default that a checkpoint lacks (written before the field existed, e.g.
+#: DP-HMC's ``metric``, the identity mass matrix runs had before it) takes its default.
 #: The buffers of a kernel's further kept info fields (``Progress.stats``) are saved as arrays
 #: ``stats.<name>``; a checkpoint without them reads as a kernel that has none.
-FORMAT = "fedpenalty-checkpoint-4"
+FORMAT = "fedpenalty-checkpoint-3"
 #: The array-name prefix of ``Progress.stats`` buffers.
 STATS = "stats."
 
@@ -59,11 +60,15 @@ def _flatten(
 def _unflatten(
     cls: type, prefix: str, arrays: dict[str, np.ndarray], scalars: dict[str, Any]
 ) -> Any:
-    """The state dataclass ``cls`` from what ``_flatten`` wrote."""
+    """The state dataclass ``cls`` from what ``_flatten`` wrote; a field with a default that
+    was not written (a checkpoint older than the field) keeps its default."""
     hints = typing.get_type_hints(cls)
     values = {}
     for f in fields(cls):
         key, kind = f"{prefix}.{f.name}", hints[f.name]
+        has_default = f.default is not MISSING or f.default_factory is not MISSING
+        if has_default and not _written(key, arrays, scalars):
+            continue
         values[f.name] = (
             _unflatten(kind, key, arrays, scalars)
             if isinstance(kind, type) and is_dataclass(kind)
@@ -72,6 +77,12 @@ def _unflatten(
             else scalars[key]
         )
     return cls(**values)
+
+
+def _written(key: str, arrays: dict[str, np.ndarray], scalars: dict[str, Any]) -> bool:
+    """Whether ``_flatten`` wrote the field ``key`` (itself, or any field nested in it)."""
+    nested = key + "."
+    return any(k == key or k.startswith(nested) for k in (*arrays, *scalars))
 
 
 def save(path: Path, progress: Progress) -> None:
