@@ -314,7 +314,6 @@ def test_dp_hmc_through_owners_is_exact():
     seeded noise): the oracle adapters carry the kernel's mathematics unchanged. The ratio clip
     (4 nats) is far above any move's per-record term here, and the owners' counters show it
     never bound, so the target is the exact posterior; s² = 3.5 as above."""
-    from fedpenalty.coordinator.base import ChainData
     from fedpenalty.kinds import KindTerms
 
     sigma_grad, chains, iterations, ratio_clip = 1.0, 8, 3000, 4.0
@@ -324,19 +323,7 @@ def test_dp_hmc_through_owners_is_exact():
         {"warmup": 500, "iterations": iterations, "leapfrog_steps": 2, "warmup_descent": 0}
     )
     oracle.open_kinds([KindTerms(kind, chains * n) for kind, n in plan.items()], "exact")
-    algo = dp_hmc.build(
-        GAUSS2,
-        ChainData(oracle, n_total=300),
-        step=0.1,
-        adapt_step=True,
-        target_accept=0.65,
-        leapfrog_steps=2,
-        grad_clip=GRAD_CLIP,
-        hmc_ratio_clip=ratio_clip,
-        step_jitter=1.0,
-        warmup_descent=0,
-        warmup=500,
-    )
+    algo = gauss2_kernel(oracle, ratio_clip, descent=0, warmup=500)
     ref = GAUSS2.reference_posterior(np.concatenate(RECORDS))
     rng = np.random.default_rng(7)
     theta0 = ref.mean + 0.5 * ref.sd * rng.standard_normal((chains, 2))
@@ -377,11 +364,12 @@ class CrashingOracle:
         return self.oracle.query(*args, **kwargs)
 
 
-def small_run(oracle, *, warmup=20, iterations=30, adapt_mass=False, **kwargs):
-    """Two chains of DP-HMC through ``oracle`` (5 descent iterations, L = 2)."""
+def gauss2_kernel(oracle, ratio_clip, *, descent, warmup, adapt_mass=False):
+    """DP-HMC on ``GAUSS2``'s 300 records through ``oracle`` (step 0.1 adapted to 0.65, L = 2,
+    full jitter), with ``descent`` descent iterations of ``warmup``."""
     from fedpenalty.coordinator.base import ChainData
 
-    algo = dp_hmc.build(
+    return dp_hmc.build(
         GAUSS2,
         ChainData(oracle, n_total=300),
         step=0.1,
@@ -389,12 +377,17 @@ def small_run(oracle, *, warmup=20, iterations=30, adapt_mass=False, **kwargs):
         target_accept=0.65,
         leapfrog_steps=2,
         grad_clip=GRAD_CLIP,
-        hmc_ratio_clip=2.0,
+        hmc_ratio_clip=ratio_clip,
         step_jitter=1.0,
-        warmup_descent=5,
+        warmup_descent=descent,
         warmup=warmup,
         adapt_mass=adapt_mass,
     )
+
+
+def small_run(oracle, *, warmup=20, iterations=30, adapt_mass=False, **kwargs):
+    """Two chains of DP-HMC through ``oracle`` (5 descent iterations, L = 2)."""
+    algo = gauss2_kernel(oracle, 2.0, descent=5, warmup=warmup, adapt_mass=adapt_mass)
     theta0 = np.array([[0.4, -0.3], [0.3, -0.2]])
     rng = np.random.default_rng(5)
     return sample(algo, rng, theta0, iterations=iterations, warmup=warmup, progress=False, **kwargs)
