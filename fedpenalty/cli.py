@@ -34,6 +34,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         result = resume_simulation(args.resume, False if args.no_progress else None)
     else:
         progress = False if args.no_progress else None
+        _warn_unread(load_scenario(args.scenario, args.set or []))
         result = simulate(args.scenario, args.set or [], args.out, progress)
     scenario = load_scenario(result.out / "config.toml")
     model, sampler = scenario["model"], scenario["sampler"]
@@ -49,6 +50,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         result,
     )
     return _exit_status(result, resumable=algorithm.query is not None, command="simulate")
+
+
+def _warn_unread(scenario) -> None:
+    """Warn on stderr, before the run, of every key the user set that this run does not read
+    (``config.unread_keys``)."""
+    from .config import unread_keys
+
+    for line in unread_keys(scenario):
+        print(f"warning: {line}", file=sys.stderr)
 
 
 def _exit_status(result, resumable: bool, command: str = "run") -> int:
@@ -96,6 +106,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 "give a scenario and --owners HOST:PORT[,HOST:PORT...] (or --resume DIR)"
             )
         scenario = load_scenario(args.scenario, args.set or [])
+        _warn_unread(scenario)
         if args.no_progress:
             scenario["run"]["progress"] = False
         result = run_deployed(scenario, owners, _tls(args), args.out)

@@ -428,6 +428,35 @@ def _resolve_layers(raw: dict[str, Any], origins: dict[str, str]) -> Scenario:
     return replace(resolve(merged), origins={**layered, **origins})
 
 
+#: The sections whose keys belong to the registry entry a scenario selects, and that selection.
+_SELECTED: dict[str, tuple[str, Mapping[str, Any]]] = {
+    "sampler": ("algorithm", ALGORITHMS),
+    "run": ("transport", TRANSPORTS),
+}
+
+
+def unread_keys(scenario: Scenario) -> list[str]:
+    """One line per key the user set (scenario file or ``--set``) that only another algorithm
+    or transport than the selected one reads (``sampler.leapfrog_steps`` under penalty,
+    ``run.ray_address`` in process): accepted, as the ``[sampler]`` and ``[run]`` tables are
+    flat, but it changes nothing — most likely a mistake worth a warning."""
+    lines = []
+    for key, origin in scenario.origins.items():
+        section, _, name = key.partition(".")
+        if origin not in (FROM_FILE, FROM_SET) or key not in DECLARED or section not in _SELECTED:
+            continue
+        selector, registry = _SELECTED[section]
+        chosen = scenario[section][selector]
+        if name in registry[chosen].options.model_fields:
+            continue
+        readers = sorted(n for n, e in registry.items() if name in e.options.model_fields)
+        lines.append(
+            f"{key} ({origin}) is read only by {section}.{selector} = {' or '.join(readers)}, "
+            f"not by {chosen!r}: it changes nothing in this run"
+        )
+    return lines
+
+
 def _read_scenario(path: str | Path) -> dict[str, Any]:
     """The parsed TOML of the scenario file ``path`` (a ``ConfigError`` when it cannot be)."""
     try:

@@ -255,3 +255,19 @@ def test_embedded_default_is_sized_for_single_digit_epsilon():
         and s["sampler"]["algorithm"] == "penalty"
     )
     assert s["privacy"]["delta"] == 1e-5 and s["privacy"]["budget_epsilon"] < 10.0 + 1e-9
+
+
+def test_simulate_warns_before_the_run_of_a_key_this_run_does_not_read(monkeypatch, capsys):
+    """``--set sampler.leapfrog_steps=3`` under penalty is named on stderr before anything
+    runs (here the run itself is replaced by an error, so only the warning can precede it)."""
+    import fedpenalty.simulation
+
+    def refuse(*args, **kwargs):
+        raise ValueError("not run in this test")
+
+    monkeypatch.setattr(fedpenalty.simulation, "simulate", refuse)
+    assert main(["simulate", "--set", "sampler.leapfrog_steps=3"]) == 2
+    err = capsys.readouterr().err
+    assert err.index("warning: sampler.leapfrog_steps (from --set) is read only by") < err.index(
+        "fedpenalty: error: not run in this test"
+    )

@@ -425,3 +425,28 @@ def test_policy_is_a_frozen_hashable_dataclass_of_floats():
     assert Policy(**policy.to_dict()) == policy
     with pytest.raises(AttributeError):
         policy.sigma = 3.0  # type: ignore[misc]
+
+
+def test_keys_only_another_algorithm_or_transport_reads_are_named(tmp_path):
+    """A user-set key of an algorithm or transport other than the selected one is named, with
+    its readers; the selected entry's own keys, generic keys and the defaults tables' keys
+    are not."""
+    from fedpenalty.config import unread_keys
+
+    sets = ["sampler.leapfrog_steps=3", "run.ray_address='head:6379'", "sampler.step=0.01"]
+    lines = unread_keys(load_scenario(None, sets))
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("sampler.leapfrog_steps (from --set) is read only by ")
+    assert "dp_hmc" in lines[0] and "not by 'penalty'" in lines[0]
+    assert "run.ray_address" in lines[1] and "run.transport = ray" in lines[1]
+    path = tmp_path / "s.toml"
+    path.write_text(
+        "[sampler]\nalgorithm = 'dp_hmc'\nleapfrog_steps = 3\n[run]\ntransport = 'ray'\n"
+    )
+    assert unread_keys(load_scenario(path, ["run.ray_address='head:6379'"])) == []
+    assert unread_keys(load_scenario(None, ["sampler.algorithm='dp_hmc'"])) == []  # its table's
+    file_line = unread_keys(load_scenario(path, ["sampler.algorithm='penalty'"]))
+    assert file_line == [
+        "sampler.leapfrog_steps (from your file) is read only by sampler.algorithm = dp_hmc, "
+        "not by 'penalty': it changes nothing in this run"
+    ]
