@@ -16,6 +16,7 @@ the owners admitted the plan at, so adaptation only shrinks what is spent.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -119,7 +120,7 @@ class StepAdaptation:
 UNSET = StepAdaptation()
 
 
-# ---------------------------------------------------- diagonal mass matrix (DP-HMC's warmup)
+# ------------------------------------------------------------ mass matrix (DP-HMC's warmup)
 
 #: Stan's windowed adaptation (iterations): the fast buffer before the first slow window, the
 #: fast buffer after the last and the first slow window's length; a shorter span than their sum
@@ -152,13 +153,52 @@ def mass_windows(begin: int, end: int) -> tuple[tuple[int, int], ...]:
 
 
 @dataclass(frozen=True)
+class Metric:
+    """How a mass matrix's shape enters its window sums and estimate: ``comoment`` of the
+    deviations ``(k, d)`` from the batch mean, the ``outer`` product of a mean shift ``(d,)``,
+    the shrink ``target(d)`` Stan adds (times 1e-3·5/(n+5)) and the ``smallest`` scale of a
+    regularised estimate (divided out so that it is 1)."""
+
+    comoment: Callable[[np.ndarray], np.ndarray]
+    outer: Callable[[np.ndarray], np.ndarray]
+    target: Callable[[int], np.ndarray | float]
+    smallest: Callable[[np.ndarray], float]
+    identity: Callable[[int], np.ndarray]
+
+
+#: The mass matrices by the ndim of M⁻¹: 1, diagonal (its entries); 2, dense (Stan's
+#: ``dense_e``, docs/design.md §2.9 "Mass matrix"). Diagonal arithmetic is unchanged from
+#: before the dense option, so its chains stay bit-identical.
+METRICS: dict[int, Metric] = {
+    1: Metric(
+        comoment=lambda dev: (dev**2).sum(axis=0),
+        outer=lambda delta: delta**2,
+        target=lambda dim: 1.0,
+        smallest=lambda reg: float(reg.min()),
+        identity=np.ones,
+    ),
+    2: Metric(
+        comoment=lambda dev: dev.T @ dev,
+        outer=lambda delta: np.outer(delta, delta),
+        target=np.eye,
+        smallest=lambda reg: float(np.linalg.eigvalsh(reg)[0]),
+        identity=np.eye,
+    ),
+}
+#: ``sampler.adapt_mass``'s named shapes and the ndim of their M⁻¹.
+SHAPES = {"diag": 1, "dense": 2}
+
+
+@dataclass(frozen=True)
 class MassAdaptation:
-    """A diagonal mass matrix M and its warmup estimate, pooled over the chains.
-    ``inv_mass`` ``(d,)``: M⁻¹, the regularised posterior variances of the last window scaled
-    so that their smallest is 1 (the narrowest coordinate moves ε per unit momentum, in units of
-    θ, as under M = I, and the wider ones faster: a step stable under M = I stays so; ones:
-    M = I; empty: M = I too, for a state no kernel set). ``count``, ``mean`` ``(d,)``,
-    ``m2`` ``(d,)``: Welford's sums over the current window's draws (all chains)."""
+    """A mass matrix M and its warmup estimate, pooled over the chains, diagonal or dense.
+    ``inv_mass``: M⁻¹, ``(d,)`` its diagonal or ``(d, d)`` dense, the regularised posterior
+    (co)variance of the last window scaled so that its smallest entry (diagonal) or eigenvalue
+    (dense) is 1 (the narrowest direction moves ε per unit momentum, in units of θ, as under
+    M = I, and the wider ones faster: a step stable under M = I stays so; the identity: M = I;
+    empty: M = I too, for a state no kernel set). ``count``, ``mean`` ``(d,)``, ``m2``
+    (M⁻¹'s shape): Welford's sums over the current window's draws (all chains), ``m2`` the
+    sum of squared (diagonal) or outer products (dense) of the deviations from the mean."""
 
     inv_mass: np.ndarray
     count: int
@@ -166,34 +206,41 @@ class MassAdaptation:
     m2: np.ndarray
 
     @classmethod
-    def identity(cls, dim: int) -> MassAdaptation:
-        """M = I in ``dim`` dimensions, nothing collected."""
-        return cls(np.ones(dim), 0, np.zeros(dim), np.zeros(dim))
+    def identity(cls, dim: int, shape: str = "diag") -> MassAdaptation:
+        """M = I in ``dim`` dimensions (``shape``: a key of ``SHAPES``), nothing collected."""
+        ones = METRICS[SHAPES[shape]].identity(dim)
+        return cls(ones, 0, np.zeros(dim), np.zeros_like(ones))
+
+    @property
+    def _metric(self) -> Metric:
+        return METRICS[self.inv_mass.ndim]
 
     def add(self, theta: np.ndarray) -> MassAdaptation:
         """The window's sums with the draws ``theta`` ``(C, d)`` added (Chan et al.'s merge)."""
         k = len(theta)
         mean_b = theta.mean(axis=0)
-        m2_b = ((theta - mean_b) ** 2).sum(axis=0)
+        m2_b = self._metric.comoment(theta - mean_b)
         n = self.count + k
         delta = mean_b - self.mean
         mean = self.mean + delta * (k / n)
-        m2 = self.m2 + m2_b + delta**2 * (self.count * k / n)
+        m2 = self.m2 + m2_b + self._metric.outer(delta) * (self.count * k / n)
         return replace(self, count=n, mean=mean, m2=m2)
 
     def estimate(self) -> MassAdaptation:
-        """The window closed: M⁻¹ ∝ (n/(n+5))·var + 1e-3·(5/(n+5)) (Stan's), smallest 1; sums
-        reset. Fewer than two draws keep the current M."""
-        zeros = np.zeros_like(self.mean)
+        """The window closed: M⁻¹ ∝ (n/(n+5))·Σ̂ + 1e-3·(5/(n+5))·I (Stan's; Σ̂ the variances
+        or the covariance), smallest entry or eigenvalue 1; sums reset. Fewer than two draws
+        keep the current M."""
+        zeros, m2 = np.zeros_like(self.mean), np.zeros_like(self.m2)
         if self.count < 2:
-            return MassAdaptation(self.inv_mass, 0, zeros, zeros.copy())
-        n = float(self.count)
+            return MassAdaptation(self.inv_mass, 0, zeros, m2)
+        n, metric = float(self.count), self._metric
         var = self.m2 / (n - 1.0)
-        reg = (n / (n + SHRINK_DRAWS)) * var + SHRINK_TARGET * (SHRINK_DRAWS / (n + SHRINK_DRAWS))
-        return MassAdaptation(reg / reg.min(), 0, zeros, zeros.copy())
+        shrink = SHRINK_TARGET * (SHRINK_DRAWS / (n + SHRINK_DRAWS))
+        reg = (n / (n + SHRINK_DRAWS)) * var + shrink * metric.target(len(self.mean))
+        return MassAdaptation(reg / metric.smallest(reg), 0, zeros, m2)
 
     def inverse(self, dim: int) -> np.ndarray:
-        """M⁻¹'s diagonal ``(dim,)`` (ones for a state no kernel set)."""
+        """M⁻¹ (``(dim,)`` diagonal or ``(dim, dim)`` dense; ones for a state no kernel set)."""
         return self.inv_mass if self.inv_mass.size else np.ones(dim)
 
 

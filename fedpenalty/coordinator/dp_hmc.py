@@ -36,16 +36,18 @@ matrix"): coordinator-side work on released answers, no privacy cost.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol
 
 import numpy as np
 from pydantic import Field
+from scipy.linalg import solve_triangular
 
 from ..kinds import KINDS
 from ..models import Model
-from ..schema import Bool, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Rate
+from ..schema import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Rate, refusal
 from . import mh
 from .adapt import IDENTITY, MIN_SPAN, UNSET, MassAdaptation, StepAdaptation, mass_windows
 from .base import (
@@ -79,6 +81,15 @@ class GradFn(Protocol):
 
 #: The protocol-v2 names of the kinds DP-HMC asks (docs/design.md §6 "A query kind").
 GRADIENT_KIND, RATIO_KIND = "clipped_gradient", "clipped_log_ratio"
+
+
+#: ``sampler.adapt_mass``: false (M = I), true or "diag" (diagonal M), "dense" (dense M).
+MassOption = Annotated[
+    Annotated[bool, Field(strict=True)] | Literal["diag", "dense"],
+    refusal("true, false, 'diag' or 'dense'"),
+]
+#: The mass-matrix shape (``adapt.SHAPES``) of each adapting ``sampler.adapt_mass`` value.
+MASS_SHAPES: dict[bool | str, str] = {True: "diag", "diag": "diag", "dense": "dense"}
 
 
 class DPHMCSettings(mh.MHSettings):
@@ -122,13 +133,15 @@ class DPHMCSettings(mh.MHSettings):
         "leapfrog steps from rest and keep the end point without a ratio test: a descent that "
         "brings far starts to the mode (L gradient answers each, no ratio); 0: none",
     )
-    adapt_mass: Bool = Field(
+    adapt_mass: MassOption = Field(
         default=False,
-        description="dp_hmc: estimate a diagonal mass matrix during warmup after the descent "
-        "(Stan's windows, regularised variances pooled over the chains, the smallest scaled to 1 "
-        "so that step stays the narrowest coordinate's leapfrog step in units of θ, the wider "
-        "ones moving faster) and restart the step adaptation after each window; needs "
-        "sampler.warmup − warmup_descent ≥ 20; no privacy cost",
+        description="dp_hmc: estimate a mass matrix during warmup after the descent (Stan's "
+        "windows, pooled over the chains) and restart the step adaptation after each window; "
+        "true or 'diag': diagonal, the regularised variances with the smallest scaled to 1 (so "
+        "step stays the narrowest coordinate's leapfrog step in units of θ, the wider ones "
+        "moving faster); 'dense': the regularised covariance, its smallest eigenvalue scaled "
+        "to 1 (for correlated posteriors); false: M = I; needs sampler.warmup − "
+        "warmup_descent ≥ 20; no privacy cost",
     )
 
 
@@ -234,7 +247,7 @@ def leapfrog(
         t.p += 0.5 * e * (model.grad_log_prior(t.q) + t.grad)
         for j in range(1, steps + 1):
             live = np.flatnonzero(t.alive)
-            t.q[live] += e[live] * inv_mass * t.p[live]
+            t.q[live] += drift(e[live], t.p[live], inv_mass)
             t.alive[live] = model.in_theta_space(t.q[live])
             live = np.flatnonzero(t.alive)
             if not live.size:
@@ -265,7 +278,7 @@ def step(
             "the acceptance test (lower sampler.hmc_ratio_clip or the ratio noise multiplier)"
         )
     c, inv_mass = len(state.theta), state.inv_mass
-    p0 = rng.standard_normal(state.theta.shape) / np.sqrt(inv_mass)
+    p0 = momentum(rng.standard_normal(state.theta.shape), inv_mass)
     step_sizes = eps * (1.0 - jitter * rng.random(c))
     log_u = np.log(rng.random(c))
     t = leapfrog(state, model, grad, p0, step_sizes, steps)
@@ -296,9 +309,53 @@ def step(
     return new, HMCInfo(accepted, t.alive, noise_var, t.grad_var, accept_prob, t.asked)
 
 
+@dataclass(frozen=True)
+class Kinetics:
+    """The Gaussian kinetic energy of one shape of M⁻¹ (docs/design.md §2.9, "Mass matrix"):
+    ``momentum(z, M⁻¹)``: p ~ N(0, M) from z ~ N(0, I) ``(C, d)``; ``drift(ε (m, 1), p, M⁻¹)``:
+    the position step εM⁻¹p ``(m, d)``; ``energy(p, M⁻¹)``: ½pᵀM⁻¹p ``(m,)``."""
+
+    momentum: Callable[[np.ndarray, np.ndarray], np.ndarray]
+    drift: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+    energy: Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+def _dense_momentum(z: np.ndarray, inv_mass: np.ndarray) -> np.ndarray:
+    """p = L⁻ᵀz with M⁻¹ = LLᵀ (Cholesky; a triangular solve): Cov p = (LLᵀ)⁻¹ = M."""
+    chol = np.linalg.cholesky(inv_mass)
+    return solve_triangular(chol, z.T, lower=True, trans="T").T
+
+
+#: By the ndim of M⁻¹: 1 diagonal (its entries; the arithmetic of before the dense option, so
+#: diagonal chains stay bit-identical), 2 dense.
+KINETICS: dict[int, Kinetics] = {
+    1: Kinetics(
+        momentum=lambda z, inv_mass: z / np.sqrt(inv_mass),
+        drift=lambda e, p, inv_mass: e * inv_mass * p,
+        energy=lambda p, inv_mass: 0.5 * np.sum(inv_mass * p**2, axis=1),
+    ),
+    2: Kinetics(
+        momentum=_dense_momentum,
+        drift=lambda e, p, inv_mass: e * (p @ inv_mass),
+        energy=lambda p, inv_mass: 0.5 * np.sum(p * (p @ inv_mass), axis=1),
+    ),
+}
+
+
+def momentum(z: np.ndarray, inv_mass: np.ndarray) -> np.ndarray:
+    """Momenta p ~ N(0, M) ``(C, d)`` from standard normals ``z`` ``(C, d)``."""
+    return KINETICS[inv_mass.ndim].momentum(z, inv_mass)
+
+
+def drift(e: np.ndarray, p: np.ndarray, inv_mass: np.ndarray) -> np.ndarray:
+    """The leapfrog's position step εM⁻¹p ``(m, d)`` for steps ``e`` ``(m, 1)``."""
+    return KINETICS[inv_mass.ndim].drift(e, p, inv_mass)
+
+
 def kinetic_energy(p: np.ndarray, inv_mass: np.ndarray) -> np.ndarray:
-    """½ pᵀ M⁻¹ p per chain ``(m,)`` for momenta ``p`` ``(m, d)`` and M⁻¹'s diagonal ``(d,)``."""
-    return 0.5 * np.sum(inv_mass * p**2, axis=1)
+    """½ pᵀ M⁻¹ p per chain ``(m,)`` for momenta ``p`` ``(m, d)`` and M⁻¹ (``(d,)``
+    diagonal or ``(d, d)`` dense)."""
+    return KINETICS[inv_mass.ndim].energy(p, inv_mass)
 
 
 def descend(
@@ -376,6 +433,7 @@ def kernel(
     descent: int = 0,
     ceiling: bool = True,
     windows: tuple[tuple[int, int], ...] = (),
+    mass: str = "diag",
 ) -> SamplingAlgorithm:
     """DP-HMC over ``grad`` and ``ratio`` as a built algorithm: its leapfrog step from
     ``tuning`` (adapted during warmup when ``adapt``, as ``mh.tuned`` does for MH); the first
@@ -383,13 +441,15 @@ def kernel(
     ``ceiling``: adapt the acceptance relative to the noise ceiling 2Φ(−s/2); False for a ratio
     noise sd ∝ ‖θ' − θ‖, which vanishes with the step (the plain acceptance then).
     ``windows``: the warmup iterations ``[start, stop)`` whose draws estimate the mass matrix
-    (``adapt.mass_windows``; none: M = I throughout)."""
+    (``adapt.mass_windows``; none: M = I throughout); ``mass``: the shape of M estimated in
+    them (a key of ``adapt.SHAPES``)."""
 
     def move(rng: np.random.Generator, state: HMCState, eps: float):
         return step(rng, state, model, grad, ratio, eps, leapfrog_steps, step_jitter)
 
     def start(rng: np.random.Generator, theta0: np.ndarray) -> HMCState:
-        return init(theta0, model, grad).with_tuning(tuning)
+        state = init(theta0, model, grad).with_tuning(tuning)
+        return replace(state, metric=MassAdaptation.identity(model.dim, mass))
 
     def kept(rng: np.random.Generator, state: HMCState) -> tuple[HMCState, Info]:
         new, info = move(rng, state, state.tuning.step)
@@ -425,15 +485,15 @@ def build(
     warmup_descent: int,
     warmup: int,
     hmc_ratio_clip_per_distance: float = 0.0,
-    adapt_mass: bool = False,
+    adapt_mass: bool | str = False,
 ) -> SamplingAlgorithm:
     """DP-HMC through the owners behind ``data.oracle``: ``step`` is the largest leapfrog step
     (units of θ; adapted below it during warmup when ``adapt_step``), the first
     min(``warmup_descent``, ``warmup``) iterations descend; the ratio is clipped at
     ``hmc_ratio_clip_per_distance`` × ‖θ' − θ‖ when that is > 0, else at ``hmc_ratio_clip``.
     The clipped kinds' cost does not depend on the step, so the step is free of the privacy
-    budget; nor does the mass matrix (``adapt_mass``: estimated in Stan's windows between the
-    descent and the end of warmup)."""
+    budget; nor does the mass matrix (``adapt_mass``: true or "diag", a diagonal one, "dense",
+    a dense one, estimated in Stan's windows between the descent and the end of warmup)."""
     oracle = data.require_oracle("dp_hmc")
     per_distance = hmc_ratio_clip_per_distance > 0
     descent = min(warmup_descent, warmup)
@@ -450,6 +510,7 @@ def build(
         descent=descent,
         ceiling=not per_distance,
         windows=mass_windows(descent, warmup) if adapt_mass else (),
+        mass=MASS_SHAPES.get(adapt_mass, "diag"),
     )
 
 
@@ -571,7 +632,7 @@ def check(sections: Sections, model: Model) -> None:
     descent = min(int(sampler.get("warmup_descent", DPHMCSettings().warmup_descent)), warmup)
     require(
         bool(mass_windows(descent, warmup)),
-        f"sampler.adapt_mass = true needs at least {MIN_SPAN} warmup iterations after the "
+        f"sampler.adapt_mass = {json.dumps(sampler['adapt_mass'])} needs at least {MIN_SPAN} warmup iterations after the "
         f"descent; sampler.warmup = {warmup} with warmup_descent = {descent} leaves "
         f"{warmup - descent}: raise sampler.warmup or lower sampler.warmup_descent",
     )
