@@ -630,9 +630,10 @@ def check(sections: Sections, model: Model) -> None:
         return
     warmup = int(sampler["warmup"])
     descent = min(int(sampler.get("warmup_descent", DPHMCSettings().warmup_descent)), warmup)
+    value = json.dumps(sampler["adapt_mass"])
     require(
         bool(mass_windows(descent, warmup)),
-        f"sampler.adapt_mass = {json.dumps(sampler['adapt_mass'])} needs at least {MIN_SPAN} warmup iterations after the "
+        f"sampler.adapt_mass = {value} needs at least {MIN_SPAN} warmup iterations after the "
         f"descent; sampler.warmup = {warmup} with warmup_descent = {descent} leaves "
         f"{warmup - descent}: raise sampler.warmup or lower sampler.warmup_descent",
     )
