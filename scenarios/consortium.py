@@ -2,7 +2,7 @@
 per-owner ε, against the non-private posterior of the pooled records.
 
     python scenarios/consortium.py [--quick] [--out DIR] [--seed 0] [--no-progress]
-        [--methods penalty,dp_hmc,sgld] [--epsilons 1,2,4,8] [--adapt-mass]
+        [--methods penalty,dp_hmc,sgld] [--epsilons 1,2,4,8] [--adapt-mass [diag|dense]]
 
 Data: statsmodels' copy of the RAND Health Insurance Experiment (``randhie``: 20,190
 person-years). Outcome y = log(1 + doctor visits), standardised; seven covariates (income,
@@ -26,7 +26,8 @@ Methods, each calibrated so that every owner's planned answers compose to exactl
   warmup;
 * ``dp_hmc`` — DP-HMC: leapfrog on clipped noisy gradient sums, penalty test on clipped noisy
   ratios; half the μ² budget to each kind; its first warmup iterations descend; with
-  ``--adapt-mass`` the rest of warmup adapts a diagonal mass matrix (``sampler.adapt_mass``);
+  ``--adapt-mass`` (or ``--adapt-mass diag``) the rest of warmup adapts a diagonal mass
+  matrix, ``--adapt-mass dense`` a dense one (``sampler.adapt_mass``);
 
 both penalty methods clip each record's ratio where the owners' summed ratio noise has
 variance 1 nat² (``ratio_clip``);
@@ -79,6 +80,10 @@ GRAD_CLIP, LEAPFROG, DESCENT, HMC_STEP, PENALTY_STEP = 1.0, 3, 50, 0.005, 0.01
 SGLD_RATE, SGLD_CLIP, MAX_SGLD_STEP = 0.05, 2.0, 1e-4
 
 
+#: ``--adapt-mass``'s values and the ``sampler.adapt_mass`` each sets (diag: true, as before).
+MASS_FLAG: dict[str, bool | str] = {"off": False, "diag": True, "dense": "dense"}
+
+
 @dataclass(frozen=True)
 class Setup:
     epsilons: tuple[float, ...]
@@ -86,7 +91,7 @@ class Setup:
     warmup: int
     iterations: int
     methods: tuple[str, ...] = METHODS
-    adapt_mass: bool = False  # dp_hmc's sampler.adapt_mass
+    adapt_mass: bool | str = False  # dp_hmc's sampler.adapt_mass
 
 
 FULL = Setup((1.0, 2.0, 4.0, 8.0), 4, 500, 1000)
@@ -145,10 +150,10 @@ def ratio_clip(sigma: float) -> float:
     return 1.0 / (sigma * math.sqrt(OWNERS))
 
 
-def calibrate(method: str, raw: dict, epsilon: float, adapt_mass: bool = False) -> dict:
+def calibrate(method: str, raw: dict, epsilon: float, adapt_mass: bool | str = False) -> dict:
     """``raw`` calibrated for ``method`` at the per-owner target ``epsilon`` (the penalty
     methods' noise multipliers from their planned answers; dp_hmc gives half of μ² to each
-    kind and adapts a diagonal mass matrix when ``adapt_mass``; SGLD the accountant's
+    kind and sets ``sampler.adapt_mass`` to ``adapt_mass``; SGLD the accountant's
     multiplier and admissible step)."""
     sampler, privacy = raw["sampler"], raw["privacy"]
     privacy["budget_epsilon"] = epsilon * 1.001
@@ -266,7 +271,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = reporting.scenario_parser(__doc__ or NAME, "ε = 4 only, 200 + 300 iterations")
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset")
     parser.add_argument("--epsilons", default="", help="comma-separated ε (default: the mode's)")
-    parser.add_argument("--adapt-mass", action="store_true", help="dp_hmc: sampler.adapt_mass")
+    parser.add_argument(
+        "--adapt-mass",
+        nargs="?",
+        const="diag",
+        default="off",
+        choices=tuple(MASS_FLAG),
+        help="dp_hmc: sampler.adapt_mass (bare: diag)",
+    )
     args = parser.parse_args(argv)
     methods = tuple(args.methods.split(","))
     if not methods or not set(methods) <= set(METHODS):
@@ -277,7 +289,9 @@ def main(argv: list[str] | None = None) -> int:
         print(exc, file=sys.stderr)
         return 2
     sys.path.insert(0, str(Path(__file__).resolve().parent))  # consortium_model
-    setup = replace(QUICK if args.quick else FULL, methods=methods, adapt_mass=args.adapt_mass)
+    setup = replace(
+        QUICK if args.quick else FULL, methods=methods, adapt_mass=MASS_FLAG[args.adapt_mass]
+    )
     if args.epsilons:
         setup = replace(setup, epsilons=tuple(float(e) for e in args.epsilons.split(",")))
     total = len(setup.methods) * len(setup.epsilons)
