@@ -61,23 +61,32 @@ def noisy_sums(seed: int):
     return grad, ratio
 
 
-def run(adapt_mass: bool | str, seed: int = 0, warmup: int = 400, iterations: int = 1000):
-    grad, ratio = noisy_sums(seed + 1)
+def adapted_run(
+    sums, ref, adapt_mass: bool | str, seed: int, warmup: int, iterations: int, steps: int
+):
+    """4 chains of DP-HMC on the answers ``sums`` (full jitter, step adapted to 0.65,
+    ``steps`` leapfrog steps) from over-dispersed starts around ``ref``, M adapted in Stan's
+    windows over the whole warmup when ``adapt_mass`` (its ``sampler.adapt_mass`` values)."""
+    grad, ratio = sums
     algo = dp_hmc.kernel(
         WIDE,
         grad,
         ratio,
         StepAdaptation.start(1.0, 0.65),
-        leapfrog_steps=5,
+        leapfrog_steps=steps,
         step_jitter=1.0,
         adapt=True,
         windows=mass_windows(0, warmup) if adapt_mass else (),
         mass=dp_hmc.MASS_SHAPES.get(adapt_mass, "diag"),
     )
     rng = np.random.default_rng(seed)
-    ref = posterior()
     theta0 = ref.mean + 2.0 * ref.sd * rng.standard_normal((4, 2))  # over-dispersed starts
     return sample(algo, rng, theta0, iterations=iterations, warmup=warmup, progress=False), ref
+
+
+def run(adapt_mass: bool | str, seed: int = 0, warmup: int = 400, iterations: int = 1000):
+    """The anisotropic Gaussian, L = 5."""
+    return adapted_run(noisy_sums(seed + 1), posterior(), adapt_mass, seed, warmup, iterations, 5)
 
 
 def rhat(draws: np.ndarray) -> np.ndarray:
@@ -271,24 +280,9 @@ def correlated_sums(seed: int | None, grad_sd: float = GRAD_SD, ratio_sd: float 
 
 
 def correlated_run(mass: str, seed: int = 0, warmup: int = 300, iterations: int = 300):
-    """4 chains, L = 3, full jitter, step adapted to 0.65, M of shape ``mass`` in Stan's
-    windows over the whole warmup, from over-dispersed starts."""
-    grad, ratio = correlated_sums(seed + 1)
-    algo = dp_hmc.kernel(
-        WIDE,
-        grad,
-        ratio,
-        StepAdaptation.start(1.0, 0.65),
-        leapfrog_steps=3,
-        step_jitter=1.0,
-        adapt=True,
-        windows=mass_windows(0, warmup),
-        mass=mass,
-    )
-    rng = np.random.default_rng(seed)
-    ref = correlated()
-    theta0 = ref.mean + 2.0 * ref.sd * rng.standard_normal((4, 2))
-    return sample(algo, rng, theta0, iterations=iterations, warmup=warmup, progress=False), ref
+    """The correlated Gaussian, L = 3, M of shape ``mass``."""
+    sums = correlated_sums(seed + 1)
+    return adapted_run(sums, correlated(), mass, seed, warmup, iterations, 3)
 
 
 def preconditioned_condition(inv_mass: np.ndarray, cov: np.ndarray) -> float:
