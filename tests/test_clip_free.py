@@ -66,11 +66,11 @@ def test_gaussian_mean_bounds_cover_every_record_and_are_reached(tmp_path):
 
 def test_certified_gradient_sums_equal_the_per_record_sums_and_count_no_hit(tmp_path, monkeypatch):
     reference = owner(tmp_path, "slow", per_record=True)
-    want = clipped_gradient_total(reference, NEAR, CLIP, KIND)
+    want = clipped_gradient_total(reference, NEAR, CLIP, KIND, MODEL.gradient_norm_bound(NEAR))
     assert reference.simulation_diagnostics().by_kind[KIND] == [0, 3 * len(RECORDS)]
     fast = owner(tmp_path, "fast")
     forbid(monkeypatch, gradient_module, "clipped_gradients")
-    got = clipped_gradient_total(fast, NEAR, CLIP, KIND)
+    got = clipped_gradient_total(fast, NEAR, CLIP, KIND, MODEL.gradient_norm_bound(NEAR))
     np.testing.assert_allclose(got, want, rtol=1e-9)
     assert fast.simulation_diagnostics().by_kind[KIND] == [0, 3 * len(RECORDS)]
 
@@ -85,8 +85,8 @@ def test_a_chain_that_cannot_be_certified_goes_record_by_record_with_its_hits(tm
         True,
         False,
     ]
-    want = clipped_gradient_total(reference, theta, CLIP, KIND)
-    got = clipped_gradient_total(fast, theta, CLIP, KIND)
+    want = clipped_gradient_total(reference, theta, CLIP, KIND, MODEL.gradient_norm_bound(theta))
+    got = clipped_gradient_total(fast, theta, CLIP, KIND, MODEL.gradient_norm_bound(theta))
     np.testing.assert_allclose(got, want, rtol=1e-9)
     hits = reference.simulation_diagnostics().by_kind[KIND]
     assert hits[0] > 0  # the far chain's clip binds on records: counted by both
@@ -100,10 +100,12 @@ def test_certified_ratio_sums_equal_the_per_record_sums(tmp_path, monkeypatch, p
     bound = CLIP * unit if per_distance else unit
     kind = "penalty_clipped"
     reference = owner(tmp_path, "slow", per_record=True)
-    want = clip_free_ratio_sum(reference, NEAR, prop, bound, kind)
+    want = clip_free_ratio_sum(
+        reference, NEAR, prop, bound, kind, MODEL.log_lik_diff_bound(NEAR, prop)
+    )
     fast = owner(tmp_path, "fast")
     forbid(monkeypatch, ratio_module, "clipped_ratio_sum")
-    got = clip_free_ratio_sum(fast, NEAR, prop, bound, kind)
+    got = clip_free_ratio_sum(fast, NEAR, prop, bound, kind, MODEL.log_lik_diff_bound(NEAR, prop))
     np.testing.assert_allclose(got, want, rtol=1e-9)
     counts = [0, 3 * len(RECORDS)]
     assert reference.simulation_diagnostics().by_kind[kind] == counts
@@ -116,8 +118,14 @@ def test_ratio_chains_past_the_certificate_keep_their_clipped_sums_and_hits(tmp_
     bound = np.full(4, CLIP * np.linalg.norm(np.full(DIM, 0.01)))
     kind = "penalty_clipped"
     reference, fast = owner(tmp_path, "slow", per_record=True), owner(tmp_path, "fast")
-    want = clip_free_ratio_sum(reference, theta, prop, bound, kind)
-    np.testing.assert_allclose(clip_free_ratio_sum(fast, theta, prop, bound, kind), want, rtol=1e-9)
+    want = clip_free_ratio_sum(
+        reference, theta, prop, bound, kind, MODEL.log_lik_diff_bound(theta, prop)
+    )
+    np.testing.assert_allclose(
+        clip_free_ratio_sum(fast, theta, prop, bound, kind, MODEL.log_lik_diff_bound(theta, prop)),
+        want,
+        rtol=1e-9,
+    )
     hits = reference.simulation_diagnostics().by_kind[kind]
     assert hits[0] > 0
     assert fast.simulation_diagnostics().by_kind[kind] == hits

@@ -14,8 +14,8 @@ scenario computes the sums on pooled records (``pooled_gradient``, ``pooled_rati
 G = Σ_k (Σ_x clip_c(∇ℓ(x, θ)) + N(0, s_{g,k}² I)) and s_g² = Σ_k s_{g,k}² its noise variance
 per coordinate; λ̂ = Σ_k (Σ_x clip_r(ℓ(x, θ') − ℓ(x, θ)) + N(0, s_k²)) and s² = Σ_k s_k².
 
-One iteration, per chain (diagonal mass M, I unless adapted; step ε = ``step`` × (1 − j·u),
-u ~ U(0, 1), j = ``jitter``): p ~ N(0, M); L leapfrog steps θ += ε M⁻¹p, p += ε g̃ with the
+One iteration, per chain (mass M, I unless adapted, diagonal or dense; step
+ε = ``step`` × (1 − j·u), u ~ U(0, 1), j = ``jitter``): p ~ N(0, M); L leapfrog steps θ += ε M⁻¹p, p += ε g̃ with the
 noisy gradient g̃ = ∇log p(θ) + G (the gradient at the current θ is the one kept in the state:
 asked once at the start and then taken from the accepted end point or kept on a rejection);
 then
@@ -150,8 +150,8 @@ class HMCState:
     """``theta`` ``(C, d)`` inside Θ, its ``log_prior`` ``(C,)``, the owners' noisy gradient
     sum ``grad`` ``(C, d)`` at ``theta`` (likelihood only) with its noise variance
     ``grad_var`` ``(C,)``, the next ``iteration`` (it keys the owners' answers) and the
-    leapfrog step with its warmup adaptation (``tuning``) and the diagonal mass matrix with its
-    warmup estimate (``metric``; checkpoints carry both)."""
+    leapfrog step with its warmup adaptation (``tuning``) and the mass matrix (diagonal or
+    dense) with its warmup estimate (``metric``; checkpoints carry both)."""
 
     theta: np.ndarray
     log_prior: np.ndarray
@@ -168,7 +168,7 @@ class HMCState:
 
     @property
     def inv_mass(self) -> np.ndarray:
-        """M⁻¹'s diagonal ``(d,)``."""
+        """M⁻¹: ``(d,)`` its diagonal or ``(d, d)`` dense."""
         return self.metric.inverse(self.theta.shape[1])
 
     def with_tuning(self, tuning: StepAdaptation) -> HMCState:

@@ -40,21 +40,22 @@ CHUNK_COMPONENTS = 1 << 22
 
 
 def clipped_gradient_total(
-    node: OwnerNode, theta: np.ndarray, clip: float, kind: str
+    node: OwnerNode, theta: np.ndarray, clip: float, kind: str, certified: np.ndarray | None
 ) -> np.ndarray:
     """Σ over ``node``'s records of ∇_θ ℓ(x, θ_c) clipped to L2 norm ``clip``: ``(C, d)``; no
-    noise, never released. Chains whose clip the model certifies cannot bind (``clip_free``)
+    noise, never released. Chains whose clip the model's ``certified`` bound ``(C,)``
+    (``Model.gradient_norm_bound``, asked once per request) shows cannot bind (``clip_free``)
     are summed from Σ S(x); the others record by record. Counts the records whose clip binds
     under ``kind`` (a ledger name) in simulation diagnostics (none on a certified chain)."""
     c, d = theta.shape
     model, n = node.model, len(node.records)
-    free = clip_free(node, model.gradient_norm_bound(theta), np.full(c, clip))
+    free = clip_free(node, certified, np.full(c, clip))
     total = np.zeros((c, d))
     if free.any():
-        summed = None
-        if isinstance(model, ExpFamModel) and node.stat_sum is not None:
-            summed = model.grad_log_lik_from_stats(n, node.stat_sum, theta[free])
-        if summed is None:
+        # clip_free certifies only exponential-family owners that keep Σ S(x)
+        assert isinstance(model, ExpFamModel) and node.stat_sum is not None
+        summed = model.grad_log_lik_from_stats(n, node.stat_sum, theta[free])
+        if summed is None:  # the model bounds the gradient but cannot sum it from Σ S(x)
             free[:] = False
         else:
             total[free] = summed
@@ -93,8 +94,10 @@ class ClippedGradientCompute:
         """Noisy answers ``(K, C, d)`` to ``keys`` (one per chain of ``query``), sd σ_k·clip."""
 
         def exact() -> np.ndarray:
+            theta, clip = query.theta, query.clip
+            certified = self.nodes[0].model.gradient_norm_bound(theta)  # one model per host
             return np.stack(
-                [clipped_gradient_total(n, query.theta, query.clip, self.kind) for n in self.nodes]
+                [clipped_gradient_total(n, theta, clip, self.kind, certified) for n in self.nodes]
             )
 
         return NoisyExact(noise, keys, self.kind, exact, query.clip)

@@ -57,13 +57,19 @@ def step_lengths(theta: np.ndarray, theta_prop: np.ndarray, label: str) -> np.nd
 
 
 def clip_free_ratio_sum(
-    node: OwnerNode, theta: np.ndarray, theta_prop: np.ndarray, bound: np.ndarray, kind: str
+    node: OwnerNode,
+    theta: np.ndarray,
+    theta_prop: np.ndarray,
+    bound: np.ndarray,
+    kind: str,
+    certified: np.ndarray | None,
 ) -> np.ndarray:
     """``clipped_ratio_sum`` ``(C,)`` (each record's term clipped to ±bound_c), with the chains
-    whose bound the model certifies cannot bind (``clip_free``) summed from Σ S(x); their
-    records count as evaluated with no hit in simulation diagnostics."""
+    whose clip the model's ``certified`` bound ``(C,)`` (``Model.log_lik_diff_bound``, asked
+    once per request) shows cannot bind (``clip_free``) summed from Σ S(x); their records
+    count as evaluated with no hit in simulation diagnostics."""
     model, n = node.model, len(node.records)
-    free = clip_free(node, model.log_lik_diff_bound(theta, theta_prop), bound)
+    free = clip_free(node, certified, bound)
     if not free.any():
         return clipped_ratio_sum(node, theta, theta_prop, bound, kind)
     stats = node.stat_sum
@@ -94,8 +100,10 @@ class ClippedLogRatioCompute:
         bound = query.clip * unit
 
         def exact() -> np.ndarray:
+            theta, prop = query.theta, query.theta_prop
+            certified = self.nodes[0].model.log_lik_diff_bound(theta, prop)  # one model per host
             sums = [
-                clip_free_ratio_sum(n, query.theta, query.theta_prop, bound, self.kind) / unit
+                clip_free_ratio_sum(n, theta, prop, bound, self.kind, certified) / unit
                 for n in self.nodes
             ]
             return np.stack(sums)[:, :, None]
