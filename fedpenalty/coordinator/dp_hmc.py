@@ -14,10 +14,11 @@ scenario computes the sums on pooled records (``pooled_gradient``, ``pooled_rati
 G = Σ_k (Σ_x clip_c(∇ℓ(x, θ)) + N(0, s_{g,k}² I)) and s_g² = Σ_k s_{g,k}² its noise variance
 per coordinate; λ̂ = Σ_k (Σ_x clip_r(ℓ(x, θ') − ℓ(x, θ)) + N(0, s_k²)) and s² = Σ_k s_k².
 
-One iteration, per chain (mass M, I unless adapted, diagonal or dense; step
-ε = ``step`` × (1 − j·u), u ~ U(0, 1), j = ``jitter``): p ~ N(0, M); L leapfrog steps θ += ε M⁻¹p, p += ε g̃ with the
-noisy gradient g̃ = ∇log p(θ) + G (the gradient at the current θ is the one kept in the state:
-asked once at the start and then taken from the accepted end point or kept on a rejection);
+One iteration, per chain (mass M, I unless adapted, diagonal or dense; step ε = ``step`` × (1 −
+j·u), u ~ U(0, 1), j = ``jitter``): p ~ N(0, M); L leapfrog steps θ += ε M⁻¹p, p += ε g̃ with
+the noisy gradient g̃ = ∇log p(θ) + G (the gradient at the current θ is the one kept in the
+state: asked once at the start and then taken from the accepted end point or kept on a
+rejection);
 then
 
     log α = log p(θ_L) − log p(θ) + λ̂ − s²/2 − ½ p_Lᵀ M⁻¹ p_L + ½ pᵀ M⁻¹ p,
