@@ -198,6 +198,21 @@ def kinds_lines(privacy: dict[str, Any]) -> list[str]:
     return lines
 
 
+def clip_hits_line(diagnostics: dict[str, Any]) -> str | None:
+    """The console line of simulated owners' clip-bound hits per clipped kind
+    (diagnostics.json ``simulation_only.clip_hits``), saying so when no term was clipped: the
+    chains then sampled the posterior itself, not a clipped one. None without counts."""
+    hits = (diagnostics.get("simulation_only") or {}).get("clip_hits") or {}
+    counted = {kind: c for kind, c in hits.items() if c.get("fraction") is not None}
+    if not counted:
+        return None
+    each = ", ".join(f"{kind} {100 * c['fraction']:.3g}%" for kind, c in counted.items())
+    line = f"clip bound hit (simulated owners' count, of record evaluations): {each}"
+    if all(c["fraction"] == 0 for c in counted.values()):
+        line += "; no record's term was clipped, so the chains sampled the posterior itself"
+    return line
+
+
 def unreported_lines(unreported: list[dict[str, Any]]) -> str:
     """The console lines naming the owners that could not report (privacy.json
     ``unreported``): status and the answers this coordinator received from each."""
@@ -321,6 +336,8 @@ def print_run(title: str, result) -> None:
         print(privacy_overview(privacy))
         for line in kinds_lines(privacy):
             print(line)
+        if privacy.get("target") and (hit_line := clip_hits_line(result.diagnostics)):
+            print(hit_line)
         if privacy.get("trusted_curator"):
             print("trusted curator: this baseline pools every owner's records centrally")
     if privacy.get("unreported"):

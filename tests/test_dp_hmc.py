@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from test_samplers import Z, owners_data, z_scores
 
+from fedpenalty.cli_print import clip_hits_line
 from fedpenalty.config import load_scenario
 from fedpenalty.coordinator import dp_hmc
 from fedpenalty.coordinator.adapt import StepAdaptation
@@ -285,7 +286,10 @@ def test_owners_clip_each_chain_at_c_times_its_distance_with_noise_in_proportion
     assert s2 == pytest.approx(3 * (1e-3 * lengths) ** 2, rel=1e-12)
     assert np.all(np.abs(lam - expected) < 5 * np.sqrt(s2)), (lam - expected) / np.sqrt(s2)
     assert np.all(np.abs(absolute - expected)[:3] > 100 * np.sqrt(s2[:3]))
-    assert oracle.simulation_diagnostics()["clip_hits"]["penalty_clipped"]["fraction"] > 0
+    simulated = oracle.simulation_diagnostics()
+    assert simulated["clip_hits"]["penalty_clipped"]["fraction"] > 0
+    line = clip_hits_line({"simulation_only": simulated})  # a bound that binds is not hidden
+    assert line is not None and "penalty_clipped" in line and "posterior itself" not in line
 
 
 def test_owners_refuse_a_ratio_per_distance_of_no_move_and_a_query_with_both_clips():
@@ -572,3 +576,5 @@ def test_the_sampler_switch_mixes_at_dim_5_with_no_clip_binding(tmp_path):
     assert set(hits) == {"gradient_clipped", "penalty_clipped"}
     for kind in hits.values():
         assert sum(kind["hits"]) == 0 and min(kind["evaluations"]) > 0, kind
+    line = clip_hits_line(diagnostics)  # the console says the clips never bound
+    assert line is not None and line.endswith("so the chains sampled the posterior itself")

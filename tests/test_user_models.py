@@ -361,6 +361,25 @@ def test_the_example_runs_from_its_folder(tmp_path):
     assert (tmp_path / "run" / "diagnostics.json").exists()
 
 
+def test_owner_host_processes_ignore_a_fedpenalty_folder_in_the_working_directory(tmp_path):
+    """A user who runs the default simulation from inside another checkout (a ``fedpenalty``
+    folder in the working directory) gets the installed package in the owners' host processes
+    too, not the folder's: before ``python -P`` the hosts imported the folder's copy."""
+    shadow = tmp_path / "fedpenalty"
+    shadow.mkdir()
+    (shadow / "__init__.py").write_text('raise ImportError("the shadowing checkout was imported")')
+    script = "import sys; from fedpenalty.cli import main; sys.exit(main())"
+    done = subprocess.run(
+        [sys.executable, "-P", "-c", script, "simulate", "--out", str(tmp_path / "run"),
+         "--no-progress", "--set", "run.transport='grpc'", "--set", "data.n_per_owner=1000",
+         "--set", "sampler.iterations=20", "--set", "sampler.warmup=10"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    logs = "".join(p.read_text() for p in (tmp_path / "run").rglob("host-*.log"))
+    assert "shadowing checkout" not in logs
+
+
 def test_lipschitz_is_checked_only_when_declared(user_module):
     """A model without L builds, and what needs L refuses it naming the keys; a declared L
     must still be a finite positive number."""

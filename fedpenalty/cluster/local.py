@@ -2,8 +2,11 @@
 
 ``LocalCluster.start`` writes each host's owners (records, policy, noise seed) into a folder
 (the records are removed once the hosts have loaded them),
-starts ``python -m fedpenalty.cluster.local HOST.json`` per host on 127.0.0.1 with a port the
-operating system picks, waits until every host reports SERVING on the standard health check,
+starts ``python -P -m fedpenalty.cluster.local HOST.json`` per host on 127.0.0.1 with a port the
+operating system picks (``-P``: the working directory is not put first on ``sys.path``, so a
+``fedpenalty`` folder there — another checkout — cannot shadow the installed package; a user's
+model module is still found there, by the model registry's fallback), waits until every host
+reports SERVING on the standard health check,
 and ``stop`` ends them with SIGTERM (SIGKILL after a timeout). The hosts run in their own
 session, so a terminal's Ctrl-C reaches the coordinator alone: it stops the run, collects the
 owners' reports and then stops the hosts; a host whose launcher is gone stops itself. Owners
@@ -80,7 +83,7 @@ class LocalCluster:
                 log = (folder / f"host-{h}.log").open("ab")
                 processes.append(
                     subprocess.Popen(
-                        [sys.executable, "-m", "fedpenalty.cluster.local", str(spec)],
+                        [sys.executable, "-P", "-m", "fedpenalty.cluster.local", str(spec)],
                         stdout=log,
                         stderr=subprocess.STDOUT,
                         stdin=subprocess.DEVNULL,
