@@ -11,31 +11,35 @@ standardised and divided by 3 (rows with ‖x‖ > 1 are rescaled onto the unit 
 model). One owner per insurance plan of the experiment (coinsurance rate × individual
 deductible): K = 6 owners of 1,074 to 6,822 records, one random intercept per owner.
 
-Model: the user-written ``consortium_model:GroupInterceptsRegression`` (scenarios/consortium_model.py,
-selected by its module path as any user's model is): y = α + xᵀβ + b_k + e, e ~ N(0, 0.95²)
-(the residual sd of the pooled least-squares fit with plan effects), b_k ~ N(0, τ²),
-θ = (α, β, log τ, b_1..b_K), d = 15. Its reference posterior — the non-private posterior of
-the pooled data — is deterministic (Gaussian given τ, log τ on a grid), so the error is not
-blurred by a reference chain's Monte Carlo error.
+Model: the user-written ``consortium_model:GroupInterceptsRegression``
+(scenarios/consortium_model.py, selected by its module path as any user's model is):
+y = μ_k + xᵀβ + e, e ~ N(0, 0.95²) (the residual sd of the pooled least-squares fit with plan
+effects), owner effects μ_k ~ N(α, τ²), θ = (α, β, log τ, μ_1..μ_K), d = 15. Owner k's
+records touch only β and μ_k, so the posterior is close to diagonal (written with offsets
+b_k = μ_k − α, α and each b_k correlate −0.92..−0.98); α and log τ are prior-only coordinates,
+where DP-HMC drops the owners' gradient noise (docs/design.md §2.9). Its reference posterior —
+the non-private posterior of the pooled data — is deterministic (Gaussian given τ, log τ on a
+grid), so the error is not blurred by a reference chain's Monte Carlo error.
 
 Methods, each calibrated so that every owner's planned answers compose to exactly ε at
 δ = 1e-5 (replace-one; the owners' ledgers report the ε each spent):
 
 * ``penalty`` — random-walk penalty MH on the owners' clipped log-likelihood ratios
-  (``sampler.ratio_clip``), noise multiplier for its planned answers, the radius adapted in
-  warmup;
-* ``dp_hmc`` — DP-HMC: leapfrog on clipped noisy gradient sums, penalty test on clipped noisy
-  ratios; half the μ² budget to each kind; its first warmup iterations descend; with
-  ``--adapt-mass`` (or ``--adapt-mass diag``) the rest of warmup adapts a diagonal mass
-  matrix, ``--adapt-mass dense`` a dense one (``sampler.adapt_mass``);
+  (``sampler.ratio_clip``), the radius adapted in warmup;
+* ``dp_hmc`` — DP-HMC: L = 3 leapfrog steps on clipped noisy gradient sums (clip 2), penalty
+  test on clipped noisy ratios; its first 50 warmup iterations descend, the rest of warmup
+  adapts a diagonal mass matrix (``--adapt-mass off|diag|dense`` sets ``sampler.adapt_mass``);
 
-both penalty methods clip each record's ratio where the owners' summed ratio noise has
-variance 1 nat² (``ratio_clip``);
-* ``sgld`` — DP-SGLD with the accountant's noise multiplier and admissible step.
+both with secure aggregation (``privacy.aggregation = "secure"``, t = 0): each owner adds
+noise of sd s·clip/√K and the decoded sum carries s·clip, with s set for all the run's answers
+(one s for both of dp_hmc's kinds), and both clip each record's ratio at 1/s nats, where the
+decoded ratio's noise has variance 1 nat²;
+* ``sgld`` — DP-SGLD with the accountant's noise multiplier and admissible step (no secure
+  aggregation).
 
 Per method and ε: the largest |posterior mean − reference mean| in reference posterior sds
-(all 15 coordinates, and the 8 regression coefficients), the smallest bulk ESS per second of
-run time, the largest R-hat, and the largest ε an owner's ledger reports.
+(all 15 coordinates, and α with the 7 β), the smallest bulk ESS per second of run time, the
+largest R-hat, the largest ε an owner's ledger reports and how often each clip bound was hit.
 
 Writes ``consortium.json`` and ``consortium.png``.
 """
@@ -45,7 +49,7 @@ from __future__ import annotations
 import math
 import sys
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -89,11 +93,11 @@ class Tuning:
     adapted down in warmup); both: the decoded ratio's noise sd (nats) that sets the ratio
     clip c = ratio_noise / s."""
 
-    grad_clip: float = 1.0
+    grad_clip: float = 2.0
     leapfrog: int = 3
     descent: int = 50
     hmc_step: float = 0.005
-    adapt_mass: bool | str = False
+    adapt_mass: bool | str = True
     target_accept: float = 0.5
     penalty_step: float = 0.01
     ratio_noise: float = 1.0
@@ -112,8 +116,8 @@ class Setup:
     tuning: Tuning = TUNING
 
 
-FULL = Setup((1.0, 2.0, 4.0, 8.0), 4, 500, 1000)
-QUICK = Setup((4.0,), 4, 200, 300)
+FULL = Setup((1.0, 2.0, 4.0, 8.0), 4, 200, 200)
+QUICK = Setup((4.0,), 4, 100, 100)
 
 
 def owners_data(folder: Path) -> list[str]:
@@ -285,7 +289,7 @@ def headlines(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = reporting.scenario_parser(__doc__ or NAME, "ε = 4 only, 200 + 300 iterations")
+    parser = reporting.scenario_parser(__doc__ or NAME, "ε = 4 only, 100 + 100 iterations")
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset")
     parser.add_argument("--epsilons", default="", help="comma-separated ε (default: the mode's)")
     parser.add_argument(
@@ -332,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out,
         NAME,
         argv=list(argv if argv is not None else sys.argv[1:]),
-        settings=setup.__dict__,
+        settings=asdict(setup),
         results=rows,
         notes=notes,
         fig=plot(rows, setup),
