@@ -8,7 +8,6 @@ exactly as calibrated for every method."""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,18 +21,13 @@ from fedpenalty.coordinator.driver import sample
 pytest.importorskip("statsmodels")
 sys.path.insert(0, str(ROOT / "scenarios"))
 import consortium
+import consortium_heating
 from consortium_model import GroupInterceptsRegression
 
 
 @pytest.fixture(scope="module")
 def pooled(tmp_path_factory) -> tuple[GroupInterceptsRegression, np.ndarray]:
-    folder = tmp_path_factory.mktemp("owners")
-    model = GroupInterceptsRegression(**{k: v for k, v in consortium.MODEL.items() if k != "name"})
-    parts = []
-    for path in consortium.owners_data(Path(folder)):
-        with np.load(path) as z:
-            parts.append(np.column_stack([z[name] for name in model.column_names]))
-    return model, model.prepare_records(np.concatenate(parts))
+    return consortium_heating.pooled(tmp_path_factory.mktemp("owners"))
 
 
 def test_owners_are_the_plans_of_unequal_sizes(pooled):
