@@ -11,31 +11,35 @@ standardised and divided by 3 (rows with ‖x‖ > 1 are rescaled onto the unit 
 model). One owner per insurance plan of the experiment (coinsurance rate × individual
 deductible): K = 6 owners of 1,074 to 6,822 records, one random intercept per owner.
 
-Model: the user-written ``consortium_model:GroupEffectsRegression`` (scenarios/consortium_model.py,
-selected by its module path as any user's model is): y = α + xᵀβ + b_k + e, e ~ N(0, 0.95²)
-(the residual sd of the pooled least-squares fit with plan effects), b_k ~ N(0, τ²),
-θ = (α, β, log τ, b_1..b_K), d = 15. Its reference posterior — the non-private posterior of
-the pooled data — is deterministic (Gaussian given τ, log τ on a grid), so the error is not
-blurred by a reference chain's Monte Carlo error.
+Model: the user-written ``consortium_model:GroupInterceptsRegression``
+(scenarios/consortium_model.py, selected by its module path as any user's model is):
+y = μ_k + xᵀβ + e, e ~ N(0, 0.95²) (the residual sd of the pooled least-squares fit with plan
+effects), owner effects μ_k ~ N(α, τ²), θ = (α, β, log τ, μ_1..μ_K), d = 15. Owner k's
+records touch only β and μ_k, so the posterior is close to diagonal (written with offsets
+b_k = μ_k − α, α and each b_k correlate −0.92..−0.98); α and log τ are prior-only coordinates,
+where DP-HMC drops the owners' gradient noise (docs/design.md §2.9). Its reference posterior —
+the non-private posterior of the pooled data — is deterministic (Gaussian given τ, log τ on a
+grid), so the error is not blurred by a reference chain's Monte Carlo error.
 
 Methods, each calibrated so that every owner's planned answers compose to exactly ε at
 δ = 1e-5 (replace-one; the owners' ledgers report the ε each spent):
 
 * ``penalty`` — random-walk penalty MH on the owners' clipped log-likelihood ratios
-  (``sampler.ratio_clip``), noise multiplier for its planned answers, the radius adapted in
-  warmup;
-* ``dp_hmc`` — DP-HMC: leapfrog on clipped noisy gradient sums, penalty test on clipped noisy
-  ratios; half the μ² budget to each kind; its first warmup iterations descend; with
-  ``--adapt-mass`` (or ``--adapt-mass diag``) the rest of warmup adapts a diagonal mass
-  matrix, ``--adapt-mass dense`` a dense one (``sampler.adapt_mass``);
+  (``sampler.ratio_clip``), the radius adapted in warmup;
+* ``dp_hmc`` — DP-HMC: L = 3 leapfrog steps on clipped noisy gradient sums (clip 2), penalty
+  test on clipped noisy ratios; its first 50 warmup iterations descend, the rest of warmup
+  adapts a diagonal mass matrix (``--adapt-mass off|diag|dense`` sets ``sampler.adapt_mass``);
 
-both penalty methods clip each record's ratio where the owners' summed ratio noise has
-variance 1 nat² (``ratio_clip``);
-* ``sgld`` — DP-SGLD with the accountant's noise multiplier and admissible step.
+both with secure aggregation (``privacy.aggregation = "secure"``, t = 0): each owner adds
+noise of sd s·clip/√K and the decoded sum carries s·clip, with s set for all the run's answers
+(one s for both of dp_hmc's kinds), and both clip each record's ratio at 1/s nats, where the
+decoded ratio's noise has variance 1 nat²;
+* ``sgld`` — DP-SGLD with the accountant's noise multiplier and admissible step (no secure
+  aggregation).
 
 Per method and ε: the largest |posterior mean − reference mean| in reference posterior sds
-(all 15 coordinates, and the 8 regression coefficients), the smallest bulk ESS per second of
-run time, the largest R-hat, and the largest ε an owner's ledger reports.
+(all 15 coordinates, and α with the 7 β), the smallest bulk ESS per second of run time, the
+largest R-hat, the largest ε an owner's ledger reports and how often each clip bound was hit.
 
 Writes ``consortium.json`` and ``consortium.png``.
 """
@@ -45,7 +49,7 @@ from __future__ import annotations
 import math
 import sys
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +59,8 @@ from fedpenalty import reporting
 from fedpenalty.coordinator.algorithms import ALGORITHMS
 from fedpenalty.errors import FedPenaltyError
 from fedpenalty.extras import require
-from fedpenalty.kinds import KINDS
-from fedpenalty.privacy.gaussian import mu_for_epsilon
+from fedpenalty.owner.noise.lattice import LATTICE_BITS
+from fedpenalty.privacy.owner_epsilon import max_gdp_mu_squared
 from fedpenalty.privacy.wang import compare_admissible_steps
 
 NAME = "consortium"
@@ -65,7 +69,7 @@ NAME = "consortium"
 OWNERS, SCALE = 6, 3.0
 COVARIATES = ["lpi", "fmde", "physlm", "disea", "hlthg", "hlthf", "hlthp"]
 MODEL = {
-    "name": "consortium_model:GroupEffectsRegression",
+    "name": "consortium_model:GroupInterceptsRegression",
     "covariates": len(COVARIATES),
     "groups": OWNERS,
     "noise_sd": 0.95,
@@ -74,14 +78,32 @@ MODEL = {
 DELTA, NEIGHBOUR = 1e-5, "replace_one"
 DIM = 2 + len(COVARIATES) + OWNERS  # θ = (α, β, log τ, b_1..b_K)
 METHODS = ("penalty", "dp_hmc", "sgld")
-#: dp_hmc: per-record gradient clip (nats per unit of θ), leapfrog steps, descent iterations and
-#: the largest leapfrog step; penalty's largest step (both adapted down in warmup)
-GRAD_CLIP, LEAPFROG, DESCENT, HMC_STEP, PENALTY_STEP = 1.0, 3, 50, 0.005, 0.01
 SGLD_RATE, SGLD_CLIP, MAX_SGLD_STEP = 0.05, 2.0, 1e-4
 
 
 #: ``--adapt-mass``'s values and the ``sampler.adapt_mass`` each sets (diag: true, as before).
 MASS_FLAG: dict[str, bool | str] = {"off": False, "diag": True, "dense": "dense"}
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """The penalty methods' settings besides the noise: dp_hmc's per-record gradient clip
+    (nats per unit of θ), leapfrog steps L, descent iterations, largest leapfrog step (units
+    of θ), ``sampler.adapt_mass`` and target acceptance; penalty's largest step (both steps
+    adapted down in warmup); both: the decoded ratio's noise sd (nats) that sets the ratio
+    clip c = ratio_noise / s."""
+
+    grad_clip: float = 2.0
+    leapfrog: int = 3
+    descent: int = 50
+    hmc_step: float = 0.005
+    adapt_mass: bool | str = True
+    target_accept: float = 0.5
+    penalty_step: float = 0.01
+    ratio_noise: float = 1.0
+
+
+TUNING = Tuning()
 
 
 @dataclass(frozen=True)
@@ -91,11 +113,11 @@ class Setup:
     warmup: int
     iterations: int
     methods: tuple[str, ...] = METHODS
-    adapt_mass: bool | str = False  # dp_hmc's sampler.adapt_mass
+    tuning: Tuning = TUNING
 
 
-FULL = Setup((1.0, 2.0, 4.0, 8.0), 4, 500, 1000)
-QUICK = Setup((4.0,), 4, 200, 300)
+FULL = Setup((1.0, 2.0, 4.0, 8.0), 4, 200, 200)
+QUICK = Setup((4.0,), 4, 100, 100)
 
 
 def owners_data(folder: Path) -> list[str]:
@@ -137,27 +159,25 @@ def scenario(paths: list[str], setup: Setup, algorithm: str, seed: int) -> dict[
     }
 
 
-def multiplier(mu_squared: float, answers: int) -> float:
-    """The noise multiplier σ at which ``answers`` Gaussian answers of sensitivity 2 per unit
-    clip (replace-one) compose to GDP μ² = ``mu_squared``: Σ (2/σ)² = μ²."""
-    return 2.0 * math.sqrt(answers / mu_squared)
+def secure_multiplier(mu_squared: float, answers: int) -> float:
+    """The noise multiplier s of secure aggregation (t = 0: the decoded sum's noise sd is
+    s·clip) at which ``answers`` lattice answers per owner, each charged μ = (2 + γ√d)/s per
+    unit clip (replace-one; docs/design.md §4, "The noise level of a clipped kind"), compose
+    to μ² = ``mu_squared``: γ ≤ 2⁻²⁰ of an owner's sd s/√K, so s = (2 + γ√d)·√(answers/μ²)
+    with γ at that bound."""
+    s0 = 2.0 * math.sqrt(answers / mu_squared)
+    gamma = s0 / math.sqrt(OWNERS) * 2.0**-LATTICE_BITS
+    return (2.0 + gamma * math.sqrt(DIM)) * math.sqrt(answers / mu_squared)
 
 
-def ratio_clip(sigma: float) -> float:
-    """The per-record ratio clip (nats) at which the owners' summed ratio noise has variance
-    1 nat² when each answers with noise multiplier ``sigma``: K (σ c)² = 1. A larger clip binds
-    less but its noise rejects more; this one keeps the penalty test informative at every ε."""
-    return 1.0 / (sigma * math.sqrt(OWNERS))
-
-
-def calibrate(method: str, raw: dict, epsilon: float, adapt_mass: bool | str = False) -> dict:
-    """``raw`` calibrated for ``method`` at the per-owner target ``epsilon`` (the penalty
-    methods' noise multipliers from their planned answers; dp_hmc gives half of μ² to each
-    kind and sets ``sampler.adapt_mass`` to ``adapt_mass``; SGLD the accountant's
-    multiplier and admissible step)."""
+def calibrate(method: str, raw: dict, epsilon: float, tuning: Tuning = TUNING) -> dict:
+    """``raw`` calibrated for ``method`` at the per-owner target ``epsilon``. penalty and
+    dp_hmc: secure aggregation (t = 0), s for all their planned answers (one s for both of
+    dp_hmc's kinds, so the kinds share μ² in proportion to their answers), the ratio clip
+    where the decoded ratio's noise has sd ``tuning.ratio_noise`` nats; SGLD: no secure
+    aggregation, the accountant's multiplier and admissible step."""
     sampler, privacy = raw["sampler"], raw["privacy"]
     privacy["budget_epsilon"] = epsilon * 1.001
-    mu2 = mu_for_epsilon(epsilon, DELTA) ** 2
     chains = sampler["chains"]
     if method == "sgld":
         planned = ALGORITHMS["sgld"].planned_answers(sampler)
@@ -170,22 +190,22 @@ def calibrate(method: str, raw: dict, epsilon: float, adapt_mass: bool | str = F
         )
         return raw
     if method == "penalty":
-        sampler.update(ratio_clip=1.0, step=PENALTY_STEP, adapt_step=True)
+        sampler.update(ratio_clip=1.0, step=tuning.penalty_step, adapt_step=True)
     else:
         sampler.update(
             hmc_ratio_clip=1.0,
-            grad_clip=GRAD_CLIP,
-            leapfrog_steps=LEAPFROG,
-            step=HMC_STEP,
-            warmup_descent=DESCENT,
-            adapt_mass=adapt_mass,
+            grad_clip=tuning.grad_clip,
+            leapfrog_steps=tuning.leapfrog,
+            step=tuning.hmc_step,
+            warmup_descent=tuning.descent,
+            adapt_mass=tuning.adapt_mass,
+            target_accept=tuning.target_accept,
         )
-    asks = ALGORITHMS[method].asks(sampler)
-    share = mu2 / len(asks)
-    noise = {kind: multiplier(share, chains * n) for kind, n in asks.items()}
-    sigma_ratio = noise["clipped_log_ratio"]
-    sampler["ratio_clip" if method == "penalty" else "hmc_ratio_clip"] = ratio_clip(sigma_ratio)
-    privacy.update(sigma=1.0, noise={KINDS[kind].noise_key: v for kind, v in noise.items()})
+    answers = chains * sum(ALGORITHMS[method].asks(sampler).values())
+    mu2 = max_gdp_mu_squared(epsilon, DELTA, NEIGHBOUR, (), lattice=True)
+    s = secure_multiplier(mu2, answers)
+    sampler["ratio_clip" if method == "penalty" else "hmc_ratio_clip"] = tuning.ratio_noise / s
+    privacy.update(sigma=1.0, aggregation="secure", total_noise_sd=s, colluders=0)
     return raw
 
 
@@ -211,11 +231,11 @@ def measure(sim: reporting.Simulated) -> dict[str, Any]:
 
 
 def informative_answers(mu_squared: float, records: int) -> float:
-    """About how many ratio answers per owner (all chains) a penalty test stays informative
-    for (scenarios/README.md, consortium): its clip must cover a record's log ratio of a move
-    of one posterior sd in all d coordinates, ≈ √(d/N) nats, while the owners' summed noise
-    K(σc)² stays ≲ 1 with σ = 2√(answers/μ²): answers ≲ μ²N/(4dK)."""
-    return mu_squared * records / (4 * DIM * OWNERS)
+    """About how many answers per owner (all chains, all kinds) a penalty test stays
+    informative for (scenarios/README.md, consortium): its clip must cover a record's log
+    ratio of a move of one posterior sd in all d coordinates, ≈ √(d/N) nats, while the decoded
+    sum's noise (sc)² stays ≲ 1 with s = 2√(answers/μ²): answers ≲ μ²N/(4d)."""
+    return mu_squared * records / (4 * DIM)
 
 
 def run(setup: Setup, seed: int, folder: Path, bar) -> list[dict]:
@@ -227,15 +247,16 @@ def run(setup: Setup, seed: int, folder: Path, bar) -> list[dict]:
     rows = []
     for method in setup.methods:
         for eps in setup.epsilons:
-            raw = calibrate(method, scenario(paths, setup, method, seed), eps, setup.adapt_mass)
+            raw = calibrate(method, scenario(paths, setup, method, seed), eps, setup.tuning)
             sim = reporting.simulate(raw, folder / f"{method}-{eps:g}")
             bar.update()
             row = {"method": method, "target_epsilon": eps, **measure(sim)}
             if method != "sgld":
                 asks = ALGORITHMS[method].asks(sim.scenario["sampler"])
-                share = mu_for_epsilon(eps, DELTA) ** 2 / len(asks)
-                row["ratio_answers"] = setup.chains * asks["clipped_log_ratio"]
-                row["informative_ratio_answers"] = informative_answers(share, records)
+                mu2 = max_gdp_mu_squared(eps, DELTA, NEIGHBOUR, (), lattice=True)
+                row["answers"] = setup.chains * sum(asks.values())
+                row["informative_answers"] = informative_answers(mu2, records)
+                row["total_noise_sd"] = raw["privacy"]["total_noise_sd"]
             rows.append({**row, "scenario": sim.scenario.sections})
     return rows
 
@@ -268,14 +289,14 @@ def headlines(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = reporting.scenario_parser(__doc__ or NAME, "ε = 4 only, 200 + 300 iterations")
+    parser = reporting.scenario_parser(__doc__ or NAME, "ε = 4 only, 100 + 100 iterations")
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset")
     parser.add_argument("--epsilons", default="", help="comma-separated ε (default: the mode's)")
     parser.add_argument(
         "--adapt-mass",
         nargs="?",
         const="diag",
-        default="off",
+        default=None,
         choices=tuple(MASS_FLAG),
         help="dp_hmc: sampler.adapt_mass (bare: diag)",
     )
@@ -289,9 +310,11 @@ def main(argv: list[str] | None = None) -> int:
         print(exc, file=sys.stderr)
         return 2
     sys.path.insert(0, str(Path(__file__).resolve().parent))  # consortium_model
-    setup = replace(
-        QUICK if args.quick else FULL, methods=methods, adapt_mass=MASS_FLAG[args.adapt_mass]
-    )
+    base = QUICK if args.quick else FULL
+    tuning = base.tuning
+    if args.adapt_mass is not None:
+        tuning = replace(tuning, adapt_mass=MASS_FLAG[args.adapt_mass])
+    setup = replace(base, methods=methods, tuning=tuning)
     if args.epsilons:
         setup = replace(setup, epsilons=tuple(float(e) for e in args.epsilons.split(",")))
     total = len(setup.methods) * len(setup.epsilons)
@@ -306,14 +329,14 @@ def main(argv: list[str] | None = None) -> int:
         "penalty and dp_hmc clip each record's log ratio (and dp_hmc its gradient): their "
         "target is the clipped-likelihood posterior; clip_fraction says how often the clip bound "
         "was hit",
-        "informative_ratio_answers ≈ μ²N/(4dK): the ratio answers per owner a penalty test "
-        "stays informative for at the ratio's share of μ²; ratio_answers is what the run asked",
+        "informative_answers ≈ μ²N/(4d): the answers per owner (all kinds) a penalty test "
+        "stays informative for with secure aggregation; answers is what the run asked",
     ]
     reporting.write_report(
         args.out,
         NAME,
         argv=list(argv if argv is not None else sys.argv[1:]),
-        settings=setup.__dict__,
+        settings=asdict(setup),
         results=rows,
         notes=notes,
         fig=plot(rows, setup),

@@ -500,7 +500,7 @@ def build(
     descent = min(warmup_descent, warmup)
     return kernel(
         model,
-        oracle_gradient(oracle, grad_clip),
+        without(oracle_gradient(oracle, grad_clip), model.prior_only_coordinates),
         oracle_ratio(
             oracle, hmc_ratio_clip_per_distance if per_distance else hmc_ratio_clip, per_distance
         ),
@@ -530,6 +530,24 @@ def oracle_gradient(oracle: Oracle, clip: float) -> GradFn:
         return total, np.full(len(chains), variance)
 
     return grad
+
+
+def without(grad: GradFn, coordinates: tuple[int, ...]) -> GradFn:
+    """``grad`` with its sum set to 0 in ``coordinates`` (``Model.prior_only_coordinates``:
+    no record's gradient is non-zero there, so those entries of the sum are the owners' noise
+    alone). A fixed function of the answers, so the leapfrog stays a composition of shears and
+    the chain exact (docs/design.md §2.9, "Prior-only coordinates")."""
+    if not coordinates:
+        return grad
+    drop = np.asarray(coordinates, dtype=np.int64)
+
+    def masked(iteration: int, substep: int, chains: np.ndarray, theta: np.ndarray):
+        total, variance = grad(iteration, substep, chains, theta)
+        total = np.array(total, dtype=float)
+        total[:, drop] = 0.0
+        return total, variance
+
+    return masked
 
 
 def oracle_ratio(oracle: Oracle, clip: float, per_distance: bool = False) -> RatioFn:

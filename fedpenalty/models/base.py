@@ -148,6 +148,14 @@ class Model(ABC):
         clip."""
         return None
 
+    @property
+    def prior_only_coordinates(self) -> tuple[int, ...]:
+        """The coordinates i of θ with ∂ℓ(x, θ)/∂θ_i = 0 for every record x of the domain and
+        every θ (a hyperparameter, say a random effect's mean or scale): DP-HMC drops the
+        owners' gradient noise there, which changes only its proposal (docs/design.md §2.9,
+        "Prior-only coordinates"). Default: none."""
+        return ()
+
     # --- prior ---------------------------------------------------------------------------
     @abstractmethod
     def log_prior(self, theta: np.ndarray) -> np.ndarray:
