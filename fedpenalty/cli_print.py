@@ -183,9 +183,10 @@ def privacy_overview(privacy: dict[str, Any]) -> str:
     return "\n".join([*lines, f"(every owner's row is in {where})"])
 
 
-def kinds_lines(privacy: dict[str, Any]) -> list[str]:
+def kinds_lines(privacy: dict[str, Any], diagnostics: dict[str, Any]) -> list[str]:
     """The kinds a run of several (or clipped) kinds asked, and what it samples when a kind
-    clips each record's term (privacy.json ``kinds``, ``target``)."""
+    clips each record's term (privacy.json ``kinds``, ``target``) with how often simulated
+    owners hit the clips (``clip_hits_line``)."""
     lines = []
     kinds = privacy.get("kinds") or {}
     if len(kinds) > 1:
@@ -195,6 +196,8 @@ def kinds_lines(privacy: dict[str, Any]) -> list[str]:
         lines.append(
             f"target: the {privacy['target']}, not the posterior of the unclipped likelihood"
         )
+        if hits := clip_hits_line(diagnostics):
+            lines.append(hits)
     return lines
 
 
@@ -334,10 +337,8 @@ def print_run(title: str, result) -> None:
         if privacy.get("aggregation") == "secure":
             print(secure_line(privacy))
         print(privacy_overview(privacy))
-        for line in kinds_lines(privacy):
+        for line in kinds_lines(privacy, diag):
             print(line)
-        if privacy.get("target") and (hit_line := clip_hits_line(result.diagnostics)):
-            print(hit_line)
         if privacy.get("trusted_curator"):
             print("trusted curator: this baseline pools every owner's records centrally")
     if privacy.get("unreported"):
