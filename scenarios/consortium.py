@@ -218,6 +218,7 @@ def measure(sim: reporting.Simulated) -> dict[str, Any]:
         "epsilon_max": max(eps) if eps else None,
         "error_max_sd": float(err.max()),
         "error_coefficients_max_sd": float(err[: 1 + MODEL["covariates"]].max()),
+        "error_sd": dict(zip(d["param_names"], err.round(3).tolist(), strict=True)),
         "ess_bulk_min": ess,
         "ess_per_second": ess / sim.seconds,
         "rhat_max": max(d["rhat"]) if d.get("rhat") else None,

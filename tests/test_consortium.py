@@ -54,6 +54,7 @@ def test_gradients_are_the_derivatives_of_the_log_density(pooled):
     grad = per_record.sum(axis=1)
     np.testing.assert_allclose(grad, fd, rtol=1e-6, atol=1e-3)
     assert model.prior_only_coordinates == (0, 1 + consortium.MODEL["covariates"])
+    dp_hmc.check_prior_only(model)  # the spot check on simulated records agrees
     assert not np.any(per_record[..., list(model.prior_only_coordinates)])
     fdp = np.stack(
         [(model.log_prior(theta + h * e) - model.log_prior(theta - h * e)) / (2 * h) for e in eye],
@@ -92,7 +93,8 @@ def test_dp_hmc_without_the_prior_only_noise_samples_the_posterior():
     """Three groups, 150 simulated records in all, one covariate (d = 6): DP-HMC on the pooled,
     noised gradient sum (sd 20 per coordinate, the posterior's sds 0.05–0.5) and ratio (sd 1,
     a clip of 10⁶ nats that never binds), with that noise set to 0 in α and log τ
-    (``dp_hmc.without``) and a diagonal mass matrix: every coordinate's mean and sd lie within
+    (``dp_hmc.without``), the two redrawn from their prior conditional after every iteration
+    (``prior_gibbs``) and a diagonal mass matrix: every coordinate's mean and sd lie within
     Z = 4.5 MCSE of the closed-form reference (12 statistics, false alarm ~1e-4; seeds fixed).
     Dropping a coordinate's gradient changes only the proposal, so a bias here is a bug in the
     kernel, the model or its reference (measured: |z| ≤ 2.6; against the reference's means in
@@ -110,7 +112,8 @@ def test_dp_hmc_without_the_prior_only_noise_samples_the_posterior():
     warmup, descent = 600, 20
     algo = dp_hmc.kernel(model, masked, ratio, StepAdaptation.start(0.05, 0.65),
                          leapfrog_steps=3, step_jitter=1.0, adapt=True, descent=descent,
-                         windows=mass_windows(descent, warmup))  # fmt: skip
+                         windows=mass_windows(descent, warmup),
+                         prior_only=model.prior_only_coordinates)  # fmt: skip
     theta0 = ref.mean + 0.5 * ref.sd * rng.standard_normal((4, model.dim))
     result = sample(algo, rng, theta0, iterations=3000, warmup=warmup, progress=False)
     z_mean, z_sd = z_scores(result.theta, ref)

@@ -46,10 +46,11 @@ import numpy as np
 from pydantic import Field
 from scipy.linalg import solve_triangular
 
+from ..errors import ConfigError
 from ..kinds import KINDS
 from ..models import Model
 from ..schema import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Rate, refusal
-from . import mh
+from . import mh, prior_gibbs
 from .adapt import IDENTITY, MIN_SPAN, UNSET, MassAdaptation, StepAdaptation, mass_windows
 from .base import (
     ACCEPTED,
@@ -435,6 +436,7 @@ def kernel(
     ceiling: bool = True,
     windows: tuple[tuple[int, int], ...] = (),
     mass: str = "diag",
+    prior_only: tuple[int, ...] = (),
 ) -> SamplingAlgorithm:
     """DP-HMC over ``grad`` and ``ratio`` as a built algorithm: its leapfrog step from
     ``tuning`` (adapted during warmup when ``adapt``, as ``mh.tuned`` does for MH); the first
@@ -443,10 +445,16 @@ def kernel(
     noise sd ∝ ‖θ' − θ‖, which vanishes with the step (the plain acceptance then).
     ``windows``: the warmup iterations ``[start, stop)`` whose draws estimate the mass matrix
     (``adapt.mass_windows``; none: M = I throughout); ``mass``: the shape of M estimated in
-    them (a key of ``adapt.SHAPES``)."""
+    them (a key of ``adapt.SHAPES``); ``prior_only``: coordinates no record's likelihood
+    touches, redrawn from their prior conditional after every iteration but the descent's
+    (``prior_gibbs``: exact, and no owner is asked)."""
 
     def move(rng: np.random.Generator, state: HMCState, eps: float):
-        return step(rng, state, model, grad, ratio, eps, leapfrog_steps, step_jitter)
+        new, info = step(rng, state, model, grad, ratio, eps, leapfrog_steps, step_jitter)
+        if not prior_only:
+            return new, info
+        theta, log_prior = prior_gibbs.update(rng, new.theta, new.log_prior, model, prior_only)
+        return replace(new, theta=theta, log_prior=log_prior), info
 
     def start(rng: np.random.Generator, theta0: np.ndarray) -> HMCState:
         state = init(theta0, model, grad).with_tuning(tuning)
@@ -512,6 +520,7 @@ def build(
         ceiling=not per_distance,
         windows=mass_windows(descent, warmup) if adapt_mass else (),
         mass=MASS_SHAPES.get(adapt_mass, "diag"),
+        prior_only=model.prior_only_coordinates,
     )
 
 
@@ -643,7 +652,9 @@ def clip_units(sampler: Mapping[str, Any]) -> dict[str, str]:
 
 
 def check(sections: Sections, model: Model) -> None:
-    """``adapt_mass`` needs warmup iterations after the descent to estimate from."""
+    """``adapt_mass`` needs warmup iterations after the descent to estimate from; a model's
+    ``prior_only_coordinates`` must be what it says (``check_prior_only``)."""
+    check_prior_only(model)
     sampler = sections["sampler"]
     if not sampler.get("adapt_mass", False):
         return
@@ -655,6 +666,35 @@ def check(sections: Sections, model: Model) -> None:
         f"sampler.adapt_mass = {value} needs at least {MIN_SPAN} warmup iterations after the "
         f"descent; sampler.warmup = {warmup} with warmup_descent = {descent} leaves "
         f"{warmup - descent}: raise sampler.warmup or lower sampler.warmup_descent",
+    )
+
+
+def check_prior_only(model: Model, points: int = 8, records: int = 64) -> None:
+    """``model.prior_only_coordinates`` are distinct coordinates of θ, and — where the model can
+    simulate records — its per-record gradient is 0 there at ``points`` random θ inside Θ on
+    ``records`` simulated records (a spot check: the prior-only update is exact only if the
+    declaration is true; docs/design.md §2.9, "Prior-only coordinates")."""
+    coords = model.prior_only_coordinates
+    if not coords:
+        return
+    require(
+        len(set(coords)) == len(coords) and all(0 <= i < model.dim for i in coords),
+        f"[model] {model.name}: prior_only_coordinates {coords} must be distinct coordinates "
+        f"0..{model.dim - 1} of θ",
+    )
+    rng = np.random.default_rng(0)
+    theta = rng.uniform(-0.5, 0.5, (points, model.dim)) * model.theta_bound
+    try:
+        x = model.simulate_records(rng, theta[0], records)
+    except ConfigError:  # a model that cannot simulate is taken at its word
+        return
+    grad = model.grad_log_lik(x, theta)[..., list(coords)]
+    moved = [i for j, i in enumerate(coords) if np.any(grad[..., j] != 0)]
+    require(
+        not moved,
+        f"[model] {model.name} declares prior_only_coordinates {coords}, but a record's "
+        f"log-likelihood gradient is not 0 in coordinate(s) {moved}: DP-HMC would sample the "
+        "wrong posterior; remove them from the model's prior_only_coordinates",
     )
 
 

@@ -152,8 +152,9 @@ class Model(ABC):
     def prior_only_coordinates(self) -> tuple[int, ...]:
         """The coordinates i of θ with ∂ℓ(x, θ)/∂θ_i = 0 for every record x of the domain and
         every θ (a hyperparameter, say a random effect's mean or scale): DP-HMC drops the
-        owners' gradient noise there, which changes only its proposal (docs/design.md §2.9,
-        "Prior-only coordinates"). Default: none."""
+        owners' gradient noise there and redraws them from their prior conditional after every
+        iteration, exact only if this is true (DP-HMC spot-checks it on simulated records;
+        docs/design.md §2.9, "Prior-only coordinates"). Default: none."""
         return ()
 
     # --- prior ---------------------------------------------------------------------------
