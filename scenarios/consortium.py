@@ -17,7 +17,8 @@ y = μ_k + xᵀβ + e, e ~ N(0, 0.95²) (the residual sd of the pooled least-squ
 effects), owner effects μ_k ~ N(α, τ²), θ = (α, β, log τ, μ_1..μ_K), d = 15. Owner k's
 records touch only β and μ_k, so the posterior is close to diagonal (written with offsets
 b_k = μ_k − α, α and each b_k correlate −0.92..−0.98); α and log τ are prior-only coordinates,
-where DP-HMC drops the owners' gradient noise (docs/design.md §2.9). Its reference posterior —
+where DP-HMC drops the owners' gradient noise and which it redraws from their prior
+conditional after every iteration (docs/design.md §2.9). Its reference posterior —
 the non-private posterior of the pooled data — is deterministic (Gaussian given τ, log τ on a
 grid), so the error is not blurred by a reference chain's Monte Carlo error.
 
