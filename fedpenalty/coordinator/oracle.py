@@ -21,7 +21,7 @@ from ..kinds import KindTerms
 from .network import Network
 
 
-@dataclass(frozen=True)
+@dataclass
 class Answers:
     """Noisy answers in rows: one per owner, or (secure aggregation) one row holding the
     decoded sum over all owners. ``values``: ``(R, ...)``; ``noise_sd``: ``(R,)``, the sd of the

@@ -126,7 +126,7 @@ class Agreed:
     charged: SecureTerms
 
 
-@dataclass(frozen=True)
+@dataclass
 class Reply:
     """One host's answers to one query, as every transport carries them.
 

@@ -171,7 +171,7 @@ class Opening:
         return replace(self, secure=self.part_secure[j]) if self.part_secure else self
 
 
-@dataclass(frozen=True)
+@dataclass
 class Charge:
     """New answers of K owners (one ledger) to one request of M keys.
 

@@ -27,7 +27,7 @@ import numpy as np
 DIGEST_BYTES = 32
 
 
-@dataclass(frozen=True)
+@dataclass
 class AffineMus:
     """The μ of every answer of a charge: μ_kj = ``slope[k]``·``steps[j]`` + ``offset[k]``;
     slope, offset ``(K,)`` finite and ≥ 0, steps ``(M,)`` finite and ≥ 0."""

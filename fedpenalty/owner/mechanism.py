@@ -39,7 +39,7 @@ def noise_address(session: str, substep: int) -> str:
     return session if substep == 0 else f"{session}{PART_SEPARATOR}sub-step {substep}"
 
 
-@dataclass(frozen=True)
+@dataclass
 class Keys:
     """The addresses of one request's answers: key j is (``chains[j]``, ``iterations[j]``)
     ``(M,)`` of ``session`` (the ledger session of the asked kind) at ``substep``, its noise

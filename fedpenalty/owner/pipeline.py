@@ -51,7 +51,7 @@ class LedgerPart:
         self.max_mu_squared = np.array([n.max_mu_squared for n in self.nodes])
 
 
-@dataclass(frozen=True)
+@dataclass
 class Request:
     """One request as the pipeline answers it: its ``keys`` with query ``digests[j]`` for key
     j, answered under ``mechanism`` with answers of ``width`` components, charged ``mus`` (a
@@ -103,7 +103,7 @@ class Asked:
         return self.noise.mechanism(self.session, self.opened[0].kind.ledger_name)
 
 
-@dataclass(frozen=True)
+@dataclass
 class Planned(Generic[Q]):
     """A validated query, ready for the pipeline: its keys, digests and charge (``request``),
     the kind's ``compute`` of the kind's ``query`` value, and how the answers are released:

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from ...kinds import QueryKind
 
 
-@dataclass(frozen=True)
+@dataclass
 class LogRatioQuery:
     """A validated log-ratio request: ``theta``, ``theta_prop`` ``(C, d)`` inside Θ and their
     steps ‖θ' − θ‖ ``(C,)``."""
