@@ -18,6 +18,7 @@ answers once (docs/design.md §4).
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,9 +58,9 @@ class StepSums:
     @staticmethod
     def of(steps: np.ndarray) -> StepSums:
         values = steps.tolist()  # a request has a few keys: Python floats are cheaper
-        return StepSums(
-            len(values), sum(values), sum(v * v for v in values), max(values, default=0.0)
-        )
+        # Σ s² added in order, as a generator would, without its frames
+        squares = sum(map(operator.mul, values, values))
+        return StepSums(len(values), sum(values), squares, max(values, default=0.0))
 
     def plus(self, other: StepSums) -> StepSums:
         return StepSums(
@@ -185,7 +186,9 @@ def block_fields(
     digests and answers ``(K', M', w)``: first and last iteration, keys, digests, payload."""
     keys = np.empty((len(chains), 2), dtype="<i8")
     keys[:, 0], keys[:, 1] = chains, iterations
-    payload = payloads.astype(payloads.dtype.newbyteorder("<"), copy=False).tobytes()
+    payload = b""  # a simulated ledger's float answers: none stored
+    if payloads.size:
+        payload = payloads.astype(payloads.dtype.newbyteorder("<"), copy=False).tobytes()
     return *span(iterations), keys.tobytes(), b"".join(digests), payload
 
 
