@@ -469,7 +469,7 @@ class Buffering:
     in-process simulated charge enters one (about 0.7 µs less; docs/design.md §4, "The usual
     charge")."""
 
-    __slots__ = ("store", "mark")
+    __slots__ = ("mark", "store")
 
     def __init__(self, store: LedgerStore):
         self.store = store
