@@ -21,6 +21,7 @@ from ..kinds import KindTerms
 from .network import Network
 
 
+# per-request record: plain, not frozen (built on every query, never changed; docs/design.md §4)
 @dataclass
 class Answers:
     """Noisy answers in rows: one per owner, or (secure aggregation) one row holding the

@@ -28,6 +28,7 @@ import numpy as np
 DIGEST_BYTES = 32
 
 
+# per-request record: plain, not frozen (built on every query, never changed; docs/design.md §4)
 @dataclass
 class AffineMus:
     """The μ of every answer of a charge: μ_kj = ``slope[k]``·``steps[j]`` + ``offset[k]``;

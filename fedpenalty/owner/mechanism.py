@@ -39,6 +39,7 @@ def noise_address(session: str, substep: int) -> str:
     return session if substep == 0 else f"{session}{PART_SEPARATOR}sub-step {substep}"
 
 
+# per-request record: plain, not frozen (built on every query, never changed; docs/design.md §4)
 @dataclass
 class Keys:
     """The addresses of one request's answers: key j is (``chains[j]``, ``iterations[j]``)

@@ -51,6 +51,7 @@ class LedgerPart:
         self.max_mu_squared = np.array([n.max_mu_squared for n in self.nodes])
 
 
+# per-request record: plain, not frozen (built on every query, never changed; docs/design.md §4)
 @dataclass
 class Request:
     """One request as the pipeline answers it: its ``keys`` with query ``digests[j]`` for key
@@ -103,6 +104,7 @@ class Asked:
         return self.noise.mechanism(self.session, self.opened[0].kind.ledger_name)
 
 
+# per-request record: plain, not frozen (built on every query, never changed; docs/design.md §4)
 @dataclass
 class Planned(Generic[Q]):
     """A validated query, ready for the pipeline: its keys, digests and charge (``request``),

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ...kinds import QueryKind
 
 
+# per-request record: plain, not frozen (built on every query, never changed; docs/design.md §4)
 @dataclass
 class LogRatioQuery:
     """A validated log-ratio request: ``theta``, ``theta_prop`` ``(C, d)`` inside Θ and their
