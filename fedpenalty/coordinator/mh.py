@@ -134,8 +134,15 @@ def propose_in_ball(
     # np.linalg.norm(axis=1, keepdims=True), bit for bit, without its wrapper's cost
     direction /= np.sqrt(np.add.reduce(direction * direction, axis=1, keepdims=True))
     hole = (min_radius / radius) ** d
-    length = radius * (hole + (1.0 - hole) * rng.random(c)) ** (1.0 / d)
-    return theta + direction * length[:, None]
+    # radius·(hole + (1 − hole)·u)^(1/d) · direction + θ, in place: the same operations
+    length = rng.random((c, 1))  # the stream's next c numbers, as rng.random(c)
+    length *= 1.0 - hole
+    length += hole
+    length **= 1.0 / d
+    length *= radius
+    direction *= length
+    direction += theta
+    return direction
 
 
 def step(

@@ -209,8 +209,9 @@ class HostNoise:
         ``SeededNormals``). ``scale``: the answer unit (a clipped kind's clip): noise sd
         σ_k·scale."""
         chains, iterations = keys.subset(new)
-        mechanism = self.mechanism(keys.session, kind)
-        if mechanism.gamma is not None:
+        if self.lattice:  # every mechanism of lattice owners has a step (float owners': none)
+            mechanism = self.mechanism(keys.session, kind)
+            assert mechanism.gamma is not None
             owners = np.arange(len(self.nodes)) if owner is None else np.array([owner])
             return self.lattice_answers(
                 mechanism, keys.label, kind, owners, exact, chains, iterations, scale, keys.substep
