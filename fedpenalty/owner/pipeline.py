@@ -98,9 +98,11 @@ class Asked:
         ledger_session = self.opened[0].ledger_session
         return substep, ledger_session, noise_address(ledger_session, substep)
 
-    @property
+    @cached_property
     def mechanism(self) -> Mechanism:
-        """How the session's answers of the asked kind are noised and charged."""
+        """How the session's answers of the asked kind are noised and charged (kept: a host
+        builds a session's ``Asked`` anew after any session opens or closes, and a session's
+        mechanisms change only then)."""
         return self.noise.mechanism(self.session, self.opened[0].kind.ledger_name)
 
 
