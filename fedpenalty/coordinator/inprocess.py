@@ -65,7 +65,7 @@ class InProcessOracle(Oracle):
         session = self._require_session()
         asked = query_kind(kind)
         # the host checks the kind's arrays (``QueryKind.ask`` would check them twice)
-        reply = self.host.answer_reply(asked, session, iteration, chains, substep, arrays)
+        reply = self.host.answer_reply(asked, session, iteration, chains, substep, **arrays)
         if reply.lattice_step is None:  # plain answers: ``combine`` of one host's, directly
             return Answers(reply.values, reply.noise_sd)
         return combine([reply])

@@ -31,7 +31,7 @@ from ..kinds import QueryKind, query_kind
 from ..kinds.per_owner import has_owner_axis, owner_rows
 from ..models.compat import check_session_model
 from .aggregation import PeerKey, Reply, SecureOpen
-from .mechanism import HostNoise, Mechanism
+from .mechanism import HostNoise
 from .node import SESSION_EVENTS, OwnerNode, close_sessions, open_sessions, privacy_reports
 from .pipeline import AnswerPipeline, Asked, KindPath, Planned
 from .pipeline import reply as reply_of
@@ -227,7 +227,12 @@ class OwnerHost:
         each answer costs; the pipeline replays, charges, computes, stores and releases
         (docs/design.md §3, §4). An unknown kind, or a session of another kind, is refused.
         """
-        return self._answer(kind, session, iteration, chains, substep, arrays)[0]
+        asked_kind = query_kind(kind, self.label)
+        asked_kind.check_arrays(arrays)
+        if has_owner_axis(arrays, len(self.nodes), self.label):
+            return self._answer_each(asked_kind, session, iteration, chains, substep, arrays)
+        planned = self._plan(asked_kind, session, iteration, chains, substep, arrays)
+        return self._pipeline.run(self._noise, planned)
 
     def answer_reply(
         self,
@@ -235,34 +240,17 @@ class OwnerHost:
         session: str,
         iteration: int,
         chains: np.ndarray,
-        substep: int,
-        arrays: dict[str, Any],
+        substep: int = 0,
+        **arrays: Any,
     ) -> Reply:
         """``reply`` of ``answer`` (in-process transports), the answers' unit from the checked
-        ``arrays`` (``QueryKind.reply_scale``): the request's own mechanism gives its noise sd,
-        instead of a second look-up of the session's kind."""
-        values, mechanism = self._answer(kind, session, iteration, chains, substep, arrays)
-        scale = kind.reply_scale(arrays)
-        if mechanism is None:
-            return self.reply(session, values, scale, kind)
-        return reply_of(mechanism, values, scale)
-
-    def _answer(
-        self,
-        kind: str | QueryKind,
-        session: str,
-        iteration: int,
-        chains: np.ndarray,
-        substep: int,
-        arrays: dict[str, Any],
-    ) -> tuple[np.ndarray | Reply, Mechanism | None]:
-        """``answer``, with the mechanism that noised it (None: one per owner, ``_answer_each``)."""
-        asked_kind = query_kind(kind, self.label)
-        asked_kind.check_arrays(arrays)
-        if has_owner_axis(arrays, len(self.nodes), self.label):
-            return self._answer_each(asked_kind, session, iteration, chains, substep, arrays), None
-        planned = self._plan(asked_kind, session, iteration, chains, substep, arrays)
-        return self._pipeline.run(self._noise, planned), planned.request.mechanism
+        ``arrays`` (``QueryKind.reply_scale``): the noise sd of the mechanism the session's
+        kept query holds (``_session``), instead of looking the session's kind up again."""
+        values = self.answer(kind, session, iteration, chains, substep, **arrays)
+        if isinstance(values, Reply):  # a secure session's: its sd and lattice step are set
+            return values
+        mechanism = self._session(session, kind.ledger_name)[3].mechanism
+        return reply_of(mechanism, values, kind.reply_scale(arrays))
 
     def _plan(
         self,
