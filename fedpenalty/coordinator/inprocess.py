@@ -65,8 +65,10 @@ class InProcessOracle(Oracle):
         session = self._require_session()
         asked = query_kind(kind)
         # the host checks the kind's arrays (``QueryKind.ask`` would check them twice)
-        values = self.host.answer(asked, session, iteration, chains, substep, **arrays)
-        return combine([self.host.reply(session, values, asked.reply_scale(arrays), asked)])
+        reply = self.host.answer_reply(asked, session, iteration, chains, substep, **arrays)
+        if reply.lattice_step is None:  # plain answers: ``combine`` of one host's, directly
+            return Answers(reply.values, reply.noise_sd)
+        return combine([reply])
 
     def privacy_reports(self) -> list[PrivacyReport]:
         return self.host.privacy_reports(self.session)

@@ -134,8 +134,15 @@ def propose_in_ball(
     # np.linalg.norm(axis=1, keepdims=True), bit for bit, without its wrapper's cost
     direction /= np.sqrt(np.add.reduce(direction * direction, axis=1, keepdims=True))
     hole = (min_radius / radius) ** d
-    length = radius * (hole + (1.0 - hole) * rng.random(c)) ** (1.0 / d)
-    return theta + direction * length[:, None]
+    # radius·(hole + (1 − hole)·u)^(1/d) · direction + θ, in place: the same operations
+    length = rng.random((c, 1))  # the stream's next c numbers, as rng.random(c)
+    length *= 1.0 - hole
+    length += hole
+    length **= 1.0 / d
+    length *= radius
+    direction *= length
+    direction += theta
+    return direction
 
 
 def step(
@@ -150,7 +157,9 @@ def step(
     theta_prop = propose_in_ball(rng, state.theta, radius, min_radius)
     log_u = np.log(rng.random(len(state.theta)))
     queried = model.in_theta_space(theta_prop)
-    if queried.all():  # the usual step: no fancy indexing (the same numbers, fewer operations)
+    # the usual step (count_nonzero: np.all without its reduction's cost): no fancy indexing,
+    # the same numbers in fewer operations
+    if np.count_nonzero(queried) == len(queried):
         return _step_all(state, model, theta_prop, log_u, queried, ratio)
     idx = np.flatnonzero(queried)
     accepted = np.zeros(len(state.theta), dtype=bool)
@@ -242,9 +251,10 @@ def oracle_ratio(oracle: Oracle, clip: float = 0.0) -> RatioFn:
     variance they return); ``clip`` > 0: their per-record clipped ratios at that clip
     (``clipped_log_ratio``, s² = Σ_k (σ_k·clip)²)."""
 
-    # the last answers' noise sd array and Σ_k sd_k²: an in-process host replies with the same
-    # array of its owners' sd while its session's mechanism stays, so the sum is kept for it
-    kept: list = [None, 0.0]
+    # the last answers' noise sd array and Σ_k sd_k² per chain (read-only): an in-process host
+    # replies with the same array of its owners' sd while its session's mechanism stays, so
+    # the sum is kept for it
+    kept: list = [None, np.zeros(0)]
 
     def ratio(iteration: int, chains: np.ndarray, theta: np.ndarray, theta_prop: np.ndarray):
         if clip > 0:
@@ -253,12 +263,13 @@ def oracle_ratio(oracle: Oracle, clip: float = 0.0) -> RatioFn:
             )
         else:
             answers = oracle.log_ratio(iteration, chains, theta, theta_prop)
-        if answers.noise_sd is kept[0]:
-            lam, s2 = answers.values.sum(axis=0), kept[1]
-        else:
-            lam, s2 = answers.total()
-            kept[:] = answers.noise_sd, s2
-        return lam, np.full(len(chains), s2)
+        if answers.noise_sd is kept[0] and len(kept[1]) == len(chains):
+            return answers.values.sum(axis=0), kept[1]
+        lam, s2 = answers.total()
+        variances = np.full(len(chains), s2)
+        variances.flags.writeable = False
+        kept[:] = answers.noise_sd, variances
+        return lam, variances
 
     return ratio
 

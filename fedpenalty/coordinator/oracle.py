@@ -21,7 +21,8 @@ from ..kinds import KindTerms
 from .network import Network
 
 
-@dataclass(frozen=True)
+# per-request record: plain, not frozen (built on every query, never changed; docs/design.md §4)
+@dataclass
 class Answers:
     """Noisy answers in rows: one per owner, or (secure aggregation) one row holding the
     decoded sum over all owners. ``values``: ``(R, ...)``; ``noise_sd``: ``(R,)``, the sd of the

@@ -258,7 +258,8 @@ class ExpFamModel(Model):
         ``n`` ``(K,)`` and ``stat_sum`` ``(K, s)`` give ``(K, C)``."""
         d_eta = self.natural_param(theta_prop) - self.natural_param(theta)
         d_a = self.log_partition(theta_prop) - self.log_partition(theta)
-        return np.asarray(stat_sum, dtype=float) @ d_eta.T - np.multiply.outer(n, d_a)
+        # n ⊗ ΔA by broadcasting: np.multiply.outer's products, without its wrapper's cost
+        return np.asarray(stat_sum, dtype=float) @ d_eta.T - np.asarray(n)[..., None] * d_a
 
     def grad_log_lik_from_stats(
         self, n: int, stat_sum: np.ndarray, theta: np.ndarray

@@ -126,7 +126,8 @@ class Agreed:
     charged: SecureTerms
 
 
-@dataclass(frozen=True)
+# per-request record: plain, not frozen (built on every query, never changed; docs/design.md §4)
+@dataclass
 class Reply:
     """One host's answers to one query, as every transport carries them.
 

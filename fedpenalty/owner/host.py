@@ -234,6 +234,24 @@ class OwnerHost:
         planned = self._plan(asked_kind, session, iteration, chains, substep, arrays)
         return self._pipeline.run(self._noise, planned)
 
+    def answer_reply(
+        self,
+        kind: QueryKind,
+        session: str,
+        iteration: int,
+        chains: np.ndarray,
+        substep: int = 0,
+        **arrays: Any,
+    ) -> Reply:
+        """``reply`` of ``answer`` (in-process transports), the answers' unit from the checked
+        ``arrays`` (``QueryKind.reply_scale``): the noise sd of the mechanism the session's
+        kept query holds (``_session``), instead of looking the session's kind up again."""
+        values = self.answer(kind, session, iteration, chains, substep, **arrays)
+        if isinstance(values, Reply):  # a secure session's: its sd and lattice step are set
+            return values
+        mechanism = self._session(session, kind.ledger_name)[3].mechanism
+        return reply_of(mechanism, values, kind.reply_scale(arrays))
+
     def _plan(
         self,
         kind: QueryKind,

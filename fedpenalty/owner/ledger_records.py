@@ -171,7 +171,8 @@ class Opening:
         return replace(self, secure=self.part_secure[j]) if self.part_secure else self
 
 
-@dataclass(frozen=True)
+# per-request record: plain, not frozen (built on every query, never changed; docs/design.md §4)
+@dataclass
 class Charge:
     """New answers of K owners (one ledger) to one request of M keys.
 

@@ -18,6 +18,7 @@ answers once (docs/design.md §4).
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,8 @@ import numpy as np
 DIGEST_BYTES = 32
 
 
-@dataclass(frozen=True)
+# per-request record: plain, not frozen (built on every query, never changed; docs/design.md §4)
+@dataclass
 class AffineMus:
     """The μ of every answer of a charge: μ_kj = ``slope[k]``·``steps[j]`` + ``offset[k]``;
     slope, offset ``(K,)`` finite and ≥ 0, steps ``(M,)`` finite and ≥ 0."""
@@ -57,9 +59,9 @@ class StepSums:
     @staticmethod
     def of(steps: np.ndarray) -> StepSums:
         values = steps.tolist()  # a request has a few keys: Python floats are cheaper
-        return StepSums(
-            len(values), sum(values), sum(v * v for v in values), max(values, default=0.0)
-        )
+        # Σ s² added in order, as a generator would, without its frames
+        squares = sum(map(operator.mul, values, values))
+        return StepSums(len(values), sum(values), squares, max(values, default=0.0))
 
     def plus(self, other: StepSums) -> StepSums:
         return StepSums(
@@ -185,7 +187,9 @@ def block_fields(
     digests and answers ``(K', M', w)``: first and last iteration, keys, digests, payload."""
     keys = np.empty((len(chains), 2), dtype="<i8")
     keys[:, 0], keys[:, 1] = chains, iterations
-    payload = payloads.astype(payloads.dtype.newbyteorder("<"), copy=False).tobytes()
+    payload = b""  # a simulated ledger's float answers: none stored
+    if payloads.size:
+        payload = payloads.astype(payloads.dtype.newbyteorder("<"), copy=False).tobytes()
     return *span(iterations), keys.tobytes(), b"".join(digests), payload
 
 

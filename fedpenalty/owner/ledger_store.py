@@ -247,23 +247,12 @@ class LedgerStore:
         else:
             self.db.executemany(_INSERT_BLOCKS, rows)
 
-    @contextmanager
-    def buffering(self) -> Iterator[None]:
+    def buffering(self) -> Buffering:
         """A batched store's charge, under the lock with no transaction of its own: its blocks
         (``store_blocks``) join the pending ones, flushed once there are ``FLUSH_ROWS``. Any
         exception drops this charge's blocks, commits the earlier ones and drops the caches
         (as a rolled-back ``writing``)."""
-        with self.lock:
-            mark = len(self._pending)
-            try:
-                yield
-            except BaseException:
-                del self._pending[mark:]
-                self._flush()
-                self.forget()
-                raise
-            if len(self._pending) >= FLUSH_ROWS:
-                self._flush()
+        return Buffering(self)
 
     def flush(self) -> None:
         """Commit a batched store's pending answer blocks (nothing else has any)."""
@@ -473,3 +462,31 @@ class LedgerStore:
             ).fetchone()
             self.frontier[key] = -1 if row[0] is None else int(row[0])
         return self.frontier[key]
+
+
+class Buffering:
+    """``LedgerStore.buffering``'s context: a class rather than a generator, as every
+    in-process simulated charge enters one (about 0.7 µs less; docs/design.md §4, "The usual
+    charge")."""
+
+    __slots__ = ("mark", "store")
+
+    def __init__(self, store: LedgerStore):
+        self.store = store
+        self.mark = 0
+
+    def __enter__(self) -> None:
+        self.store.lock.acquire()
+        self.mark = len(self.store._pending)
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        store = self.store
+        try:
+            if kind is not None:
+                del store._pending[self.mark :]
+                store._flush()
+                store.forget()
+            elif len(store._pending) >= FLUSH_ROWS:
+                store._flush()
+        finally:
+            store.lock.release()

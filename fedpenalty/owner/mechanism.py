@@ -39,7 +39,8 @@ def noise_address(session: str, substep: int) -> str:
     return session if substep == 0 else f"{session}{PART_SEPARATOR}sub-step {substep}"
 
 
-@dataclass(frozen=True)
+# per-request record: plain, not frozen (built on every query, never changed; docs/design.md §4)
+@dataclass
 class Keys:
     """The addresses of one request's answers: key j is (``chains[j]``, ``iterations[j]``)
     ``(M,)`` of ``session`` (the ledger session of the asked kind) at ``substep``, its noise
@@ -208,8 +209,9 @@ class HostNoise:
         ``SeededNormals``). ``scale``: the answer unit (a clipped kind's clip): noise sd
         σ_k·scale."""
         chains, iterations = keys.subset(new)
-        mechanism = self.mechanism(keys.session, kind)
-        if mechanism.gamma is not None:
+        if self.lattice:  # every mechanism of lattice owners has a step (float owners': none)
+            mechanism = self.mechanism(keys.session, kind)
+            assert mechanism.gamma is not None
             owners = np.arange(len(self.nodes)) if owner is None else np.array([owner])
             return self.lattice_answers(
                 mechanism, keys.label, kind, owners, exact, chains, iterations, scale, keys.substep

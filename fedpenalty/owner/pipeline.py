@@ -51,7 +51,8 @@ class LedgerPart:
         self.max_mu_squared = np.array([n.max_mu_squared for n in self.nodes])
 
 
-@dataclass(frozen=True)
+# per-request record: plain, not frozen (built on every query, never changed; docs/design.md §4)
+@dataclass
 class Request:
     """One request as the pipeline answers it: its ``keys`` with query ``digests[j]`` for key
     j, answered under ``mechanism`` with answers of ``width`` components, charged ``mus`` (a
@@ -97,13 +98,16 @@ class Asked:
         ledger_session = self.opened[0].ledger_session
         return substep, ledger_session, noise_address(ledger_session, substep)
 
-    @property
+    @cached_property
     def mechanism(self) -> Mechanism:
-        """How the session's answers of the asked kind are noised and charged."""
+        """How the session's answers of the asked kind are noised and charged (kept: a host
+        builds a session's ``Asked`` anew after any session opens or closes, and a session's
+        mechanisms change only then)."""
         return self.noise.mechanism(self.session, self.opened[0].kind.ledger_name)
 
 
-@dataclass(frozen=True)
+# per-request record: plain, not frozen (built on every query, never changed; docs/design.md §4)
+@dataclass
 class Planned(Generic[Q]):
     """A validated query, ready for the pipeline: its keys, digests and charge (``request``),
     the kind's ``compute`` of the kind's ``query`` value, and how the answers are released:

@@ -160,7 +160,8 @@ class RequestChecks:
         usual = theta is not None and theta_prop is not None
         if usual and theta.shape == shape and theta_prop.shape == shape:  # type: ignore[union-attr]
             pairs = np.concatenate([theta, theta_prop], axis=1)
-            if self.model.in_theta_space(pairs.reshape(2 * chains, -1)).all():
+            inside = self.model.in_theta_space(pairs.reshape(2 * chains, -1))
+            if np.count_nonzero(inside) == inside.size:  # .all(), without its reduction's cost
                 return theta, theta_prop, pairs  # type: ignore[return-value]
         theta = self.theta("theta", arrays["theta"], chains)
         theta_prop = self.theta("theta_prop", arrays["theta_prop"], chains)
@@ -197,10 +198,25 @@ def _floats(values: Any) -> np.ndarray | None:
 
 def row_digests(tag: bytes, rows: np.ndarray) -> list[bytes]:
     """SHA-256 of ``tag`` and each row of ``rows`` ``(M, w)`` as little-endian float64: one
-    query digest per key (docs/design.md §3, invariant 2)."""
+    query digest per key (docs/design.md §3, invariant 2). Each row's hash continues a copy
+    of the tag's (kept per tag): the same digest as hashing tag + row."""
+    prefix = _TAG_HASHES.get(tag)
+    if prefix is None:
+        if len(_TAG_HASHES) >= 64:  # a tag may carry a request's clip: keep a few
+            _TAG_HASHES.clear()
+        prefix = _TAG_HASHES[tag] = hashlib.sha256(tag)
     raw = np.ascontiguousarray(rows, dtype="<f8").tobytes()
     width = len(raw) // len(rows)
-    return [hashlib.sha256(tag + raw[i : i + width]).digest() for i in range(0, len(raw), width)]
+    digests = []
+    for i in range(0, len(raw), width):
+        row = prefix.copy()
+        row.update(raw[i : i + width])
+        digests.append(row.digest())
+    return digests
+
+
+#: SHA-256 of the digest tags asked lately (a kind's, with a clip for some kinds; 64 at most)
+_TAG_HASHES: dict[bytes, Any] = {}
 
 
 def _spread(ids: np.ndarray) -> tuple[int, int, bool]:

@@ -26,7 +26,8 @@ if TYPE_CHECKING:
     from ...kinds import QueryKind
 
 
-@dataclass(frozen=True)
+# per-request record: plain, not frozen (built on every query, never changed; docs/design.md §4)
+@dataclass
 class LogRatioQuery:
     """A validated log-ratio request: ``theta``, ``theta_prop`` ``(C, d)`` inside Θ and their
     steps ‖θ' − θ‖ ``(C,)``."""
@@ -59,6 +60,7 @@ class ExpFamShortcut:
 
     def __init__(self, model: ExpFamModel, stat_sum: np.ndarray, n: np.ndarray, clip: float):
         self.model, self.stat_sum, self.n, self.clip = model, stat_sum, n, clip
+        self._n_column = n[:, None]  # (K, 1): the bound's factor, kept
 
     @classmethod
     def offered(cls, nodes: Sequence[OwnerNode], clip: float) -> ExpFamShortcut | None:
@@ -80,7 +82,7 @@ class ExpFamShortcut:
         """``(K, C)`` exact sums, each clipped to ±n·clip·step (a bound the per-record sum
         meets too)."""
         total = self.model.log_lik_diff_from_stats(self.n, self.stat_sum, theta, theta_prop)
-        bound = self.n[:, None] * (self.clip * step)[None, :]
+        bound = self._n_column * (self.clip * step)
         np.maximum(total, -bound, out=total)  # np.clip, without its wrapper's cost
         return np.minimum(total, bound, out=total)
 

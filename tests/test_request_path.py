@@ -1,0 +1,40 @@
+"""The in-process request path's cheaper forms compute what their definitions say, bit for bit
+(docs/design.md §4, "Fewer objects and calls per request")."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+
+from fedpenalty.coordinator import mh
+from fedpenalty.owner.validation import row_digests
+
+
+def test_row_digests_are_sha256_of_tag_and_row():
+    """Each digest is SHA-256(tag ‖ row as little-endian float64), whatever tags came before:
+    70 tags (past the 64 kept hashes) asked twice each, so a kept hash that a digest changed,
+    or one kept for the wrong tag, fails."""
+    rng = np.random.default_rng(3)
+    tags = [b"penalty"] + [b"clip" + bytes([i]) for i in range(69)]
+    for tag in tags + tags[::-1]:
+        rows = rng.normal(size=(5, 2))
+        expected = [hashlib.sha256(tag + row.astype("<f8").tobytes()).digest() for row in rows]
+        assert row_digests(tag, rows) == expected
+
+
+@pytest.mark.parametrize("dim", [1, 2, 3, 10])
+@pytest.mark.parametrize("min_radius", [0.0, 0.3])
+def test_proposals_follow_their_formula(dim, min_radius):
+    """θ' = θ + direction·radius·(hole + (1 − hole)·u)^(1/d), computed in place, equals the
+    formula's own expression for 500 steps of one stream (bytes compared)."""
+    theta = np.random.default_rng(5).normal(size=(4, dim))
+    ours, reference = np.random.default_rng(9), np.random.default_rng(9)
+    for _ in range(500):
+        proposed = mh.propose_in_ball(ours, theta, 0.7, min_radius)
+        direction = reference.standard_normal((4, dim))
+        direction /= np.sqrt(np.add.reduce(direction * direction, axis=1, keepdims=True))
+        hole = (min_radius / 0.7) ** dim
+        length = 0.7 * (hole + (1.0 - hole) * reference.random(4)) ** (1.0 / dim)
+        assert proposed.tobytes() == (theta + direction * length[:, None]).tobytes()
