@@ -65,10 +65,9 @@ class InProcessOracle(Oracle):
         session = self._require_session()
         asked = query_kind(kind)
         # the host checks the kind's arrays (``QueryKind.ask`` would check them twice)
-        reply = self.host.answer_reply(asked, session, iteration, chains, substep, **arrays)
-        if reply.lattice_step is None:  # plain answers: ``combine`` of one host's, directly
-            return Answers(reply.values, reply.noise_sd)
-        return combine([reply])
+        return combine(
+            [self.host.answer_reply(asked, session, iteration, chains, substep, **arrays)]
+        )
 
     def privacy_reports(self) -> list[PrivacyReport]:
         return self.host.privacy_reports(self.session)

@@ -54,12 +54,12 @@ def owner_noise_sd(secure: SecureAggregation | None, sigma: np.ndarray, owners: 
 def combine(replies: Sequence[Reply]) -> Answers:
     """Every host's reply to one query as ``Answers``: plain answers stacked in host order;
     masked sums added mod 2⁶⁴ and decoded (``decode``). ``OwnerError`` for a mix of both."""
+    if len(replies) == 1 and replies[0].lattice_step is None:  # one host's plain answers
+        return Answers(replies[0].values, replies[0].noise_sd)
     kinds = {r.lattice_step is None for r in replies}
     if len(kinds) != 1:
         raise OwnerError("some owner hosts answered with secure aggregation and some without")
     if kinds.pop():
-        if len(replies) == 1:
-            return Answers(replies[0].values, replies[0].noise_sd)
         return Answers(
             np.concatenate([r.values for r in replies]),
             np.concatenate([r.noise_sd for r in replies]),
