@@ -9,6 +9,12 @@ import numpy as np
 import pytest
 
 from fedpenalty.coordinator import mh
+from fedpenalty.owner.noise.seeded import (
+    LOOKAHEAD_ITERATIONS,
+    LOOKAHEAD_VALUES,
+    SeededNormals,
+    lookahead_iterations,
+)
 from fedpenalty.owner.validation import row_digests
 
 
@@ -38,3 +44,25 @@ def test_proposals_follow_their_formula(dim, min_radius):
         hole = (min_radius / 0.7) ** dim
         length = 0.7 * (hole + (1.0 - hole) * reference.random(4)) ** (1.0 / dim)
         assert proposed.tobytes() == (theta + direction * length[:, None]).tobytes()
+
+
+def test_lookahead_normals_are_the_values_asked_one_by_one():
+    """Seeded normals served from a lookahead block (every owner, one iteration, asked in
+    order) are bit for bit the values drawn for that key alone — after a jump, a repeat, a
+    subset of chains, another width — and read-only (the block is shared by later asks)."""
+    seeds = [bytes([k]) * 32 for k in range(5)]
+    served = SeededNormals(seeds)
+    chains = np.array([0, 2, 5])
+    asks = [(chains, i, 2) for i in range(70)]  # past two blocks of 32
+    asks += [(chains, 500, 2), (chains, 501, 2), (chains, 3, 2), (chains, 501, 2)]
+    asks += [(chains[:2], 502, 2), (chains, 502, 2), (chains, 502, 1), (chains, 503, 1)]
+    for asked, iteration, width in asks:
+        iterations = np.full(len(asked), iteration)
+        got = served.normals("s", "penalty", None, asked, iterations, width)
+        alone = SeededNormals(seeds).normals("s", "penalty", np.arange(5), asked, iterations, width)
+        np.testing.assert_array_equal(got, alone)
+        assert got.shape == (5, len(asked), width)
+        assert not got.flags.writeable
+    assert lookahead_iterations(5 * 3 * 2) == LOOKAHEAD_ITERATIONS
+    assert lookahead_iterations(LOOKAHEAD_VALUES // 2) == 2
+    assert lookahead_iterations(LOOKAHEAD_VALUES + 1) == 1  # no block: drawn per iteration

@@ -219,9 +219,9 @@ class HostNoise:
         asked = None if owner is None else np.array([owner])
         normals = self.seeded.normals(keys.address, kind, asked, chains, iterations, exact.shape[2])
         sigma = self.levels[kind] if scale == 1.0 else self.levels[kind] * scale
-        normals *= sigma[:, None, None] if owner is None else sigma[owner]
-        normals += exact
-        return normals
+        noisy = np.multiply(normals, sigma[:, None, None] if owner is None else sigma[owner])
+        noisy += exact
+        return noisy
 
     def lattice_answers(
         self,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from scipy import special
@@ -86,6 +87,58 @@ def keyed_words(
     return splitmix(state[:, :, None] + steps)
 
 
+def _normals(keys: np.ndarray, chains: np.ndarray, iterations: np.ndarray, width: int):
+    """``SeededNormals``' values ``(P, M, width)`` of keys ``(P, 2)`` at (chains[j],
+    iterations[j]) ``(M,)``, read-only."""
+    uniform = np.right_shift(keyed_words(keys, chains, iterations, width), _SHIFT_11)
+    uniform = uniform.astype(float)
+    uniform += 0.5
+    uniform *= 2.0**-53
+    special.ndtri(uniform, out=uniform)
+    uniform.flags.writeable = False
+    return uniform
+
+
+#: a lookahead block holds about this many normals at most (64 KiB), and at most this many
+#: iterations: past ~8,000 values per block, drawing per iteration costs no more per value
+LOOKAHEAD_VALUES, LOOKAHEAD_ITERATIONS = 8192, 32
+
+
+def lookahead_iterations(per_iteration: int) -> int:
+    """How many iterations one lookahead block draws when one iteration asks ``per_iteration``
+    values (1: none ahead)."""
+    return max(1, min(LOOKAHEAD_ITERATIONS, LOOKAHEAD_VALUES // max(per_iteration, 1)))
+
+
+@dataclass
+class Lookahead:
+    """Every owner's normals at iterations ``first`` … ``first + len(block) − 1`` for one
+    (session, kind, chains, width): ``block`` ``(B, K, M, width)``, read-only; ``last`` the
+    last iteration asked of it."""
+
+    first: int
+    block: np.ndarray
+    last: int
+
+    @classmethod
+    def draw(
+        cls, keys: np.ndarray, chains: np.ndarray, first: int, width: int, count: int
+    ) -> Lookahead:
+        """The block of ``count`` iterations from ``first``: the very values ``_normals`` gives
+        per iteration (a value depends on its address alone)."""
+        m = len(chains)
+        iterations = np.repeat(np.arange(first, first + count, dtype=np.int64), m)
+        values = _normals(keys, np.tile(chains, count), iterations, width)
+        block = np.ascontiguousarray(values.reshape(len(keys), count, m, width).swapaxes(0, 1))
+        block.flags.writeable = False
+        return cls(first, block, first - 1)
+
+    def take(self, iteration: int) -> np.ndarray:
+        """The values ``(K, M, width)`` at ``iteration`` (inside the block)."""
+        self.last = iteration
+        return self.block[iteration - self.first]
+
+
 class SeededNormals:
     """SIMULATION ONLY: each owner's float standard normals addressed by (session, kind, owner,
     chain, iteration, component), so that a value never depends on what was drawn before it —
@@ -94,13 +147,18 @@ class SeededNormals:
     The value is Φ⁻¹(U) for U = (w >> 11 + ½)·2⁻⁵³ ∈ (0, 1) from the ``keyed_words`` word w of
     the owner's key (hashed from its seed, session and kind) at (chain, iteration), word index
     = component: computed for the asked keys only, for all owners at once — the cost per
-    iteration is a few array operations whatever the number of owners, and nothing is cached
-    but the keys.
+    iteration is a few array operations whatever the number of owners.
+
+    Because a value is a function of its address alone, the usual request (every owner, the
+    same chains, one iteration, the iteration after the last one asked) is served from a block
+    drawn for the coming iterations at once (``Lookahead``): the same values, for one set of
+    array operations per block instead of per iteration (docs/design.md §4).
     """
 
     def __init__(self, seeds: Sequence[bytes]):
         self._seeds = list(seeds)
         self._keys: dict[tuple[str, str], np.ndarray] = {}
+        self._ahead: dict[tuple[str, str, int, bytes], Lookahead] = {}
         self._sampler = np.random.Generator(np.random.Philox(key=np.zeros(2, np.uint64)))
 
     def normals(
@@ -113,15 +171,27 @@ class SeededNormals:
         width: int,
     ) -> np.ndarray:
         """Standard normals ``(K', M, width)`` of ``owners`` ``(K',)`` (None: every owner) for
-        keys (chains[j], iterations[j]) ``(M,)``."""
+        keys (chains[j], iterations[j]) ``(M,)``, read-only (it may be a lookahead block's
+        view)."""
         keys = self._key_table(session, kind)
         if owners is not None:
-            keys = keys[owners]
-        uniform = np.right_shift(keyed_words(keys, chains, iterations, width), _SHIFT_11)
-        uniform = uniform.astype(float)
-        uniform += 0.5
-        uniform *= 2.0**-53
-        return special.ndtri(uniform, out=uniform)
+            return _normals(keys[owners], chains, iterations, width)
+        asked = iterations.tolist()
+        if not asked or asked.count(asked[0]) != len(asked):  # one iteration: the usual
+            return _normals(keys, chains, iterations, width)
+        iteration = asked[0]
+        where = (session, kind, width, chains.tobytes())
+        ahead = self._ahead.get(where)
+        if ahead is not None and ahead.first <= iteration < ahead.first + len(ahead.block):
+            return ahead.take(iteration)
+        count = lookahead_iterations(keys.shape[0] * len(chains) * width)
+        sequential = ahead is None or iteration == ahead.last + 1
+        if count <= 1 or not sequential:
+            return _normals(keys, chains, iterations, width)
+        if len(self._ahead) >= 64:  # kept for a few (session, kind, chains) at most
+            self._ahead.clear()
+        ahead = self._ahead[where] = Lookahead.draw(keys, chains, iteration, width, count)
+        return ahead.take(iteration)
 
     def _key_table(self, session: str, label: str) -> np.ndarray:
         """Every owner's 128-bit key for (session, label) ``(K, 2)`` uint64 (kept, 64 at most)."""
