@@ -55,6 +55,7 @@ from .schema import (
     Section,
     entry_of,
     one_of,
+    read_toml,
     validate_file,
 )
 
@@ -459,14 +460,7 @@ def unread_keys(scenario: Scenario) -> list[str]:
 
 def _read_scenario(path: str | Path) -> dict[str, Any]:
     """The parsed TOML of the scenario file ``path`` (a ``ConfigError`` when it cannot be)."""
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read scenario {path}: {exc.strerror}") from exc
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
+    return read_toml(path, "scenario")
 
 
 def resolve(raw: dict[str, Any]) -> Scenario:

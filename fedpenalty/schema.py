@@ -1,6 +1,7 @@
 """Field types shared by scenario files (``config.py``), owner files (``owner/owner_config.py``)
-and ``common.Policy``, and the one formatter that turns pydantic's ``ValidationError`` into a
-one-line ``ConfigError`` naming the dotted key and what it allows.
+and ``common.Policy``, the one formatter that turns pydantic's ``ValidationError`` into a
+one-line ``ConfigError`` naming the dotted key and what it allows, and the one reader of those
+TOML files (``read_toml``).
 
 Numbers are strict: ``true`` is never a number, NaN and ±inf are refused, an integer key refuses
 ``2.0``; an integer given for a float key becomes a float.
@@ -9,7 +10,9 @@ Numbers are strict: ``true`` is never a number, NaN and ±inf are refused, an in
 from __future__ import annotations
 
 import dataclasses
+import tomllib
 from collections.abc import Collection
+from pathlib import Path
 from typing import Annotated, Any, TypeVar, get_type_hints
 
 from pydantic import (
@@ -121,6 +124,30 @@ class Section(BaseModel):
     """A TOML table whose keys are exactly its fields."""
 
     model_config = ConfigDict(extra="forbid")
+
+
+#: the first bytes of every SQLite database (an owner's ledger given where a TOML file belongs)
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def read_toml(path: str | Path, what: str, ledger_hint: str = "") -> dict[str, Any]:
+    """The parsed TOML of the ``what`` file ``path`` (a scenario, an owner file); otherwise a
+    ``ConfigError`` that says why not: unreadable, an SQLite database (``ledger_hint`` says
+    where a ledger goes instead), not UTF-8 text, or not valid TOML."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc.strerror}") from exc
+    if data.startswith(SQLITE_HEADER):
+        raise ConfigError(
+            f"{path} is an SQLite database (an owner's ledger?), not a TOML {what}{ledger_hint}"
+        )
+    try:
+        return tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path} is not a text file (a {what} is TOML): {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
 
 
 def validate_file(root: type[Root], raw: Any) -> Root:

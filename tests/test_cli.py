@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import tomllib
 
 import numpy as np
@@ -220,6 +221,23 @@ def test_override_errors_and_missing_files(capsys, tmp_path):
     assert code == 2 and "section.key=value" in err
     code, _, err = run_cli(capsys, "simulate", str(tmp_path / "missing.toml"))
     assert code == 2 and "cannot read scenario" in err
+
+
+def test_a_binary_file_given_for_a_toml_file_is_named(capsys, tmp_path):
+    """A ledger (SQLite) or another binary file passed where a scenario or owner file belongs
+    is refused in one line that says what it is and, for the owner's report, where a ledger
+    goes — not a UTF-8 decoding error."""
+    ledger = tmp_path / "owner.sqlite"
+    sqlite3.connect(ledger).execute("CREATE TABLE t (x)").connection.commit()
+    binary = tmp_path / "posterior.nc"
+    binary.write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(range(256)))
+    code, _, err = run_cli(capsys, "simulate", str(ledger), "--out", str(tmp_path / "r"))
+    assert code == 2 and "is an SQLite database (an owner's ledger?), not a TOML scenario" in err
+    code, _, err = run_cli(capsys, "simulate", str(binary), "--out", str(tmp_path / "r"))
+    assert code == 2 and "is not a text file (a scenario is TOML)" in err, err
+    code, _, err = run_cli(capsys, "owner", "report", str(ledger))
+    assert code == 2 and "not a TOML owner file" in err and "with --ledger" in err, err
+    assert not (tmp_path / "r").exists()
 
 
 def test_malformed_data_files_are_reported(capsys, tmp_path):

@@ -198,7 +198,7 @@ def serve_host(spec_path: Path) -> None:
     spec = json.loads(spec_path.read_text())
     threading.Thread(target=_stop_without, args=(spec["launcher"],), daemon=True).start()
     model = build_model(spec["model"])
-    ledger = Ledger(folder / spec["ledger"], synchronous=spec["synchronous"])
+    ledger = Ledger.simulation(folder / spec["ledger"], spec["synchronous"])
     with np.load(folder / spec["data"]) as data:
         nodes = [
             OwnerNode.simulated(

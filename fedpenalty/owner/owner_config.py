@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import math
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -37,7 +36,15 @@ from ..data import read_records
 from ..errors import ConfigError
 from ..kinds import KINDS
 from ..models import Model, build_model, search_folders
-from ..schema import NonEmptyStr, PositiveInt, Section, one_of, refusal, validate_file
+from ..schema import (
+    NonEmptyStr,
+    PositiveInt,
+    Section,
+    one_of,
+    read_toml,
+    refusal,
+    validate_file,
+)
 from .key_requests import DEFAULT_SESSIONS_PER_DAY, KeyRequests
 from .ledger import Ledger
 from .node import OwnerNode
@@ -190,12 +197,8 @@ def load_owner_config(
 ) -> OwnerConfig:
     """Read and validate OWNER.toml; ``listen``/``ledger`` override ``[server]``."""
     path = Path(path)
-    try:
-        raw = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"cannot read owner file {path}: {exc}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML ({exc})") from exc
+    hint = "; pass the owner's OWNER.toml, and a ledger file with --ledger"
+    raw = read_toml(path, "owner file", hint)
     named = None
     try:
         named = noise_level(raw)
