@@ -98,3 +98,25 @@ def test_a_different_query_at_an_answered_key_is_still_refused(tmp_path):
         oracle.log_ratio(0, CHAINS, THETA, STEPS[1])
     assert [r.session.answers for r in oracle.privacy_reports()] == [3] * 4
     ledger.close()
+
+
+def test_local_grpc_owner_hosts_keep_simulated_ledgers(tmp_path):
+    """A local gRPC simulation's owner hosts hold simulated owners: their ledgers record every
+    charge and key but no answer bytes (they stored every answer before: 8 bytes each)."""
+    from fedpenalty.cluster.local import LocalCluster
+    from fedpenalty.coordinator.grpc_oracle import GrpcOracle
+
+    policies = [Policy(sigma=1.5, max_step=0.2, budget_epsilon=1e6)] * len(RECORDS)
+    seeds = np.random.SeedSequence(5).spawn(len(RECORDS))
+    with LocalCluster.start(tmp_path, MODEL, RECORDS, policies, seeds, hosts=1) as cluster:
+        oracle = GrpcOracle(cluster.addresses, MODEL)
+        try:
+            oracle.open_session("penalty", 10, session="s")
+            for t in (0, 1):
+                oracle.log_ratio(t, CHAINS, THETA, STEPS[t])
+            answers = [r.session.answers for r in oracle.privacy_reports()]
+        finally:
+            oracle.close()
+    (ledger,) = tmp_path.glob("*.sqlite")
+    assert answers == [6] * len(RECORDS)
+    assert stored_bytes(ledger) == 0
