@@ -48,13 +48,15 @@ def test_proposals_follow_their_formula(dim, min_radius):
 
 def test_lookahead_normals_are_the_values_asked_one_by_one():
     """Seeded normals served from a lookahead block (every owner, one iteration, asked in
-    order) are bit for bit the values drawn for that key alone — after a jump, a repeat, a
-    subset of chains, another width — and read-only (the block is shared by later asks)."""
+    order) are bit for bit the values drawn for that key alone — after a jump either way, a
+    skipped iteration at a block's end, a repeat, a subset of chains, another width — and
+    read-only (the block is shared by later asks)."""
     seeds = [bytes([k]) * 32 for k in range(5)]
     served = SeededNormals(seeds)
     chains = np.array([0, 2, 5])
     asks = [(chains, i, 2) for i in range(70)]  # past two blocks of 32
     asks += [(chains, 500, 2), (chains, 501, 2), (chains, 3, 2), (chains, 501, 2)]
+    asks += [(chains, 531, 2), (chains, 533, 2)]  # past the block, an iteration skipped
     asks += [(chains[:2], 502, 2), (chains, 502, 2), (chains, 502, 1), (chains, 503, 1)]
     for asked, iteration, width in asks:
         iterations = np.full(len(asked), iteration)

@@ -11,7 +11,9 @@ import sqlite3
 import numpy as np
 import pytest
 
+from fedpenalty.cluster.local import LocalCluster
 from fedpenalty.common import Policy
+from fedpenalty.coordinator.grpc_oracle import GrpcOracle
 from fedpenalty.coordinator.inprocess import InProcessOracle
 from fedpenalty.errors import ReplayConflict
 from fedpenalty.models import build_model
@@ -103,9 +105,6 @@ def test_a_different_query_at_an_answered_key_is_still_refused(tmp_path):
 def test_local_grpc_owner_hosts_keep_simulated_ledgers(tmp_path):
     """A local gRPC simulation's owner hosts hold simulated owners: their ledgers record every
     charge and key but no answer bytes (they stored every answer before: 8 bytes each)."""
-    from fedpenalty.cluster.local import LocalCluster
-    from fedpenalty.coordinator.grpc_oracle import GrpcOracle
-
     policies = [Policy(sigma=1.5, max_step=0.2, budget_epsilon=1e6)] * len(RECORDS)
     seeds = np.random.SeedSequence(5).spawn(len(RECORDS))
     with LocalCluster.start(tmp_path, MODEL, RECORDS, policies, seeds, hosts=1) as cluster:

@@ -87,7 +87,9 @@ def keyed_words(
     return splitmix(state[:, :, None] + steps)
 
 
-def _normals(keys: np.ndarray, chains: np.ndarray, iterations: np.ndarray, width: int):
+def _normals(
+    keys: np.ndarray, chains: np.ndarray, iterations: np.ndarray, width: int
+) -> np.ndarray:
     """``SeededNormals``' values ``(P, M, width)`` of keys ``(P, 2)`` at (chains[j],
     iterations[j]) ``(M,)``, read-only."""
     uniform = np.right_shift(keyed_words(keys, chains, iterations, width), _SHIFT_11)
@@ -110,15 +112,13 @@ def lookahead_iterations(per_iteration: int) -> int:
     return max(1, min(LOOKAHEAD_ITERATIONS, LOOKAHEAD_VALUES // max(per_iteration, 1)))
 
 
-@dataclass
+@dataclass(frozen=True)
 class Lookahead:
     """Every owner's normals at iterations ``first`` … ``first + len(block) − 1`` for one
-    (session, kind, chains, width): ``block`` ``(B, K, M, width)``, read-only; ``last`` the
-    last iteration asked of it."""
+    (session, kind, chains, width): ``block`` ``(B, K, M, width)``, read-only."""
 
     first: int
     block: np.ndarray
-    last: int
 
     @classmethod
     def draw(
@@ -131,12 +131,10 @@ class Lookahead:
         values = _normals(keys, np.tile(chains, count), iterations, width)
         block = np.ascontiguousarray(values.reshape(len(keys), count, m, width).swapaxes(0, 1))
         block.flags.writeable = False
-        return cls(first, block, first - 1)
+        return cls(first, block)
 
-    def take(self, iteration: int) -> np.ndarray:
-        """The values ``(K, M, width)`` at ``iteration`` (inside the block)."""
-        self.last = iteration
-        return self.block[iteration - self.first]
+    def holds(self, iteration: int) -> bool:
+        return self.first <= iteration < self.first + len(self.block)
 
 
 class SeededNormals:
@@ -150,8 +148,8 @@ class SeededNormals:
     iteration is a few array operations whatever the number of owners.
 
     Because a value is a function of its address alone, the usual request (every owner, the
-    same chains, one iteration, the iteration after the last one asked) is served from a block
-    drawn for the coming iterations at once (``Lookahead``): the same values, for one set of
+    same chains, one iteration, at or past the last block's) is served from a block drawn for
+    the coming iterations at once (``Lookahead``): the same values, for one set of
     array operations per block instead of per iteration (docs/design.md §4).
     """
 
@@ -182,16 +180,15 @@ class SeededNormals:
         iteration = asked[0]
         where = (session, kind, width, chains.tobytes())
         ahead = self._ahead.get(where)
-        if ahead is not None and ahead.first <= iteration < ahead.first + len(ahead.block):
-            return ahead.take(iteration)
+        if ahead is not None and ahead.holds(iteration):
+            return ahead.block[iteration - ahead.first]
         count = lookahead_iterations(keys.shape[0] * len(chains) * width)
-        sequential = ahead is None or iteration == ahead.last + 1
-        if count <= 1 or not sequential:
+        if count <= 1 or (ahead is not None and iteration < ahead.first):  # none, or backwards
             return _normals(keys, chains, iterations, width)
         if len(self._ahead) >= 64:  # kept for a few (session, kind, chains) at most
             self._ahead.clear()
         ahead = self._ahead[where] = Lookahead.draw(keys, chains, iteration, width, count)
-        return ahead.take(iteration)
+        return ahead.block[0]
 
     def _key_table(self, session: str, label: str) -> np.ndarray:
         """Every owner's 128-bit key for (session, label) ``(K, 2)`` uint64 (kept, 64 at most)."""
