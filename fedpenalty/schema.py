@@ -127,7 +127,7 @@ class Section(BaseModel):
 
 
 #: the first bytes of every SQLite database (an owner's ledger given where a TOML file belongs)
-SQLITE_HEADER = b"SQLite format 3\x00"
+_SQLITE_HEADER = b"SQLite format 3\x00"
 
 
 def read_toml(path: str | Path, what: str, ledger_hint: str = "") -> dict[str, Any]:
@@ -138,7 +138,7 @@ def read_toml(path: str | Path, what: str, ledger_hint: str = "") -> dict[str, A
         data = Path(path).read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read {what} {path}: {exc.strerror}") from exc
-    if data.startswith(SQLITE_HEADER):
+    if data.startswith(_SQLITE_HEADER):
         raise ConfigError(
             f"{path} is an SQLite database (an owner's ledger?), not a TOML {what}{ledger_hint}"
         )
